@@ -1,0 +1,41 @@
+# `make demo` and `make test` set up .venv themselves on a fresh machine.
+VENV       ?= .venv
+PY         := $(VENV)/bin/python
+# The CPU build is what this machine (and CI) has locally; GPU users override, e.g.
+#   make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+TORCH_SPEC ?= torch==2.13.0
+STAMP      := $(VENV)/.installed
+SHARED     ?= ../shared/data
+
+.PHONY: install demo test lint bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, so nothing later resolves `torch>=2.6` to a CUDA build from the registry.
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	@if [ -d "$(SHARED)" ]; then \
+	  echo "demo: real corpora from $(SHARED)"; \
+	  $(VENV)/bin/ballast prep configs/demo.yaml; \
+	else \
+	  echo "demo: $(SHARED) not found; using text that ships with Python (pydoc topics, docstrings)"; \
+	  $(PY) -m tasks.stdlib_corpus runs/stdlib-corpus && \
+	  $(VENV)/bin/ballast prep configs/demo-stdlib.yaml; \
+	fi
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/dedup.py
+	$(PY) benchmarks/quality.py
+
+clean:
+	rm -rf runs benchmarks/results

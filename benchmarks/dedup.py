@@ -1,0 +1,294 @@
+"""Benchmark: the whole dedup (exact + MinHash near: signatures, LSH buckets, clustering,
+apply) on a corpus with planted duplicates built from ../shared/data.
+
+    python benchmarks/dedup.py [--docs 20000] [--scale 200000] [--out benchmarks/results/dedup.json]
+
+Reports docs/s and MB/s on `workers` processes, time per step, peak RSS of the process
+tree, and precision/recall of what was removed against exact Jaccard >= threshold on
+the same word 5-gram shingles. The ground truth comes from an independent path:
+datasketch MinHash (SHA-1 based) with a very sensitive LSH (64 bands x 4 rows: a pair at
+J=0.8 is a candidate with p > 1 - 1e-14), then exact Jaccard of Python string-shingle
+sets for every candidate pair.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHARED = ROOT.parent / "shared" / "data"
+CORPORA = ["web_openwebtext_1k.jsonl", "web_c4_olmo_fixtures.jsonl", "web_dolma_cc_fixtures.jsonl",
+           "code_python_cosqa_dev.jsonl", "code_humanevalx.jsonl",
+           "code_java_methods_codexglue_flat.jsonl"]
+WORD = re.compile(r"[A-Za-z0-9_\x80-\U0010ffff]+")
+
+
+class TreeRSS:
+    """Samples the summed RSS of this process and all its descendants (/proc)."""
+
+    def __init__(self, interval: float = 0.05):
+        self.interval, self.peak, self._stop = interval, 0, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _tree(self, pid: int) -> list[int]:
+        out, todo = [], [pid]
+        while todo:
+            p = todo.pop()
+            out.append(p)
+            for task in Path(f"/proc/{p}/task").glob("*"):
+                with contextlib.suppress(OSError):
+                    todo += [int(c) for c in (task / "children").read_text().split()]
+        return out
+
+    def sample(self) -> int:
+        total = 0
+        for p in self._tree(os.getpid()):
+            try:
+                for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1]) * 1024
+            except OSError:
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.sample())
+            time.sleep(self.interval)
+
+    def __enter__(self) -> TreeRSS:
+        self._t.start()
+        return self
+
+    def __exit__(self, *a: object) -> None:
+        self._stop.set()
+        self._t.join()
+
+
+def edit(text: str, frac: float, rng: random.Random) -> str:
+    words = text.split(" ")
+    k = max(1, round(frac * len(words)))
+    for i in rng.sample(range(len(words)), min(k, len(words))):
+        words[i] = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(6))
+    return " ".join(words)
+
+
+def load_base() -> list[str]:
+    texts = []
+    for name in CORPORA:
+        with open(SHARED / name, encoding="utf-8") as f:
+            texts += [json.loads(line)["text"] for line in f]
+    return texts
+
+
+def remix(base: list[str], rng: random.Random) -> str:
+    """A new distinct document: random 30-word windows from random base documents."""
+    parts = []
+    for _ in range(rng.randint(2, 8)):
+        w = rng.choice(base).split(" ")
+        i = rng.randrange(max(1, len(w) - 30))
+        parts.append(" ".join(w[i : i + 30]))
+    return "\n".join(parts)
+
+
+def build_corpus(n_docs: int, seed: int) -> tuple[list[str], dict[str, int]]:
+    """Originals + planted copies: ~5% exact copies, ~10% with 1-3% word edits, ~10% with
+    5-10% word edits (most of those fall below J=0.8 on 5-grams, by design: the ground
+    truth decides). Beyond the base corpus, distinct remixed documents fill the size."""
+    rng = random.Random(seed)
+    base = load_base()
+    n_orig = int(n_docs * 0.75)
+    originals = list(base)
+    while len(originals) < n_orig:
+        originals.append(remix(base, rng))
+    originals = originals[:n_orig]
+    planted = {"exact": 0, "edit_1_3": 0, "edit_5_10": 0}
+    docs = list(originals)
+    while len(docs) < n_docs:
+        src = rng.choice(originals)
+        r = rng.random()
+        if r < 0.2:
+            docs.append(src)
+            planted["exact"] += 1
+        elif r < 0.6:
+            docs.append(edit(src, rng.uniform(0.01, 0.03), rng))
+            planted["edit_1_3"] += 1
+        else:
+            docs.append(edit(src, rng.uniform(0.05, 0.10), rng))
+            planted["edit_5_10"] += 1
+    rng.shuffle(docs)
+    return docs, planted
+
+
+def string_shingles(text: str, n: int) -> set[str]:
+    w = WORD.findall(text.lower())
+    if len(w) < n:
+        return {" ".join(w)} if w else set()
+    return {" ".join(w[i : i + n]) for i in range(len(w) - n + 1)}
+
+
+def ground_truth(docs: list[str], threshold: float, n: int) -> tuple[set, dict, float]:
+    from datasketch import MinHash, MinHashLSH
+
+    t0 = time.perf_counter()
+    sets = [string_shingles(d, n) for d in docs]
+    lsh = MinHashLSH(num_perm=256, params=(64, 4))
+    mhs = []
+    for i, s in enumerate(sets):
+        m = MinHash(num_perm=256, seed=7)
+        m.update_batch([x.encode() for x in s])
+        mhs.append(m)
+        if s:
+            lsh.insert(i, m)
+    ds_secs = time.perf_counter() - t0
+    pairs = set()
+    for i, m in enumerate(mhs):
+        if not sets[i]:
+            continue
+        for j in lsh.query(m):
+            if j > i:
+                inter = len(sets[i] & sets[j])
+                if inter / (len(sets[i]) + len(sets[j]) - inter) >= threshold:
+                    pairs.add((i, j))
+    return pairs, {"datasketch_signature_secs": ds_secs}, len(docs) / ds_secs
+
+
+def write_corpus(docs: list[str], workdir: Path) -> Path:
+    corpus = workdir / "corpus.jsonl"
+    corpus.parent.mkdir(parents=True, exist_ok=True)
+    with open(corpus, "w", encoding="utf-8") as f:
+        for i, d in enumerate(docs):
+            f.write(json.dumps({"id": f"d{i}", "text": d}) + "\n")
+    return corpus
+
+
+def run_ballast(corpus: Path, workdir: Path, workers: int, threshold: float) -> dict:
+    from tasks.config import parse_config
+    from tasks.pipeline import run_prep
+
+    out = workdir / "out"
+    cfg = parse_config({
+        "output": str(out), "workers": workers,
+        "sources": [{"name": "bench", "paths": [str(corpus)], "id_field": "id"}],
+        "ingest": {"shard_docs": 10_000},
+        "dedup": {"exact": True, "near": {"threshold": threshold}},
+        "quality": [],
+    })
+    import shutil
+
+    shutil.rmtree(out, ignore_errors=True)
+    with TreeRSS() as rss:
+        t0 = time.perf_counter()
+        report = run_prep(cfg, until="near", progress=False)
+        wall = time.perf_counter() - t0
+    return {"report": report, "wall": wall, "peak_rss": rss.peak, "out": out}
+
+
+def removed_map(out: Path) -> dict[int, int]:
+    """Removed doc index -> index of the document kept in its place (exact then near)."""
+    import pyarrow.parquet as pq
+
+    kept: dict[int, int] = {}
+    for stage in ("exact", "near"):
+        for f in sorted((out / "dropped" / stage).glob("*.parquet")):
+            t = pq.read_table(f, columns=["id", "detail"])
+            for i, k in zip(t["id"].to_pylist(), t["detail"].to_pylist(), strict=True):
+                kept[int(i[1:])] = int(k[1:])
+    return kept
+
+
+def quality_metrics(docs: list[str], gt: set, removed: dict[int, int], threshold: float,
+                    n: int) -> dict:
+    def root(i: int) -> int:
+        while i in removed:
+            i = removed[i]
+        return i
+
+    found = sum(1 for i, j in gt if root(i) == root(j))
+    recall = found / len(gt) if gt else 1.0
+    partners: dict[int, set[int]] = {}
+    for i, j in gt:
+        partners.setdefault(i, set()).add(j)
+        partners.setdefault(j, set()).add(i)
+    cluster: dict[int, int] = {d: root(d) for d in removed}
+    ok_any = sum(1 for d in removed if any(root(p) == cluster[d] for p in partners.get(d, ())))
+    cache: dict[int, set[str]] = {}
+
+    def sh(i: int) -> set[str]:
+        if i not in cache:
+            cache[i] = string_shingles(docs[i], n)
+        return cache[i]
+
+    strict = 0
+    for d in removed:
+        a, b = sh(d), sh(root(d))
+        inter = len(a & b)
+        strict += inter / max(1, len(a) + len(b) - inter) >= threshold
+    return {
+        "ground_truth_pairs": len(gt), "pairs_found": found, "recall": recall,
+        "removed": len(removed),
+        "precision": ok_any / len(removed) if removed else 1.0,
+        "precision_vs_kept_doc": strict / len(removed) if removed else 1.0,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--docs", type=int, default=20_000)
+    ap.add_argument("--scale", type=int, default=200_000, help="0 to skip the scaled run")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--threshold", type=float, default=0.8)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "dedup.json"))
+    ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-dedup"))
+    args = ap.parse_args()
+    if not all((SHARED / c).is_file() for c in CORPORA):
+        print(f"skip: shared corpora not found under {SHARED}")
+        return
+    result: dict = {"machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+                    "workers": args.workers, "threshold": args.threshold, "runs": []}
+    for n_docs in [args.docs] + ([args.scale] if args.scale else []):
+        docs, planted = build_corpus(n_docs, seed=0)
+        mb = sum(len(d.encode()) for d in docs) / 1e6
+        workdir = Path(args.workdir) / str(n_docs)
+        corpus = write_corpus(docs, workdir)
+        # The benchmark's own copy of the corpus must not count in the pipeline's RSS.
+        del docs
+        r = run_ballast(corpus, workdir, args.workers, args.threshold)
+        secs = r["report"]["stage_seconds"]
+        dedup_secs = secs.get("exact", 0) + secs.get("near", 0)
+        run = {
+            "docs": n_docs, "mb": round(mb, 2), "planted": planted,
+            "stage_seconds": secs, "dedup_seconds": round(dedup_secs, 2),
+            "docs_per_s": round(n_docs / dedup_secs), "mb_per_s": round(mb / dedup_secs, 2),
+            "peak_rss_mb": round(r["peak_rss"] / 2**20), "near": r["report"].get("near"),
+            "removed_exact": sum(r["report"]["stages"]["exact"]["total"]["dropped"].values()),
+            "removed_near": sum(r["report"]["stages"]["near"]["total"]["dropped"].values()),
+        }
+        if n_docs == args.docs:  # ground truth on the smaller corpus
+            with open(corpus, encoding="utf-8") as f:
+                docs = [json.loads(line)["text"] for line in f]
+            gt, _, ds_rate = ground_truth(docs, args.threshold, 5)
+            run["datasketch_signatures_docs_per_s_1core"] = round(ds_rate)
+            run.update(quality_metrics(docs, gt, removed_map(r["out"]), args.threshold, 5))
+        print(json.dumps(run, indent=2))
+        result["runs"].append(run)
+    result["targets"] = {"recall": 0.99, "precision": 0.99, "docs_per_s": 9000,
+                         "datatrove_4_stage_docs_per_s_reference": 920}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""The run config: one YAML file per run, parsed into pydantic models.
+
+Unknown keys are errors, and every error names its key path (`sources[1].paths`) and
+what was expected, so a broken config fails before any work starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from infra.storage import StorageOptions
+
+STAGES = ("ingest", "exact", "near", "quality")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message lists every problem with its key path."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Format = Literal["auto", "jsonl", "parquet", "txt", "hf"]
+
+
+class SourceConfig(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    # Local globs, directories, or s3://bucket/prefix[/glob]; relative paths are taken
+    # from the config file's directory.
+    paths: list[str] = Field(min_length=1)
+    # auto: by extension (.jsonl, .jsonl.gz, .jsonl.zst, .json[.gz], .parquet, .txt);
+    # a directory written by `datasets.save_to_disk` is `hf`.
+    format: Format = "auto"
+    text_field: str = "text"
+    id_field: str | None = None
+    # txt only: a whole file is one document, or each blank-line-separated paragraph is.
+    txt_unit: Literal["file", "paragraph"] = "file"
+    # Target share of training tokens (used by the mixture stage).
+    weight: float | None = Field(default=None, ge=0)
+    # Quality rules for this source instead of the top-level list (e.g. [] for code).
+    quality: list[Any] | None = None
+
+
+class NearDedupConfig(Strict):
+    threshold: float = Field(default=0.8, gt=0, le=1)
+    num_perm: int = Field(default=128, ge=8, le=1024)
+    ngram: int = Field(default=5, ge=1, le=32)
+    # Bands x rows; chosen automatically so that a pair at `threshold` becomes a
+    # candidate with probability >= recall_at_threshold, unless both are given.
+    bands: int | None = Field(default=None, ge=1)
+    rows: int | None = Field(default=None, ge=1)
+    recall_at_threshold: float = Field(default=0.999, gt=0, lt=1)
+    # Candidates are confirmed with the exact Jaccard of their shingle sets.
+    verify: bool = True
+
+    @model_validator(mode="after")
+    def _bands_rows(self) -> NearDedupConfig:
+        if (self.bands is None) != (self.rows is None):
+            raise ValueError("give both bands and rows, or neither")
+        if self.bands and self.rows and self.bands * self.rows > self.num_perm:
+            raise ValueError(
+                f"bands*rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}"
+            )
+        return self
+
+
+class DedupConfig(Strict):
+    exact: bool = True
+    near: NearDedupConfig | None = NearDedupConfig()
+
+    @field_validator("near", mode="before")
+    @classmethod
+    def _near_bool(cls, v: Any) -> Any:
+        if v is True:
+            return {}
+        if v is False:
+            return None
+        return v
+
+
+class IngestConfig(Strict):
+    # Documents above this size are quarantined at ingest (reason `too_large`) so one
+    # gigantic record cannot exhaust a worker's memory.
+    max_doc_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
+    # Documents per ingest shard; later stages keep the same shards.
+    shard_docs: int = Field(default=50_000, ge=1)
+
+
+class PrepConfig(Strict):
+    output: str
+    seed: int = 0
+    workers: int = Field(default=2, ge=1)
+    sources: list[SourceConfig] = Field(min_length=1)
+    ingest: IngestConfig = IngestConfig()
+    dedup: DedupConfig = DedupConfig()
+    quality: list[Any] = Field(
+        default_factory=lambda: ["gopher_quality", "gopher_repetition", "c4", "char_repetition"]
+    )
+    storage: StorageOptions = StorageOptions()
+
+    @field_validator("quality")
+    @classmethod
+    def _check_quality(cls, v: list[Any]) -> list[Any]:
+        from tasks.quality import parse_rules
+
+        parse_rules(v)  # raises ValueError naming the rule and parameter
+        return v
+
+    @field_validator("sources")
+    @classmethod
+    def _unique_names(cls, v: list[SourceConfig]) -> list[SourceConfig]:
+        names = [s.name for s in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"source names must be unique; repeated: {', '.join(dup)}")
+        for s in v:
+            if s.quality is not None:
+                from tasks.quality import parse_rules
+
+                try:
+                    parse_rules(s.quality)
+                except ValueError as e:
+                    raise ValueError(f"source {s.name!r} quality: {e}") from None
+        return v
+
+    def rules_for(self, source: str) -> list[Any]:
+        for s in self.sources:
+            if s.name == source and s.quality is not None:
+                return s.quality
+        return self.quality
+
+    def fingerprint(self) -> str:
+        """A stable hash of everything that changes the output."""
+        body = self.model_dump(mode="json", exclude={"workers", "output"})
+        return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "(top level)"
+
+
+def format_validation_error(err: ValidationError, where: str) -> str:
+    lines = [f"invalid config {where}:"]
+    for e in err.errors():
+        # pydantic puts the failing validator's name into the path for unions; drop them.
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        got = e.get("input")
+        shown = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {got!r:.80})"
+        lines.append(f"  {_loc(loc)}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, where: str = "", base_dir: Path | None = None) -> PrepConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid config {where}: expected a mapping at the top level")
+    try:
+        cfg = PrepConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, where)) from None
+    if base_dir is not None:
+        cfg = _resolve_paths(cfg, base_dir)
+    return cfg
+
+
+def _resolve(p: str, base_dir: Path) -> str:
+    if "://" in p or Path(p).is_absolute():
+        return p
+    return str((base_dir / p).resolve())
+
+
+def _resolve_paths(cfg: PrepConfig, base_dir: Path) -> PrepConfig:
+    sources = [s.model_copy(update={"paths": [_resolve(p, base_dir) for p in s.paths]})
+               for s in cfg.sources]
+    return cfg.model_copy(update={"sources": sources})
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> PrepConfig:
+    """Read a YAML config. Relative source paths are resolved against the config's
+    directory; `output` is resolved against the working directory (as a CLI user expects)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read config file {path}: {e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if isinstance(data, dict) and overrides:
+        data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
+    return parse_config(data, where=str(path), base_dir=path.parent.resolve())

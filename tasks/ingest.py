@@ -1,0 +1,95 @@
+"""Ingest: read every source into normalised {id, text, source, meta} shards; records that
+cannot become documents go to dropped/ingest/ with the reason and their location."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from tasks.config import PrepConfig, SourceConfig
+from tasks.readers import BadRecord, InputFile, read_file, resolve_inputs
+from tasks.records import DOC_SCHEMA, table_to_parquet_bytes
+from tasks.stage import DroppedRows, ShardStats, docs_key, output_store, write_shard
+
+STAGE = "ingest"
+# Small files are grouped into one unit of work up to this many bytes, so a source of
+# many tiny files does not become thousands of tasks.
+UNIT_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Unit:
+    index: int
+    source: str
+    files: tuple[InputFile, ...]
+
+    @property
+    def name(self) -> str:
+        return f"u{self.index:05d}"
+
+
+def plan_units(cfg: PrepConfig) -> list[Unit]:
+    """Resolve every input of every source (raising IngestError before any work starts)
+    and group them into units in a deterministic order: sources as configured, files
+    sorted within each source."""
+    units: list[Unit] = []
+    for src in cfg.sources:
+        files = resolve_inputs(src, cfg.storage)
+        group: list[InputFile] = []
+        size = 0
+        for f in files:
+            if group and (size + f.size > UNIT_BYTES or f.format == "hf"):
+                units.append(Unit(len(units), src.name, tuple(group)))
+                group, size = [], 0
+            group.append(f)
+            size += f.size
+        if group:
+            units.append(Unit(len(units), src.name, tuple(group)))
+    return units
+
+
+def _meta_json(meta: dict) -> str:
+    return json.dumps(meta, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def ingest_unit(cfg: PrepConfig, unit: Unit) -> dict:
+    """Read one unit's files into shards of at most `ingest.shard_docs` documents."""
+    store = output_store(cfg)
+    src: SourceConfig = next(s for s in cfg.sources if s.name == unit.source)
+    stats = ShardStats()
+    st = stats[src.name]
+    dropped = DroppedRows()
+    shards: list[str] = []
+    cols: dict[str, list[str]] = {"id": [], "text": [], "source": [], "meta": []}
+
+    def flush() -> None:
+        name = f"{unit.name}-p{len(shards):04d}"
+        table = pa.table(cols, schema=DOC_SCHEMA)
+        store.put(docs_key(STAGE, name), table_to_parquet_bytes(table))
+        shards.append(name)
+        for v in cols.values():
+            v.clear()
+
+    for f in unit.files:
+        for rec in read_file(src, f, cfg.storage, cfg.ingest.max_doc_bytes):
+            if isinstance(rec, BadRecord):
+                nbytes = len(rec.raw.encode("utf-8", "backslashreplace"))
+                st.add_in(nbytes)
+                st.add_dropped(rec.reason, nbytes)
+                dropped.add(rec.id or f"{src.name}/{rec.location}", src.name, rec.reason,
+                            rec.detail, rec.location, rec.raw)
+                continue
+            nbytes = len(rec.text.encode("utf-8"))
+            st.add_in(nbytes)
+            st.add_kept(nbytes)
+            cols["id"].append(rec.id)
+            cols["text"].append(rec.text)
+            cols["source"].append(src.name)
+            cols["meta"].append(_meta_json({**rec.meta, "location": rec.location}))
+            if len(cols["id"]) >= cfg.ingest.shard_docs:
+                flush()
+    if cols["id"] or not shards:
+        flush()  # an empty unit still gets one (empty) shard, so every stage sees it
+    return write_shard(store, STAGE, unit.name, None, dropped, stats, {"shards": shards})

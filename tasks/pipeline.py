@@ -1,0 +1,190 @@
+"""Runs the prep stages in order on one machine, shard by shard, skipping every shard a
+previous run finished. This is what `ballast prep` runs; flows/prep.py composes the same
+steps as Prefect tasks."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from functools import partial
+from typing import Any, TypeVar
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from infra.storage import Store
+from tasks import exact_dedup, near_dedup, quality_filter
+from tasks.config import STAGES, PrepConfig
+from tasks.ingest import ingest_unit, plan_units
+from tasks.report import build as build_report
+from tasks.stage import is_done, output_store, read_done
+
+T = TypeVar("T")
+RUN_KEY = "_run.json"
+# Test hook: "STEP:N" SIGKILLs this process after the N-th completed item of STEP (e.g.
+# "near: signatures:3"), to test that a killed run resumes exactly where it stopped.
+FAILPOINT_ENV = "BALLAST_FAILPOINT"
+
+
+def _failpoint(desc: str, completed: int) -> None:
+    spec = os.environ.get(FAILPOINT_ENV)
+    if spec and spec == f"{desc}:{completed}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class OutputConflict(RuntimeError):
+    """The output already holds a run made with a different config."""
+
+
+class LocalRunner:
+    """Maps a function over work items in a process pool (one pool per run: workers are
+    spawned once, not per stage), with a progress bar per step."""
+
+    def __init__(self, workers: int, progress: bool = True, console: Console | None = None):
+        self.workers = workers
+        self.progress = progress
+        self.console = console or Console(stderr=True)
+        self._pool: Executor | None = None
+
+    def __enter__(self) -> LocalRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+    def _executor(self) -> Executor:
+        if self._pool is None:
+            # spawn, not fork: pyarrow's and numpy's thread pools do not survive a fork.
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+        return self._pool
+
+    def map(self, fn: Callable[[Any], T], items: Sequence[Any], desc: str,
+            done: int = 0) -> list[T]:
+        total = len(items) + done
+        with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=self.console, disable=not self.progress,
+                      transient=False) as bar:
+            task = bar.add_task(desc, total=total, completed=done)
+            if self.workers == 1 or len(items) <= 1:
+                out = []
+                for k, it in enumerate(items, start=1):
+                    out.append(fn(it))
+                    bar.advance(task)
+                    _failpoint(desc, done + k)
+                return out
+            futures = [self._executor().submit(fn, it) for it in items]
+            for k, f in enumerate(as_completed(futures), start=1):
+                f.result()  # raise the first failure at once
+                bar.advance(task)
+                _failpoint(desc, done + k)
+            return [f.result() for f in futures]
+
+
+def enabled_stages(cfg: PrepConfig, until: str | None = None) -> list[str]:
+    if until is not None and until not in STAGES:
+        raise ValueError(f"unknown stage {until!r}; stages are: {', '.join(STAGES)}")
+    on = {"ingest": True, "exact": cfg.dedup.exact, "near": cfg.dedup.near is not None,
+          "quality": True}
+    out = []
+    for s in STAGES:
+        if on[s]:
+            out.append(s)
+        if s == until:
+            break
+    return out
+
+
+def claim_output(store: Store, cfg: PrepConfig) -> None:
+    """Refuse to mix the files of two different configs in one output: resuming is only
+    correct when the config that made the existing files is the same."""
+    fp = cfg.fingerprint()
+    if store.exists(RUN_KEY):
+        have = json.loads(store.get(RUN_KEY)).get("config_fingerprint")
+        if have != fp:
+            raise OutputConflict(
+                f"{store.uri} holds a run made with a different config (fingerprint {have}, "
+                f"this config {fp}); choose another output or delete it")
+        return
+    store.put(RUN_KEY, json.dumps({"config_fingerprint": fp,
+                                   "config": cfg.model_dump(mode="json")}, indent=2).encode())
+
+
+def _todo(store: Store, stage: str, names: list[str]) -> list[str]:
+    return [n for n in names if not is_done(store, stage, n)]
+
+
+def run_prep(cfg: PrepConfig, until: str | None = None, runner: LocalRunner | None = None,
+             progress: bool = True) -> dict[str, Any]:
+    """Run the enabled stages up to `until`; return the report (also in report.json)."""
+    stages = enabled_stages(cfg, until)
+    units = plan_units(cfg)  # every input resolved before any work starts
+    store = output_store(cfg)
+    claim_output(store, cfg)
+    own = runner is None
+    runner = runner or LocalRunner(cfg.workers, progress=progress)
+    timings: dict[str, float] = {}
+    extra: dict[str, Any] = {"config_fingerprint": cfg.fingerprint(), "seed": cfg.seed}
+    try:
+        t0 = time.perf_counter()
+        todo = [u for u in units if not is_done(store, "ingest", u.name)]
+        runner.map(partial(ingest_unit, cfg), todo, "ingest", done=len(units) - len(todo))
+        timings["ingest"] = time.perf_counter() - t0
+        shards = [s for u in units for s in read_done(store, "ingest", u.name)["shards"]]
+        accounted: list[tuple[str, list[str]]] = [("ingest", [u.name for u in units])]
+        prev = "ingest"
+        for stage in stages[1:]:
+            t0 = time.perf_counter()
+            if stage == "exact":
+                run_exact(cfg, store, runner, prev, shards)
+            elif stage == "near":
+                extra["near"] = run_near(cfg, store, runner, prev, shards)
+            elif stage == "quality":
+                todo = _todo(store, stage, shards)
+                runner.map(partial(quality_filter.filter_shard, cfg, prev), todo, "quality",
+                           done=len(shards) - len(todo))
+            timings[stage] = time.perf_counter() - t0
+            accounted.append((stage, shards))
+            prev = stage
+        extra["stage_seconds"] = {k: round(v, 3) for k, v in timings.items()}
+        extra["final_stage"] = prev
+        extra["shards"] = shards
+        return build_report(store, accounted, extra)
+    finally:
+        if own:
+            runner.__exit__(None, None, None)
+
+
+def run_exact(cfg: PrepConfig, store: Store, runner: LocalRunner, prev: str,
+              shards: list[str]) -> None:
+    todo = [s for s in shards if not store.exists(exact_dedup.hashes_key(s))]
+    runner.map(partial(exact_dedup.hash_shard, cfg, prev), todo, "exact: hash",
+               done=len(shards) - len(todo))
+    if not store.exists(exact_dedup.DUPS_KEY):
+        runner.map(partial(exact_dedup.select, cfg, prev), [shards], "exact: select")
+    todo = _todo(store, "exact", shards)
+    runner.map(partial(exact_dedup.apply_shard, cfg, prev), todo, "exact: apply",
+               done=len(shards) - len(todo))
+
+
+def run_near(cfg: PrepConfig, store: Store, runner: LocalRunner, prev: str,
+             shards: list[str]) -> dict[str, Any]:
+    todo = [s for s in shards if not store.exists(near_dedup.sig_key(s))]
+    runner.map(partial(near_dedup.signature_shard, cfg, prev), todo, "near: signatures",
+               done=len(shards) - len(todo))
+    groups = near_dedup.band_groups(cfg)
+    todo_g = [g for g in groups if not all(store.exists(near_dedup.bucket_key(b)) for b in g)]
+    runner.map(partial(near_dedup.bucket_bands, cfg, shards), todo_g, "near: buckets",
+               done=len(groups) - len(todo_g))
+    if not store.exists(near_dedup.CLUSTER_KEY):
+        runner.map(partial(near_dedup.cluster, cfg), [shards], "near: cluster")
+    summary = json.loads(store.get(near_dedup.CLUSTER_KEY))
+    todo = _todo(store, "near", shards)
+    runner.map(partial(near_dedup.apply_shard, cfg, prev), todo, "near: apply",
+               done=len(shards) - len(todo))
+    return summary

@@ -1,0 +1,833 @@
+"""Input resolution and record readers for ingest.
+
+`resolve_inputs` turns a source's `paths` (local globs, files, directories, `datasets`
+save_to_disk directories, s3 prefixes and globs) into a sorted list of `InputFile`s. It
+only lists and stats, so every configuration mistake (nothing matched, unreadable file,
+unknown or conflicting format, unreachable bucket) surfaces as an `IngestError` before
+any work starts.
+
+`read_file` streams one input into `RawDoc`s and `BadRecord`s. A bad record never stops
+the file: it is yielded with a reason and an exact location so it can be quarantined and
+counted. Only a broken stream (truncated gzip/zstd, unreadable parquet/hf) ends a file
+early, and that too is yielded, as `corrupt_file`, rather than raised.
+
+Locations: `<rel>:<line>` (jsonl), `<rel>#row=<n>` (parquet), `<rel>[/<split>]#row=<n>`
+(hf), `<rel>#para=<n>` (txt paragraphs) and `<rel>` (a whole txt file); all 1-based. A
+document without a usable `id_field` gets the id `<source>/<location>`, which is stable as
+long as the file keeps its name relative to the configured path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import gzip
+import io
+import json
+import os
+import posixpath
+import tempfile
+import unicodedata
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+from fnmatch import fnmatchcase
+from typing import Any, BinaryIO
+
+import zstandard
+
+from infra.storage import StorageError, StorageOptions, open_store
+from tasks.config import SourceConfig
+
+__all__ = [
+    "BadRecord",
+    "IngestError",
+    "InputFile",
+    "RawDoc",
+    "format_from_name",
+    "read_file",
+    "resolve_inputs",
+]
+
+
+class IngestError(ValueError):
+    """A problem with a source's inputs, found before any work starts."""
+
+
+@dataclass(frozen=True, slots=True)
+class InputFile:
+    source: str  # source name
+    uri: str  # absolute local path or s3://bucket/key
+    rel: str  # stable name used in ids (posix, relative to the path's fixed base dir)
+    format: str  # resolved: jsonl | parquet | txt | hf
+    size: int  # bytes (for planning shards); 0 for s3 objects when the store cannot say
+
+
+@dataclass(slots=True)
+class RawDoc:
+    id: str
+    text: str
+    meta: dict
+    location: str
+
+
+@dataclass(slots=True)
+class BadRecord:
+    reason: str
+    detail: str
+    location: str
+    raw: str
+    id: str | None  # None when the record never parsed far enough to have an id
+
+
+# --------------------------------------------------------------------------------------
+# Formats
+# --------------------------------------------------------------------------------------
+
+_COMPRESSIONS = (".gz", ".zst", ".zstd")
+_EXT_FORMATS = {
+    ".jsonl": "jsonl",
+    ".json": "jsonl",  # one object per line, as Dolma/OLMo ship their `.json.gz` files
+    ".ndjson": "jsonl",
+    ".txt": "txt",
+    ".parquet": "parquet",
+}
+_HF_DICT_MARKER = "dataset_dict.json"
+_HF_MARKERS = ("dataset_info.json", "state.json")
+
+
+def format_from_name(name: str) -> str | None:
+    """The format a file name implies (`x.jsonl.zst` -> jsonl), or None if unknown."""
+    n = name.lower()
+    compressed = False
+    for c in _COMPRESSIONS:
+        if n.endswith(c):
+            n, compressed = n[: -len(c)], True
+            break
+    fmt = _EXT_FORMATS.get(posixpath.splitext(n)[1])
+    # Parquet compresses internally; an outer gzip layer is not something we can seek in.
+    if fmt == "parquet" and compressed:
+        return None
+    return fmt
+
+
+def _is_hf_dir(path: str) -> bool:
+    if os.path.isfile(os.path.join(path, _HF_DICT_MARKER)):
+        return True
+    return all(os.path.isfile(os.path.join(path, m)) for m in _HF_MARKERS)
+
+
+# --------------------------------------------------------------------------------------
+# Resolving inputs
+# --------------------------------------------------------------------------------------
+
+
+def _has_magic(s: str) -> bool:
+    return any(c in s for c in "*?[")
+
+
+class _Resolver:
+    def __init__(self, source: SourceConfig, storage: StorageOptions):
+        self.source = source
+        self.storage = storage
+
+    def error(self, path: str, msg: str) -> IngestError:
+        return IngestError(f"source {self.source.name!r}: {path}: {msg}")
+
+    def file_format(self, path: str, name: str) -> str:
+        """Format of an explicitly named or glob-matched file; raises on unknown/conflict."""
+        want = self.source.format
+        known = format_from_name(name)
+        if want == "hf":
+            raise self.error(path, "format is hf, but this is a file, not a "
+                                   "datasets.save_to_disk directory")
+        if want == "auto":
+            if known is None:
+                raise self.error(
+                    path,
+                    "cannot tell the format from the extension (known: .jsonl, .json, "
+                    ".ndjson, each optionally .gz/.zst, .txt[.gz/.zst], .parquet); set the "
+                    "source's `format` or narrow the path",
+                )
+            return known
+        if known is not None and known != want:
+            raise self.error(path, f"the extension says {known}, but the source's format is "
+                                   f"{want}")
+        return want
+
+    def dir_member_format(self, name: str) -> str | None:
+        """Format of a file found by walking a directory; None = not an input, skip it.
+        An explicit `format` acts as a filter here, so a README.txt next to the jsonl
+        shards of a `format: jsonl` source is left alone."""
+        known = format_from_name(name)
+        if known is None:
+            return None
+        if self.source.format in ("auto", known):
+            return known
+        return None
+
+    def check_readable(self, path: str, is_dir: bool = False) -> None:
+        mode = os.R_OK | (os.X_OK if is_dir else 0)
+        if not os.access(path, mode):
+            raise self.error(path, "is not readable (permission denied)")
+
+    def input(self, uri: str, rel: str, fmt: str, size: int) -> InputFile:
+        return InputFile(self.source.name, uri, rel, fmt, size)
+
+    def hf_input(self, path: str, rel: str) -> InputFile:
+        if self.source.format not in ("auto", "hf"):
+            raise self.error(path, f"is a datasets.save_to_disk directory, but the source's "
+                                   f"format is {self.source.format}")
+        self.check_readable(path, is_dir=True)
+        return self.input(path, rel, "hf", _tree_size(path))
+
+    # -- local ---------------------------------------------------------------------------
+
+    def local(self, raw: str) -> list[InputFile]:
+        path = os.path.abspath(os.path.expanduser(raw))
+        if _has_magic(path):
+            return self.local_glob(path)
+        if not os.path.exists(path):
+            raise self.error(path, "does not exist")
+        if os.path.isdir(path):
+            # A directory's rel keeps the directory's own name ("web/part-0.jsonl"), as a
+            # file's rel is its name: both are relative to the parent of what was named.
+            parent = os.path.dirname(path.rstrip(os.sep)) or path
+            if _is_hf_dir(path):
+                return [self.hf_input(path, _rel(path, parent))]
+            if self.source.format == "hf":
+                raise self.error(path, "format is hf, but this directory has neither "
+                                       f"{_HF_DICT_MARKER} nor {' + '.join(_HF_MARKERS)} "
+                                       "(write it with datasets' save_to_disk)")
+            out = self.walk(path, parent)
+            if not out:
+                raise self.error(path, self.nothing_in_dir())
+            return out
+        self.check_readable(path)
+        fmt = self.file_format(path, os.path.basename(path))
+        return [self.input(path, os.path.basename(path), fmt, os.path.getsize(path))]
+
+    def nothing_in_dir(self) -> str:
+        if self.source.format == "auto":
+            return "directory holds no input files (.jsonl, .json, .ndjson, .txt, .parquet, " \
+                   "optionally .gz/.zst) and no datasets.save_to_disk directory"
+        return f"directory holds no {self.source.format} files"
+
+    def walk(self, top: str, base: str) -> list[InputFile]:
+        out: list[InputFile] = []
+
+        def onerror(e: OSError) -> None:
+            raise self.error(e.filename or top, f"cannot list directory: {e.strerror}")
+
+        for dirpath, dirs, files in os.walk(top, onerror=onerror):
+            # Hidden entries are editor/sync/tmp debris (LocalStore's .tmp files included).
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for d in list(dirs):
+                sub = os.path.join(dirpath, d)
+                if _is_hf_dir(sub):
+                    dirs.remove(d)  # its arrow/json files are the dataset, not inputs
+                    if self.source.format in ("auto", "hf"):
+                        out.append(self.hf_input(sub, _rel(sub, base)))
+            for name in sorted(files):
+                if name.startswith("."):
+                    continue
+                fmt = self.dir_member_format(name)
+                if fmt is None:
+                    continue
+                p = os.path.join(dirpath, name)
+                self.check_readable(p)
+                out.append(self.input(p, _rel(p, base), fmt, os.path.getsize(p)))
+        return out
+
+    def local_glob(self, pattern: str) -> list[InputFile]:
+        parts = pattern.split(os.sep)
+        fixed = next(i for i, p in enumerate(parts) if _has_magic(p))
+        base = os.sep.join(parts[:fixed]) or os.sep
+        if not os.path.isdir(base):
+            raise self.error(pattern, f"glob base directory {base} does not exist")
+        matches = sorted(glob.glob(pattern, recursive=True))
+        hf_dirs = {m for m in matches if os.path.isdir(m) and _is_hf_dir(m)}
+        out: list[InputFile] = []
+        for m in matches:
+            if _inside_hf_dir(m, base):
+                # Files (and a DatasetDict's split directories) inside a saved dataset
+                # belong to that dataset.
+                continue
+            if m in hf_dirs:
+                out.append(self.hf_input(m, _rel(m, base)))
+            elif os.path.isdir(m):
+                continue  # directories from `**` are containers; their files match alone
+            else:
+                self.check_readable(m)
+                fmt = self.file_format(m, os.path.basename(m))
+                out.append(self.input(m, _rel(m, base), fmt, os.path.getsize(m)))
+        if not out:
+            raise self.error(pattern, "glob matches no files")
+        return out
+
+    # -- s3 ------------------------------------------------------------------------------
+
+    def s3(self, uri: str) -> list[InputFile]:
+        bucket, _, key = uri.removeprefix("s3://").partition("/")
+        if not bucket:
+            raise self.error(uri, "names no bucket (expected s3://bucket/prefix)")
+        parts = [p for p in key.split("/") if p]
+        fixed = next((i for i, p in enumerate(parts) if _has_magic(p)), None)
+        try:
+            store = open_store(f"s3://{bucket}", self.storage)
+        except (StorageError, ImportError) as e:
+            raise self.error(uri, f"cannot open the bucket: {e}") from e
+        if fixed is None:
+            prefix = "/".join(parts)
+            # One listing serves both readings of the uri: an object, or a "directory".
+            keys, sizes = self.s3_list(store, uri, prefix)
+            if prefix and prefix in keys and not key.endswith("/"):
+                obj = f"s3://{bucket}/{prefix}"  # normalised, so duplicates are spotted
+                fmt = self.file_format(obj, posixpath.basename(prefix))
+                return [self.input(obj, posixpath.basename(prefix), fmt, sizes.get(prefix, 0))]
+            keys = [k for k in keys if k.startswith(f"{prefix}/")] if prefix else keys
+            self.refuse_s3_hf(uri, keys)
+            base = posixpath.dirname(prefix)
+            out = []
+            for k in keys:
+                rel = _key_rel(k, base)
+                fmt = self.dir_member_format(posixpath.basename(k))
+                if fmt is not None and not _hidden_key(k[len(prefix) :]):
+                    out.append(self.input(f"s3://{bucket}/{k}", rel, fmt, sizes.get(k, 0)))
+            if not out:
+                raise self.error(uri, self.nothing_in_dir() if keys else "matches no objects")
+            return out
+        base = "/".join(parts[:fixed])
+        pat = parts[fixed:]
+        keys, sizes = self.s3_list(store, uri, f"{base}/" if base else "")
+        self.refuse_s3_hf(uri, keys)
+        out = []
+        for k in keys:
+            rel = _key_rel(k, base)
+            if not _hidden_key(rel) and _match_parts(pat, rel.split("/")):
+                fmt = self.file_format(f"s3://{bucket}/{k}", posixpath.basename(k))
+                out.append(self.input(f"s3://{bucket}/{k}", rel, fmt, sizes.get(k, 0)))
+        if not out:
+            raise self.error(uri, "glob matches no objects")
+        return out
+
+    def s3_list(self, store: Any, uri: str, prefix: str) -> tuple[list[str], dict[str, int]]:
+        try:
+            # Store.list gives keys only. A store that can also give sizes cheaply (from
+            # the same listing) may offer `list_sizes`; otherwise sizes are unknown (0).
+            list_sizes = getattr(store, "list_sizes", None)
+            if callable(list_sizes):
+                sizes: dict[str, int] = dict(list_sizes(prefix))
+                return sorted(sizes), sizes
+            return list(store.list(prefix)), {}
+        except StorageError as e:
+            raise self.error(uri, f"cannot list objects: {e}") from e
+
+    def refuse_s3_hf(self, uri: str, keys: list[str]) -> None:
+        names = {posixpath.basename(k) for k in keys}
+        if _HF_DICT_MARKER in names or all(m in names for m in _HF_MARKERS):
+            raise self.error(uri, "holds a datasets.save_to_disk directory; reading those "
+                                  "from s3 is not supported: download it and give the local "
+                                  "path")
+
+
+def _rel(path: str, base: str) -> str:
+    return os.path.relpath(path, base).replace(os.sep, "/")
+
+
+def _key_rel(key: str, base: str) -> str:
+    return key[len(base) + 1 :] if base else key
+
+
+def _hidden_key(key: str) -> bool:
+    return any(p.startswith(".") for p in key.split("/"))
+
+
+def _inside_hf_dir(path: str, base: str) -> bool:
+    d = os.path.dirname(path)
+    while len(d) > len(base):
+        if _is_hf_dir(d):
+            return True
+        d = os.path.dirname(d)
+    return False
+
+
+def _tree_size(path: str) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            # A size is only a planning hint; an unreadable file fails at load time.
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(os.path.join(dirpath, name))
+    return total
+
+
+def _match_parts(pat: list[str], parts: list[str]) -> bool:
+    """Glob match of path segments: `*`/`?`/`[..]` stay within a segment, `**` spans any
+    number of segments (zero included), as in `glob.glob(..., recursive=True)`."""
+    if not pat:
+        return not parts
+    if pat[0] == "**":
+        return any(_match_parts(pat[1:], parts[i:]) for i in range(len(parts) + 1))
+    return bool(parts) and fnmatchcase(parts[0], pat[0]) and _match_parts(pat[1:], parts[1:])
+
+
+def resolve_inputs(source: SourceConfig, storage: StorageOptions) -> list[InputFile]:
+    """Every input file of `source`, sorted by uri and de-duplicated (a file named by two
+    entries keeps the rel of the first). Raises IngestError naming the source and path on
+    any problem; only lists and stats, never reads file contents."""
+    r = _Resolver(source, storage)
+    by_uri: dict[str, InputFile] = {}
+    for p in source.paths:
+        found = r.s3(p) if p.startswith("s3://") else r.local(p)
+        for f in found:
+            by_uri.setdefault(f.uri, f)
+    files = sorted(by_uri.values(), key=lambda f: f.uri)
+    # rel is what ids are made of, so two different files must never share one.
+    seen: dict[str, str] = {}
+    for f in files:
+        other = seen.setdefault(f.rel, f.uri)
+        if other != f.uri:
+            raise IngestError(
+                f"source {source.name!r}: {other} and {f.uri} would both be named {f.rel!r}, "
+                "so their document ids would collide; give their common parent directory "
+                "or a glob from it instead"
+            )
+    return files
+
+
+# --------------------------------------------------------------------------------------
+# Reading
+# --------------------------------------------------------------------------------------
+
+RAW_LIMIT = 64 * 1024
+_CHUNK = 1 << 20
+
+
+class _CorruptStream(Exception):
+    """A compressed stream ended in the middle of a frame."""
+
+
+# Errors a broken compressed stream raises while reading; anything else (a disk error,
+# a bug) propagates, so that infrastructure failures are retried instead of quarantined.
+_STREAM_ERRORS: tuple[type[BaseException], ...] = (
+    gzip.BadGzipFile,
+    EOFError,
+    zlib.error,
+    zstandard.ZstdError,
+    _CorruptStream,
+)
+
+
+class _ZstdRaw(io.RawIOBase):
+    """Streaming zstd decompression that notices truncation. zstandard's stream_reader
+    returns a clean EOF for a file cut mid-frame, which would silently lose its tail;
+    decompressobj exposes `eof`, so a frame left open at end of input is an error.
+    Concatenated frames (as written by parallel compressors) are followed."""
+
+    def __init__(self, fh: BinaryIO):
+        self._fh = fh
+        self._dctx = zstandard.ZstdDecompressor()
+        self._d = self._dctx.decompressobj()
+        self._in_frame = False
+        self._buf = b""
+        self._pos = 0
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while self._pos >= len(self._buf):
+            if self._done:
+                return 0
+            self._fill()
+        n = min(len(b), len(self._buf) - self._pos)
+        b[:n] = self._buf[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def _fill(self) -> None:
+        # Small input chunks bound the output of one call even for highly compressible data.
+        data = self._fh.read(1 << 17)
+        self._buf, self._pos = b"", 0
+        if not data:
+            if self._in_frame:
+                raise _CorruptStream("zstd stream ends in the middle of a frame (truncated)")
+            self._done = True
+            return
+        parts = []
+        while data:
+            parts.append(self._d.decompress(data))
+            self._in_frame = True
+            if self._d.eof:
+                data = self._d.unused_data
+                self._d = self._dctx.decompressobj()
+                self._in_frame = False
+            else:
+                data = b""
+        self._buf = b"".join(parts)
+
+    def close(self) -> None:
+        self._fh.close()
+        super().close()
+
+
+def _open_stream(path: str) -> BinaryIO:
+    n = path.lower()
+    if n.endswith(".gz"):
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    if n.endswith((".zst", ".zstd")):
+        raw = _ZstdRaw(open(path, "rb"))  # noqa: SIM115 (closed with the reader)
+        return io.BufferedReader(raw, buffer_size=_CHUNK)  # type: ignore[return-value]
+    return open(path, "rb", buffering=_CHUNK)
+
+
+def _raw_bytes(b: bytes) -> str:
+    if len(b) > RAW_LIMIT:
+        return b[:RAW_LIMIT].decode("utf-8", "backslashreplace") + _marker(len(b), "bytes")
+    return b.decode("utf-8", "backslashreplace")
+
+
+def _raw_str(s: str) -> str:
+    if len(s) > RAW_LIMIT:
+        return s[:RAW_LIMIT] + _marker(len(s), "characters")
+    return s
+
+
+def _marker(total: int, unit: str) -> str:
+    return f"\n…[truncated by ballast: {total} {unit} in all]"
+
+
+def _raw_obj(obj: Any) -> str:
+    try:
+        s = json.dumps(obj, ensure_ascii=False, default=str)
+    except (ValueError, TypeError, RecursionError):
+        s = repr(obj)
+    return _raw_str(s)
+
+
+def _type_name(v: Any) -> str:
+    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
+             float: "number", type(None): "null"}
+    return names.get(type(v), type(v).__name__)
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _jsonable(v: Any) -> Any:
+    """Arrow's Python values made JSON-serialisable, so meta is the same kind of thing
+    whatever the input format."""
+    if isinstance(v, _JSON_SCALARS):
+        return v
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, datetime | date | time):
+        return v.isoformat()
+    if isinstance(v, timedelta):
+        return v.total_seconds()
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "backslashreplace")
+    if isinstance(v, Decimal):
+        return str(v)  # keeps every digit, which a float would not
+    return str(v)
+
+
+_MISSING = object()
+
+
+class _Records:
+    """Turns parsed records and texts into RawDoc/BadRecord; one per (source, file)."""
+
+    __slots__ = ("id_field", "max_bytes", "name", "text_field")
+
+    def __init__(self, source: SourceConfig, max_doc_bytes: int):
+        self.name = source.name
+        self.text_field = source.text_field
+        self.id_field = source.id_field
+        self.max_bytes = max_doc_bytes
+
+    def record(self, obj: Any, loc: str, raw: Any, arrow: bool = False) -> RawDoc | BadRecord:
+        """`raw` is the record's source bytes (jsonl) or the record itself (arrow); it is
+        only rendered for bad records."""
+        if type(obj) is not dict:
+            return BadRecord("not_an_object", f"expected a JSON object, got {_type_name(obj)}",
+                             loc, _raw_any(raw), None)
+        idf = self.id_field
+        if idf is not None and idf in obj:
+            v = obj[idf]
+            # type() rather than isinstance: True is an int, but never a meaningful id.
+            if type(v) is str and v:
+                doc_id = v
+            elif type(v) is int:
+                doc_id = str(v)
+            else:
+                got = "empty string" if v == "" else _type_name(v)
+                return BadRecord("bad_id", f"field {idf!r} must be a non-empty string or an "
+                                           f"integer, got {got}", loc, _raw_any(raw), None)
+        else:
+            doc_id = f"{self.name}/{loc}"
+        tf = self.text_field
+        text = obj.get(tf, _MISSING)
+        if text is _MISSING:
+            keys = ", ".join(list(obj)[:20]) + (", …" if len(obj) > 20 else "")
+            return BadRecord("missing_text", f"field {tf!r} is missing; fields present: "
+                                             f"{keys or '(none)'}", loc, _raw_any(raw), doc_id)
+        if type(text) is not str:
+            return BadRecord("wrong_type", f"field {tf!r} must be a string, got "
+                                           f"{_type_name(text)}", loc, _raw_any(raw), doc_id)
+        if arrow:
+            # A new dict: `raw` is this same record and must keep its text for quarantine.
+            meta = {k: v if isinstance(v, _JSON_SCALARS) else _jsonable(v)
+                    for k, v in obj.items() if k != tf}
+        else:
+            del obj[tf]  # jsonl's raw is the line's bytes, so the parsed dict is ours
+            meta = obj
+        return self.text(text, meta, doc_id, loc, raw)
+
+    def text(self, text: str, meta: dict, doc_id: str, loc: str, raw: Any) -> RawDoc | BadRecord:
+        # isascii() is O(1) on CPython and true for most web text: skip NFC and encoding.
+        if text.isascii():
+            size = len(text)
+        else:
+            text = unicodedata.normalize("NFC", text)
+            try:
+                size = len(text.encode("utf-8"))
+            except UnicodeEncodeError as e:
+                # JSON "\ud800" escapes decode to lone surrogates, which no UTF-8 writer
+                # (Arrow included) accepts.
+                return BadRecord("invalid_utf8", f"text has an unpaired surrogate "
+                                                 f"U+{ord(text[e.start]):04X} at character "
+                                                 f"{e.start}", loc, _raw_any(raw), doc_id)
+        if size > self.max_bytes:
+            return BadRecord("too_large", f"text is {size} bytes, over max_doc_bytes="
+                                          f"{self.max_bytes}", loc, _raw_any(raw), doc_id)
+        if "\x00" in text:
+            return BadRecord("nul_bytes", f"text has a NUL character at index "
+                                          f"{text.index(chr(0))}", loc, _raw_any(raw), doc_id)
+        if not text or text.isspace():
+            return BadRecord("empty_text", "text is empty" if not text else
+                             "text is only whitespace", loc, _raw_any(raw), doc_id)
+        return RawDoc(doc_id, text, meta, loc)
+
+
+def _raw_any(raw: Any) -> str:
+    if isinstance(raw, bytes | bytearray):
+        return _raw_bytes(bytes(raw).rstrip(b"\r\n"))
+    if isinstance(raw, str):
+        return _raw_str(raw)
+    return _raw_obj(raw)
+
+
+def _corrupt(loc: str, e: BaseException) -> BadRecord:
+    msg = str(e) or type(e).__name__
+    return BadRecord("corrupt_file", f"cannot read on from here: {type(e).__name__}: {msg}",
+                     loc, "", None)
+
+
+def _line_limit(max_doc_bytes: int) -> int:
+    # JSON can spell one byte of text as up to 6 ("\u0001"), plus room for metadata; a
+    # longer line cannot hold an acceptable document, so it is never held in memory whole.
+    return 6 * max_doc_bytes + (1 << 20)
+
+
+def _read_jsonl(recs: _Records, path: str, rel: str, max_doc_bytes: int
+                ) -> Iterator[RawDoc | BadRecord]:
+    limit = _line_limit(max_doc_bytes)
+    loads = json.loads
+    record = recs.record
+    line_no = 0
+    offset = 0  # of the current line, in the (decompressed) stream
+    with _open_stream(path) as fh:
+        readline = fh.readline
+        try:
+            while True:
+                line = readline(limit)
+                if not line:
+                    break
+                line_no += 1
+                n = len(line)
+                loc = f"{rel}:{line_no}"
+                if n >= limit and line[-1:] != b"\n":
+                    while True:  # skip the rest of the line without keeping it
+                        more = readline(_CHUNK)
+                        n += len(more)
+                        if not more or more[-1:] == b"\n":
+                            break
+                    yield BadRecord("too_large", f"line is {n} bytes, longer than any record "
+                                                 f"that fits max_doc_bytes={max_doc_bytes}; "
+                                                 "not parsed", loc, _raw_bytes(line), None)
+                    offset += n
+                    continue
+                try:
+                    s = line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    yield BadRecord("invalid_utf8", f"invalid UTF-8 at byte {e.start} of the "
+                                                    f"line (byte {offset + e.start} of the "
+                                                    f"stream): {e.reason}", loc,
+                                    _raw_any(line), None)
+                    offset += n
+                    continue
+                offset += n
+                if line_no == 1 and s.startswith("\ufeff"):
+                    s = s[1:]  # a UTF-8 BOM, which json.loads refuses
+                try:
+                    obj = loads(s)
+                except (ValueError, RecursionError) as e:
+                    if not s or s.isspace():
+                        yield BadRecord("empty_line", "blank line", loc, _raw_any(line), None)
+                    else:
+                        yield BadRecord("invalid_json", str(e) or type(e).__name__, loc,
+                                        _raw_any(line), None)
+                    continue
+                yield record(obj, loc, line)
+        except _STREAM_ERRORS as e:
+            yield _corrupt(f"{rel}:{line_no + 1}", e)
+
+
+def _read_txt(recs: _Records, path: str, rel: str, unit: str, max_doc_bytes: int
+              ) -> Iterator[RawDoc | BadRecord]:
+    with _open_stream(path) as fh:
+        if unit == "file":
+            try:
+                data = fh.read(max_doc_bytes + 1)
+            except _STREAM_ERRORS as e:
+                yield _corrupt(rel, e)
+                return
+            yield _txt_doc(recs, data, rel, f"{recs.name}/{rel}", len(data) > max_doc_bytes)
+            return
+        yield from _txt_paragraphs(recs, fh, rel, max_doc_bytes)
+
+
+def _txt_paragraphs(recs: _Records, fh: BinaryIO, rel: str, max_doc_bytes: int
+                    ) -> Iterator[RawDoc | BadRecord]:
+    lines: list[bytes] = []
+    size = 0
+    para = 0
+    too_large = False
+    readline = fh.readline
+    limit = max_doc_bytes + 2
+
+    def emit() -> RawDoc | BadRecord:
+        loc = f"{rel}#para={para}"
+        return _txt_doc(recs, b"".join(lines).rstrip(b"\r\n"), loc, f"{recs.name}/{loc}",
+                        too_large)
+
+    try:
+        while True:
+            line = readline(limit)
+            if not line:
+                break
+            if line.isspace():
+                if lines:
+                    yield emit()
+                    lines, size, too_large = [], 0, False
+                continue
+            if not lines:
+                para += 1
+            size += len(line)
+            if size > max_doc_bytes:
+                too_large = True
+            # Past the limit keep only what the quarantine record shows: memory stays bounded.
+            if not too_large or size - len(line) < RAW_LIMIT:
+                lines.append(line)
+        if lines:
+            yield emit()
+    except _STREAM_ERRORS as e:
+        yield _corrupt(f"{rel}#para={para + (0 if lines else 1)}", e)
+
+
+def _txt_doc(recs: _Records, data: bytes, loc: str, doc_id: str, too_large: bool
+             ) -> RawDoc | BadRecord:
+    if too_large:
+        return BadRecord("too_large", f"text is more than max_doc_bytes={recs.max_bytes} "
+                                      "bytes", loc, _raw_bytes(data), doc_id)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return BadRecord("invalid_utf8", f"invalid UTF-8 at byte {e.start} of the document: "
+                                         f"{e.reason}", loc, _raw_bytes(data), doc_id)
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    return recs.text(text, {}, doc_id, loc, data)
+
+
+def _read_parquet(recs: _Records, path: str, rel: str) -> Iterator[RawDoc | BadRecord]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        yield _corrupt(f"{rel}#row=1", e)
+        return
+    row = 0
+    with pf:
+        try:
+            # Row batches, not whole row groups: a row group of long documents can be GBs.
+            for batch in pf.iter_batches(batch_size=1024):
+                for rec in batch.to_pylist():
+                    row += 1
+                    yield recs.record(rec, f"{rel}#row={row}", rec, arrow=True)
+        except (pa.ArrowException, OSError) as e:
+            yield _corrupt(f"{rel}#row={row + 1}", e)
+
+
+def _read_hf(recs: _Records, path: str, rel: str) -> Iterator[RawDoc | BadRecord]:
+    import datasets  # slow to import; only hf sources pay for it
+
+    try:
+        loaded = datasets.load_from_disk(path)
+    except Exception as e:  # datasets raises a zoo of types for a damaged directory
+        yield _corrupt(f"{rel}#row=1", e)
+        return
+    if isinstance(loaded, datasets.DatasetDict):
+        splits = [(f"{rel}/{name}", loaded[name]) for name in sorted(loaded)]
+    else:
+        splits = [(rel, loaded)]
+    for prefix, ds in splits:
+        row = 0
+        # The arrow format skips feature decoding and honours an indices mapping.
+        for table in ds.with_format("arrow").iter(batch_size=1024):
+            for rec in table.to_pylist():
+                row += 1
+                yield recs.record(rec, f"{prefix}#row={row}", rec, arrow=True)
+
+
+def _read_local(source: SourceConfig, f: InputFile, path: str, max_doc_bytes: int
+                ) -> Iterator[RawDoc | BadRecord]:
+    recs = _Records(source, max_doc_bytes)
+    if f.format == "jsonl":
+        yield from _read_jsonl(recs, path, f.rel, max_doc_bytes)
+    elif f.format == "txt":
+        yield from _read_txt(recs, path, f.rel, source.txt_unit, max_doc_bytes)
+    elif f.format == "parquet":
+        yield from _read_parquet(recs, path, f.rel)
+    elif f.format == "hf":
+        yield from _read_hf(recs, path, f.rel)
+    else:
+        raise IngestError(f"source {source.name!r}: {f.uri}: unknown format {f.format!r}")
+
+
+def read_file(source: SourceConfig, f: InputFile, storage: StorageOptions, max_doc_bytes: int
+              ) -> Iterator[RawDoc | BadRecord]:
+    """Stream one input's documents and bad records, in file order. Never raises for bad
+    content; a file that vanished or a store that fails mid-run does raise (OSError,
+    StorageError), since retrying is the fix there, not quarantine."""
+    if not f.uri.startswith("s3://"):
+        yield from _read_local(source, f, f.uri, max_doc_bytes)
+        return
+    if f.format == "hf":
+        raise IngestError(f"source {source.name!r}: {f.uri}: hf datasets cannot be read "
+                          "from s3")
+    bucket, _, key = f.uri.removeprefix("s3://").partition("/")
+    with tempfile.TemporaryDirectory(prefix="ballast-read-") as tmp:
+        # Keep the object's name: the compression is told by its extension.
+        local = os.path.join(tmp, posixpath.basename(key) or "object")
+        open_store(f"s3://{bucket}", storage).get_file(key, local)
+        yield from _read_local(source, f, local, max_doc_bytes)

@@ -1,0 +1,173 @@
+"""What every prep stage shares: where its files live, per-shard accounting, completion
+markers, and writing kept/dropped shards.
+
+Layout under the run's output URI:
+    docs/<stage>/<shard>.parquet      documents that survive <stage>
+    dropped/<stage>/<shard>.parquet   documents <stage> dropped, with reason and detail
+    _done/<stage>/<shard>.json        accounting for that shard; written last, so its
+                                      presence means the shard is complete
+    report.json                       the accounting of the whole run
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import pyarrow as pa
+
+from infra.storage import Store, open_store
+from tasks.config import PrepConfig
+from tasks.records import DOC_SCHEMA, DROPPED_SCHEMA, parquet_bytes_to_table, table_to_parquet_bytes
+
+
+@lru_cache(maxsize=8)
+def _store(uri: str, options_json: str) -> Store:
+    from infra.storage import StorageOptions
+
+    return open_store(uri, StorageOptions.model_validate_json(options_json))
+
+
+def output_store(cfg: PrepConfig) -> Store:
+    """The run's output store, one per process (stores are re-opened in workers rather
+    than pickled: an S3 client does not survive pickling)."""
+    return _store(cfg.output, cfg.storage.model_dump_json())
+
+
+def docs_key(stage: str, shard: str) -> str:
+    return f"docs/{stage}/{shard}.parquet"
+
+
+def dropped_key(stage: str, shard: str) -> str:
+    return f"dropped/{stage}/{shard}.parquet"
+
+
+def done_key(stage: str, shard: str) -> str:
+    return f"_done/{stage}/{shard}.json"
+
+
+@dataclass
+class SourceStats:
+    docs_in: int = 0
+    bytes_in: int = 0
+    kept: int = 0
+    bytes_kept: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    bytes_dropped: int = 0
+
+    def add_in(self, nbytes: int) -> None:
+        self.docs_in += 1
+        self.bytes_in += nbytes
+
+    def add_kept(self, nbytes: int) -> None:
+        self.kept += 1
+        self.bytes_kept += nbytes
+
+    def add_dropped(self, reason: str, nbytes: int) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        self.bytes_dropped += nbytes
+
+    def merge(self, other: SourceStats) -> None:
+        self.docs_in += other.docs_in
+        self.bytes_in += other.bytes_in
+        self.kept += other.kept
+        self.bytes_kept += other.bytes_kept
+        self.bytes_dropped += other.bytes_dropped
+        for r, n in other.dropped.items():
+            self.dropped[r] = self.dropped.get(r, 0) + n
+
+    @property
+    def n_dropped(self) -> int:
+        return sum(self.dropped.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "docs_in": self.docs_in,
+            "bytes_in": self.bytes_in,
+            "kept": self.kept,
+            "bytes_kept": self.bytes_kept,
+            "dropped": dict(sorted(self.dropped.items())),
+            "bytes_dropped": self.bytes_dropped,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SourceStats:
+        return cls(d["docs_in"], d["bytes_in"], d["kept"], d["bytes_kept"], dict(d["dropped"]),
+                   d["bytes_dropped"])
+
+
+class ShardStats(defaultdict[str, SourceStats]):
+    def __init__(self) -> None:
+        super().__init__(SourceStats)
+
+    def to_json(self) -> dict[str, Any]:
+        return {src: s.to_json() for src, s in sorted(self.items())}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ShardStats:
+        out = cls()
+        for src, s in d.items():
+            out[src] = SourceStats.from_json(s)
+        return out
+
+
+class DroppedRows:
+    """Accumulates the rows of a dropped-documents table."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[str]] = {f.name: [] for f in DROPPED_SCHEMA}
+
+    def add(self, id: str, source: str, reason: str, detail: str, location: str,
+            text: str) -> None:
+        c = self.cols
+        c["id"].append(id)
+        c["source"].append(source)
+        c["reason"].append(reason)
+        c["detail"].append(detail)
+        c["location"].append(location)
+        c["text"].append(text)
+
+    def __len__(self) -> int:
+        return len(self.cols["id"])
+
+    def table(self) -> pa.Table:
+        return pa.table(self.cols, schema=DROPPED_SCHEMA)
+
+
+def is_done(store: Store, stage: str, shard: str) -> bool:
+    return store.exists(done_key(stage, shard))
+
+
+def read_done(store: Store, stage: str, shard: str) -> dict[str, Any]:
+    return json.loads(store.get(done_key(stage, shard)))
+
+
+def write_shard(
+    store: Store,
+    stage: str,
+    shard: str,
+    kept: pa.Table | None,
+    dropped: DroppedRows,
+    stats: ShardStats,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write a stage's outputs for one shard, then its marker (last: the marker is the
+    promise that everything before it is complete)."""
+    if kept is not None:
+        store.put(docs_key(stage, shard), table_to_parquet_bytes(kept.cast(DOC_SCHEMA)))
+    if len(dropped):
+        store.put(dropped_key(stage, shard), table_to_parquet_bytes(dropped.table()))
+    marker = {"shard": shard, "stats": stats.to_json(), **(extra or {})}
+    store.put(done_key(stage, shard), json.dumps(marker, sort_keys=True).encode())
+    return marker
+
+
+def read_docs(store: Store, stage: str, shard: str) -> pa.Table:
+    return parquet_bytes_to_table(store.get(docs_key(stage, shard)))
+
+
+def text_bytes(texts: list[str]) -> list[int]:
+    return [len(t.encode("utf-8")) for t in texts]

@@ -1,0 +1,270 @@
+"""End to end through `ballast prep`: a mixed corpus of real web and code documents with
+planted duplicates and junk, checked document by document."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.config import parse_config
+from tasks.pipeline import OutputConflict, run_prep
+from tasks.readers import IngestError
+from tests.helpers import edit_words, read_jsonl, shared_file
+
+ROOT = Path(__file__).resolve().parents[1]
+WORD = re.compile(r"[A-Za-z0-9_\x80-\U0010ffff]+")
+
+
+def string_jaccard(a: str, b: str, n: int = 5) -> float:
+    def sh(t: str) -> set[tuple[str, ...]]:
+        w = WORD.findall(t.lower())
+        return {tuple(w[i : i + n]) for i in range(len(w) - n + 1)}
+
+    x, y = sh(a), sh(b)
+    return len(x & y) / len(x | y)
+
+
+def make_corpus(root: Path) -> dict:
+    """web.jsonl.gz: 150 real web docs + planted copies + junk lines; code.parquet: 80
+    real Python functions. Returns what was planted."""
+    rng = random.Random(3)
+    web = read_jsonl(shared_file("web_openwebtext_1k.jsonl"), 150)
+    code = read_jsonl(shared_file("code_python_cosqa_dev.jsonl"), 80)
+    rows = [{"id": r["id"], "text": r["text"]} for r in web]
+    planted: dict = {"exact": {}, "near": {}, "distinct": [], "junk": {}}
+    for k, r in enumerate(web[:6]):
+        rows.append({"id": f"exact-{k}", "text": r["text"]})
+        planted["exact"][f"exact-{k}"] = r["id"]
+    for k, r in enumerate(web[10:16]):
+        text = edit_words(r["text"], 0.01, rng)
+        rows.append({"id": f"near-{k}", "text": text})
+        planted["near"][f"near-{k}"] = (r["id"], string_jaccard(r["text"], text))
+    for k, r in enumerate(web[20:25]):
+        # Similar but distinct: a third of the words changed (J far below 0.8).
+        rows.append({"id": f"distinct-{k}", "text": edit_words(r["text"], 0.33, rng)})
+        planted["distinct"].append(f"distinct-{k}")
+    rows.append({"id": "slashes", "text": "/" * 200_000})
+    lines = [json.dumps(r).encode() for r in rows]
+    junk = [
+        (b'{"id": "broken", "text": "no closing brace"', "invalid_json"),
+        (b'["a", "list"]', "not_an_object"),
+        (b'{"id": "notext", "body": "x"}', "missing_text"),
+        (b'{"id": "num", "text": 42}', "wrong_type"),
+        (b'{"id": "blank", "text": "   "}', "empty_text"),
+        (b'{"id": "nul", "text": "a\\u0000b"}', "nul_bytes"),
+        (b'{"id": "latin1", "text": "caf\xe9"}', "invalid_utf8"),
+    ]
+    for k, (line, reason) in enumerate(junk):
+        pos = 40 + 10 * k
+        lines.insert(pos, line)
+    for k, (_line, reason) in enumerate(junk):
+        lineno = [i for i, ln in enumerate(lines, 1) if ln == junk[k][0]][0]
+        planted["junk"][lineno] = reason
+    (root / "web").mkdir(parents=True)
+    with gzip.open(root / "web" / "web.jsonl.gz", "wb") as f:
+        f.write(b"\n".join(lines) + b"\n")
+    (root / "code").mkdir()
+    pq.write_table(pa.table({"id": [r["id"] for r in code], "text": [r["text"] for r in code],
+                             "language": [r.get("language", "python") for r in code]}),
+                   root / "code" / "code.parquet")
+    planted["n_web_lines"] = len(lines)
+    planted["n_code"] = len(code)
+    return planted
+
+
+def config(data: Path, out: Path, workers: int = 1, shard_docs: int = 40) -> dict:
+    return {
+        "output": str(out),
+        "workers": workers,
+        "sources": [
+            {"name": "web", "paths": [str(data / "web" / "*.jsonl.gz")], "id_field": "id"},
+            {"name": "code", "paths": [str(data / "code")], "format": "parquet",
+             "id_field": "id", "quality": ["char_repetition"]},
+        ],
+        "ingest": {"shard_docs": shard_docs},
+        "quality": ["gopher_quality", "gopher_repetition", "char_repetition"],
+    }
+
+
+def dropped(out: Path, stage: str) -> dict[str, dict]:
+    rows: dict[str, dict] = {}
+    for f in sorted((out / "dropped" / stage).glob("*.parquet")):
+        for r in pq.read_table(f).to_pylist():
+            rows[r["id"]] = r
+    return rows
+
+
+def kept_ids(out: Path, stage: str) -> list[str]:
+    ids: list[str] = []
+    for f in sorted((out / "docs" / stage).glob("*.parquet")):
+        ids += pq.read_table(f, columns=["id"])["id"].to_pylist()
+    return ids
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    data = tmp_path_factory.mktemp("corpus")
+    return data, make_corpus(data)
+
+
+@pytest.fixture(scope="module")
+def run(corpus: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    data, _ = corpus
+    out = tmp_path_factory.mktemp("out") / "run"
+    report = run_prep(parse_config(config(data, out)), progress=False)
+    return out, report
+
+
+def test_every_document_is_accounted_for(corpus, run):
+    _, planted = corpus
+    out, report = run
+    n_in = planted["n_web_lines"] + planted["n_code"]
+    assert report["stages"]["ingest"]["total"]["docs_in"] == n_in
+    final = kept_ids(out, "quality")
+    gone = [i for s in ("ingest", "exact", "near", "quality") for i in dropped(out, s)]
+    assert len(final) + len(gone) == n_in
+    assert len(set(final) | set(gone)) == n_in  # nothing counted twice
+    for name, st in report["stages"].items():
+        for src, s in st["sources"].items():
+            assert s["docs_in"] == s["kept"] + sum(s["dropped"].values()), (name, src)
+    assert report["problems"] == []
+
+
+def test_bad_records_are_quarantined_with_location(corpus, run):
+    _, planted = corpus
+    out, _ = run
+    bad = dropped(out, "ingest")
+    by_line = {int(r["location"].rsplit(":", 1)[1]): r for r in bad.values()}
+    assert {ln: r["reason"] for ln, r in by_line.items()} == planted["junk"]
+    assert all(r["location"].startswith("web.jsonl.gz:") for r in bad.values())
+
+
+def test_exact_copies_dropped_pointing_at_the_first_copy(corpus, run):
+    _, planted = corpus
+    out, _ = run
+    ex = dropped(out, "exact")
+    assert {i: r["detail"] for i, r in ex.items()} == planted["exact"]
+    assert all(r["reason"] == "exact_dup" for r in ex.values())
+
+
+def test_near_copies_dropped_and_distinct_documents_stay(corpus, run):
+    _, planted = corpus
+    out, _ = run
+    near = dropped(out, "near")
+    for copy, (orig, j) in planted["near"].items():
+        assert j >= 0.8, f"planted copy {copy} is not a near duplicate (J={j:.2f})"
+        assert near[copy]["reason"] == "near_dup"
+        assert near[copy]["detail"] == orig
+    assert set(near) == set(planted["near"])  # no real document was caught
+    final = set(kept_ids(out, "quality"))
+    for d in planted["distinct"]:
+        assert d in final or d in dropped(out, "quality")
+        assert d not in near
+
+
+def test_quality_drops_the_slash_document_and_keeps_code(corpus, run):
+    _, planted = corpus
+    out, report = run
+    q = dropped(out, "quality")
+    assert q["slashes"]["reason"].startswith("char_repetition")
+    code = report["stages"]["quality"]["sources"]["code"]
+    assert code["kept"] == planted["n_code"]
+
+
+def test_workers_do_not_change_the_output(corpus, run, tmp_path):
+    data, _ = corpus
+    out1, _ = run
+    out2 = tmp_path / "two-workers"
+    run_prep(parse_config(config(data, out2, workers=2)), progress=False)
+    files1 = sorted(p.relative_to(out1) for p in out1.rglob("*.parquet"))
+    files2 = sorted(p.relative_to(out2) for p in out2.rglob("*.parquet"))
+    assert files1 == files2
+    for f in files1:
+        assert (out1 / f).read_bytes() == (out2 / f).read_bytes(), f
+
+
+def test_missing_input_fails_before_any_work(tmp_path):
+    out = tmp_path / "out"
+    cfg = parse_config({"output": str(out),
+                        "sources": [{"name": "web", "paths": [str(tmp_path / "nope/*.jsonl")]}]})
+    with pytest.raises(IngestError, match="web"):
+        run_prep(cfg, progress=False)
+    assert not out.exists()
+
+
+def test_other_config_on_same_output_is_refused(corpus, run):
+    data, _ = corpus
+    out, _ = run
+    other = config(data, out)
+    other["seed"] = 1
+    with pytest.raises(OutputConflict, match="different config"):
+        run_prep(parse_config(other), progress=False)
+
+
+def _cli(cfg_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "infra.cli", "prep", str(cfg_path), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def test_killed_during_near_dedup_resumes_to_identical_output(corpus, tmp_path):
+    import yaml
+
+    data, _ = corpus
+    ref_out, out = tmp_path / "ref", tmp_path / "killed"
+    for o in (ref_out, out):
+        (tmp_path / f"{o.name}.yaml").write_text(yaml.safe_dump(config(data, o, shard_docs=25)))
+    assert _cli(tmp_path / "ref.yaml", "--no-progress").returncode == 0
+
+    killed = _cli(tmp_path / "killed.yaml", "--no-progress",
+                  env={"BALLAST_FAILPOINT": "near: signatures:3"})
+    assert killed.returncode == -9, killed.stderr
+    sigs = sorted((out / "near" / "sig").glob("*.npz"))
+    assert len(sigs) == 3 and not (out / "report.json").exists()
+    before = {p.name: p.stat().st_mtime_ns for p in sigs}
+
+    resumed = _cli(tmp_path / "killed.yaml", "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    assert {p.name: p.stat().st_mtime_ns for p in sigs} == before  # not recomputed
+    ref_files = sorted(p.relative_to(ref_out) for p in ref_out.rglob("*.parquet"))
+    assert ref_files == sorted(p.relative_to(out) for p in out.rglob("*.parquet"))
+    for f in ref_files:
+        assert (ref_out / f).read_bytes() == (out / f).read_bytes(), f
+    strip = lambda r: {k: v for k, v in r.items() if k != "stage_seconds"}  # noqa: E731
+    assert strip(json.loads((out / "report.json").read_text())) == strip(
+        json.loads((ref_out / "report.json").read_text()))
+
+
+def test_cli_reports_config_errors_with_exit_1(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("output: x\nsources: [{name: a, paths: [a.jsonl], text_feild: t}]\n")
+    r = _cli(p)
+    assert r.returncode == 1
+    assert "sources[0].text_feild: unknown key" in r.stderr
+
+
+def test_s3_input_and_output(corpus, tmp_path, s3_bucket, s3_client, moto_endpoint, monkeypatch):
+    """Sources under s3:// and the output under s3:// through the object-storage
+    interface, against a real S3-protocol server on loopback."""
+    data, planted = corpus
+    s3_client.upload_file(str(data / "web" / "web.jsonl.gz"), s3_bucket, "in/web/web.jsonl.gz")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    cfg = config(data, tmp_path, shard_docs=100)
+    cfg["output"] = f"s3://{s3_bucket}/out/run1"
+    cfg["sources"][0]["paths"] = [f"s3://{s3_bucket}/in/web/*.jsonl.gz"]
+    report = run_prep(parse_config(cfg), progress=False)
+    assert report["stages"]["ingest"]["sources"]["web"]["docs_in"] == planted["n_web_lines"]
+    keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket,
+                                                         Prefix="out/run1/")["Contents"]]
+    assert "out/run1/report.json" in keys
+    assert any(k.startswith("out/run1/dropped/near/") for k in keys)
