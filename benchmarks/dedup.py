@@ -35,10 +35,10 @@ WORD = re.compile(r"[A-Za-z0-9_\x80-\U0010ffff]+")
 
 
 class TreeRSS:
-    """Samples the summed RSS of this process and all its descendants (/proc)."""
+    """Samples the summed RSS of a process and all its descendants (/proc)."""
 
-    def __init__(self, interval: float = 0.05):
-        self.interval, self.peak, self._stop = interval, 0, threading.Event()
+    def __init__(self, pid: int, interval: float = 0.05):
+        self.pid, self.interval, self.peak, self._stop = pid, interval, 0, threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
     def _tree(self, pid: int) -> list[int]:
@@ -53,7 +53,7 @@ class TreeRSS:
 
     def sample(self) -> int:
         total = 0
-        for p in self._tree(os.getpid()):
+        for p in self._tree(self.pid):
             try:
                 for line in Path(f"/proc/{p}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
@@ -173,25 +173,66 @@ def write_corpus(docs: list[str], workdir: Path) -> Path:
     return corpus
 
 
+def signature_rates(docs: list[str], n: int = 5) -> dict[str, float]:
+    """Single-core signature throughput (docs/s, 128 permutations, same shingles) of
+    ballast's vectorised MinHash, datasketch, and rensa when it is installed."""
+    from datasketch import MinHash
+
+    from tasks import minhash
+
+    sample = docs[:5000]
+    rates = {}
+    t0 = time.perf_counter()
+    a, b = minhash.permutations(128, 0)
+    for i in range(0, len(sample), 1000):
+        sh, off = minhash.shingle_hashes(sample[i : i + 1000], n)
+        minhash.signatures(sh, off, a, b)
+    rates["ballast_numpy"] = len(sample) / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for d in sample:
+        m = MinHash(num_perm=128, seed=0)
+        m.update_batch([x.encode() for x in string_shingles(d, n)])
+    rates["datasketch"] = len(sample) / (time.perf_counter() - t0)
+    try:
+        from rensa import RMinHash
+    except ImportError:
+        return {k: round(v) for k, v in rates.items()}
+    t0 = time.perf_counter()
+    for d in sample:
+        r = RMinHash(num_perm=128, seed=0)
+        r.update(list(string_shingles(d, n)))
+        r.digest()
+    rates["rensa"] = len(sample) / (time.perf_counter() - t0)
+    return {k: round(v) for k, v in rates.items()}
+
+
 def run_ballast(corpus: Path, workdir: Path, workers: int, threshold: float) -> dict:
-    from tasks.config import parse_config
-    from tasks.pipeline import run_prep
+    """`ballast prep --until near` in its own process, so the peak RSS measured is the
+    pipeline's process tree alone."""
+    import shutil
+    import subprocess
+
+    import yaml
 
     out = workdir / "out"
-    cfg = parse_config({
+    cfg = {
         "output": str(out), "workers": workers,
         "sources": [{"name": "bench", "paths": [str(corpus)], "id_field": "id"}],
         "ingest": {"shard_docs": 10_000},
         "dedup": {"exact": True, "near": {"threshold": threshold}},
         "quality": [],
-    })
-    import shutil
-
+    }
+    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
     shutil.rmtree(out, ignore_errors=True)
-    with TreeRSS() as rss:
-        t0 = time.perf_counter()
-        report = run_prep(cfg, until="near", progress=False)
-        wall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "infra.cli", "prep",
+                             str(workdir / "config.yaml"), "--until", "near", "--no-progress"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL)
+    with TreeRSS(proc.pid) as rss:
+        if proc.wait() != 0:
+            raise SystemExit(f"ballast prep failed with exit code {proc.returncode}")
+    wall = time.perf_counter() - t0
+    report = json.loads((out / "report.json").read_text())
     return {"report": report, "wall": wall, "peak_rss": rss.peak, "out": out}
 
 
@@ -269,7 +310,8 @@ def main() -> None:
         dedup_secs = secs.get("exact", 0) + secs.get("near", 0)
         run = {
             "docs": n_docs, "mb": round(mb, 2), "planted": planted,
-            "stage_seconds": secs, "dedup_seconds": round(dedup_secs, 2),
+            "stage_seconds": secs, "step_seconds": r["report"]["step_seconds"],
+            "dedup_seconds": round(dedup_secs, 2),
             "docs_per_s": round(n_docs / dedup_secs), "mb_per_s": round(mb / dedup_secs, 2),
             "peak_rss_mb": round(r["peak_rss"] / 2**20), "near": r["report"].get("near"),
             "removed_exact": sum(r["report"]["stages"]["exact"]["total"]["dropped"].values()),
@@ -280,6 +322,7 @@ def main() -> None:
                 docs = [json.loads(line)["text"] for line in f]
             gt, _, ds_rate = ground_truth(docs, args.threshold, 5)
             run["datasketch_signatures_docs_per_s_1core"] = round(ds_rate)
+            run["signature_docs_per_s_1core"] = signature_rates(docs)
             run.update(quality_metrics(docs, gt, removed_map(r["out"]), args.threshold, 5))
         print(json.dumps(run, indent=2))
         result["runs"].append(run)

@@ -15,7 +15,15 @@ import xxhash
 from infra.storage import Store
 from tasks.config import PrepConfig
 from tasks.records import parquet_bytes_to_table, table_to_parquet_bytes
-from tasks.stage import DroppedRows, ShardStats, docs_key, output_store, read_docs, write_shard
+from tasks.stage import (
+    DroppedRows,
+    ShardStats,
+    doc_location,
+    docs_key,
+    output_store,
+    read_docs,
+    write_shard,
+)
 
 STAGE = "exact"
 DUPS_KEY = "exact/dups.parquet"
@@ -101,18 +109,9 @@ def apply_dups(cfg: PrepConfig, input_stage: str, stage: str, shard: str, dups_k
             continue
         keep[row] = False
         st.add_dropped(reason, nbytes[row])
-        dropped.add(ids[row], sources[row], reason, kept_id, _location(metas[row], shard, row),
+        dropped.add(ids[row], sources[row], reason, kept_id, doc_location(metas[row], shard, row),
                     texts[row])
     return write_shard(store, stage, shard, docs.filter(pa.array(keep)), dropped, stats)
-
-
-def _location(meta: str, shard: str, row: int) -> str:
-    # The original location is in meta (set at ingest); keep the lookup cheap.
-    i = meta.find('"location": "')
-    if i >= 0:
-        j = meta.find('"', i + 13)
-        return meta[i + 13 : j]
-    return f"{shard}#row={row}"
 
 
 def apply_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:

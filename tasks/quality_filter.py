@@ -7,10 +7,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.config import PrepConfig
-from tasks.exact_dedup import _location
 from tasks.quality import filter_document, parse_rules
 from tasks.records import DOC_SCHEMA
-from tasks.stage import DroppedRows, ShardStats, output_store, read_docs, write_shard
+from tasks.stage import (
+    DroppedRows,
+    ShardStats,
+    doc_location,
+    output_store,
+    read_docs,
+    write_shard,
+)
 
 STAGE = "quality"
 
@@ -32,7 +38,7 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
         if out.text is None:
             st.add_dropped(out.reason or "quality", nbytes[row])
             dropped.add(ids[row], src, out.reason or "quality", out.detail,
-                        _location(metas[row], shard, row), text)
+                        doc_location(metas[row], shard, row), text)
             continue
         # Line-level rules (C4) may shorten the text; kept bytes count what stays.
         st.add_kept(nbytes[row] if out.text is text else len(out.text.encode("utf-8")))

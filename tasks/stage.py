@@ -169,5 +169,7 @@ def read_docs(store: Store, stage: str, shard: str) -> pa.Table:
     return parquet_bytes_to_table(store.get(docs_key(stage, shard)))
 
 
-def text_bytes(texts: list[str]) -> list[int]:
-    return [len(t.encode("utf-8")) for t in texts]
+def doc_location(meta: str, shard: str, row: int) -> str:
+    """Where a document came from (ingest records it in meta), for dropped rows."""
+    loc = json.loads(meta).get("location") if meta else None
+    return loc if isinstance(loc, str) else f"{shard}#row={row}"
