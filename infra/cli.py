@@ -24,17 +24,28 @@ def _mb(n: int) -> str:
 
 def summary_table(report: dict[str, Any]) -> Table:
     t = Table(title="ballast prep: accounting", title_justify="left")
-    for col in ("stage", "docs in", "kept", "dropped", "MB in", "MB kept", "seconds",
-                "top drop reasons"):
-        t.add_column(col, justify="left" if col in ("stage", "top drop reasons") else "right")
+    for col in ("stage", "docs in", "kept", "dropped", "MB in", "MB kept", "seconds"):
+        t.add_column(col, justify="left" if col == "stage" else "right")
     secs = report.get("stage_seconds", {})
     for name, st in report["stages"].items():
         tot = st["total"]
-        reasons = sorted(tot["dropped"].items(), key=lambda kv: -kv[1])[:3]
         t.add_row(name, f"{tot['docs_in']:,}", f"{tot['kept']:,}",
                   f"{sum(tot['dropped'].values()):,}", _mb(tot["bytes_in"]),
-                  _mb(tot["bytes_kept"]), f"{secs.get(name, 0):.1f}",
-                  ", ".join(f"{r} {n:,}" for r, n in reasons))
+                  _mb(tot["bytes_kept"]), f"{secs.get(name, 0):.1f}")
+    return t
+
+
+def reasons_table(report: dict[str, Any], top: int = 8) -> Table:
+    t = Table(title="dropped, by reason", title_justify="left")
+    for col in ("stage", "reason", "docs"):
+        t.add_column(col, justify="right" if col == "docs" else "left")
+    for name, st in report["stages"].items():
+        reasons = sorted(st["total"]["dropped"].items(), key=lambda kv: (-kv[1], kv[0]))
+        for reason, n in reasons[:top]:
+            t.add_row(name, reason, f"{n:,}")
+        if len(reasons) > top:
+            rest = sum(n for _, n in reasons[top:])
+            t.add_row(name, f"({len(reasons) - top} more reasons)", f"{rest:,}")
     return t
 
 
@@ -71,15 +82,18 @@ def cmd_prep(args: argparse.Namespace) -> int:
         err.print(f"[bold red]accounting error:[/] {e}", markup=True, highlight=False)
         return EXIT_ERROR
     out.print(summary_table(report))
+    out.print(reasons_table(report))
     out.print(sources_table(report))
     near = report.get("near")
     if near:
         out.print(f"near-dedup: {near['bands']} bands x {near['rows']} rows "
                   f"(P[candidate | J={near['threshold']}] = {near['p_candidate_at_threshold']}), "
                   f"{near['candidate_pairs']:,} candidate pairs checked, "
-                  f"{near['confirmed_pairs']:,} confirmed, {near['removed']:,} removed")
+                  f"{near['confirmed_pairs']:,} confirmed, {near['removed']:,} removed",
+                  markup=False)
     out.print(f"output: {cfg.output}  (report: {cfg.output.rstrip('/')}/report.json, "
-              f"kept documents: docs/{report['final_stage']}/, dropped: dropped/<stage>/)")
+              f"kept documents: docs/{report['final_stage']}/, dropped: dropped/<stage>/)",
+              markup=False)
     return EXIT_OK
 
 

@@ -93,6 +93,12 @@ class IngestConfig(Strict):
     shard_docs: int = Field(default=50_000, ge=1)
 
 
+def _default_rules() -> tuple[str, ...]:
+    from tasks.quality import DEFAULT_RULES
+
+    return DEFAULT_RULES
+
+
 class PrepConfig(Strict):
     output: str
     seed: int = 0
@@ -100,9 +106,8 @@ class PrepConfig(Strict):
     sources: list[SourceConfig] = Field(min_length=1)
     ingest: IngestConfig = IngestConfig()
     dedup: DedupConfig = DedupConfig()
-    quality: list[Any] = Field(
-        default_factory=lambda: ["gopher_quality", "gopher_repetition", "c4", "char_repetition"]
-    )
+    # Rule names or {name: {param: value}}; unset = tasks.quality.DEFAULT_RULES.
+    quality: list[Any] = Field(default_factory=lambda: list(_default_rules()))
     storage: StorageOptions = StorageOptions()
 
     @field_validator("quality")

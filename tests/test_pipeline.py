@@ -65,11 +65,10 @@ def make_corpus(root: Path) -> dict:
         (b'{"id": "nul", "text": "a\\u0000b"}', "nul_bytes"),
         (b'{"id": "latin1", "text": "caf\xe9"}', "invalid_utf8"),
     ]
-    for k, (line, reason) in enumerate(junk):
-        pos = 40 + 10 * k
-        lines.insert(pos, line)
-    for k, (_line, reason) in enumerate(junk):
-        lineno = [i for i, ln in enumerate(lines, 1) if ln == junk[k][0]][0]
+    for k, (line, _) in enumerate(junk):
+        lines.insert(40 + 10 * k, line)
+    for line, reason in junk:
+        lineno = next(i for i, ln in enumerate(lines, 1) if ln == line)
         planted["junk"][lineno] = reason
     (root / "web").mkdir(parents=True)
     with gzip.open(root / "web" / "web.jsonl.gz", "wb") as f:
@@ -93,7 +92,7 @@ def config(data: Path, out: Path, workers: int = 1, shard_docs: int = 40) -> dic
              "id_field": "id", "quality": ["char_repetition"]},
         ],
         "ingest": {"shard_docs": shard_docs},
-        "quality": ["gopher_quality", "gopher_repetition", "char_repetition"],
+        "quality": ["char_repetition", "gopher_quality", "gopher_repetition"],
     }
 
 

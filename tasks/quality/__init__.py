@@ -1,0 +1,117 @@
+"""Heuristic quality filters for pre-training text: Gopher, C4, FineWeb and two rules of our
+own, built from the run config's `quality:` list and applied to one document at a time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from tasks.quality.base import Drop, Rule, RuleParams
+from tasks.quality.c4 import C4
+from tasks.quality.fineweb import FineWeb
+from tasks.quality.gopher import GopherQuality, GopherRepetition
+from tasks.quality.simple import CharRepetition, Length
+from tasks.quality.text import Doc
+
+__all__ = [
+    "DEFAULT_RULES",
+    "RULES",
+    "Doc",
+    "Outcome",
+    "Rule",
+    "RuleParams",
+    "filter_document",
+    "parse_rules",
+]
+
+RULES: dict[str, type[Rule[Any]]] = {
+    cls.name: cls
+    for cls in (GopherQuality, GopherRepetition, C4, FineWeb, CharRepetition, Length)
+}
+
+# The default chain (config `quality:` when unset, and the benchmark's). The character
+# check runs first: it is the cheapest, and a document of one repeated symbol should be
+# dropped for that reason rather than for having no words. C4's line cleaning runs before
+# FineWeb's line statistics, as FineWeb ordered them.
+DEFAULT_RULES: tuple[str, ...] = (
+    "char_repetition",
+    "gopher_quality",
+    "gopher_repetition",
+    "c4",
+    "fineweb",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    text: str | None  # the text to keep (C4 may have edited it); None when dropped
+    reason: str | None  # "<rule>:<check>", e.g. "gopher_quality:min_doc_words"; None if kept
+    detail: str  # the measured value against the threshold; "" when kept
+
+
+def filter_document(rules: list[Rule[Any]], text: str) -> Outcome:
+    """Run `rules` in order: the first drop wins, and an edit feeds the next rule."""
+    doc = Doc(text)
+    for rule in rules:
+        verdict = rule.apply(doc)
+        if verdict is None:
+            continue
+        if isinstance(verdict, Drop):
+            return Outcome(None, f"{rule.name}:{verdict.check}", verdict.detail)
+        doc = Doc(verdict)  # edited text: views of the old text no longer apply
+    return Outcome(doc.text, None, "")
+
+
+def parse_rules(spec: list[str | dict[str, Any]]) -> list[Rule[Any]]:
+    """Build rules from a config list of names or single-key {name: {param: value}} maps.
+
+    Raises ValueError naming the item index, rule, parameter and what was expected."""
+    if not isinstance(spec, list | tuple):
+        raise ValueError(f"quality: expected a list of rules (got {spec!r:.80})")
+    rules: list[Rule[Any]] = []
+    for i, item in enumerate(spec):
+        where = f"quality[{i}]"
+        if isinstance(item, str):
+            name, params = item, None
+        elif isinstance(item, dict) and len(item) == 1:
+            ((name, params),) = item.items()
+            if not isinstance(name, str):
+                raise ValueError(f"{where}: rule name must be a string (got {name!r:.80})")
+        else:
+            raise ValueError(
+                f"{where}: expected a rule name or a single-key mapping "
+                f"{{rule: {{param: value}}}} (got {item!r:.80})"
+            )
+        cls = RULES.get(name)
+        if cls is None:
+            raise ValueError(f"{where}: unknown rule {name!r} (known: {', '.join(sorted(RULES))})")
+        if params is None:  # `- c4:` in YAML
+            params = {}
+        if not isinstance(params, dict):
+            raise ValueError(
+                f"{where} {name}: parameters must be a mapping of name: value "
+                f"(got {params!r:.80})"
+            )
+        try:
+            rules.append(cls(cls.Params.model_validate(params)))
+        except ValidationError as e:
+            raise ValueError(_explain(e, f"{where} {name}", cls.Params)) from None
+    return rules
+
+
+def _explain(err: ValidationError, where: str, model: type[RuleParams]) -> str:
+    problems = []
+    for e in err.errors():
+        path = ""
+        for part in e["loc"]:
+            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        if e["type"] == "extra_forbidden":
+            known = ", ".join(model.model_fields)
+            problems.append(f"{where}.{path}: unknown parameter (known: {known})")
+        elif path:
+            problems.append(f"{where}.{path}: {e['msg']} (got {e.get('input')!r:.80})")
+        else:  # a check across parameters (model validator)
+            problems.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
+    return "; ".join(problems)

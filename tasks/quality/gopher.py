@@ -1,0 +1,296 @@
+"""Gopher quality and repetition rules (Rae et al. 2021, "Scaling Language Models: Methods,
+Analysis & Insights from Training Gopher", appendix A.1.1 and table A1)."""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Iterable
+from itertools import compress, count
+from typing import Annotated
+
+from pydantic import Field
+
+from tasks.quality.base import Drop, Fraction, Rule, RuleParams, Verdict, fmt
+from tasks.quality.text import HAS_ALPHA, MARKS, Doc, dup_count_and_chars
+
+# The eight English stop words listed by Gopher (appendix A.1.1); datatrove's STOP_WORDS
+# is the same list.
+STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
+
+Count = Annotated[int, Field(ge=0)]
+
+
+class GopherQualityParams(RuleParams):
+    # Every default is the Gopher paper's (appendix A.1.1) and equals datatrove 0.10's
+    # GopherQualityFilter default; None switches a check off.
+    min_doc_words: Count | None = 50
+    max_doc_words: Count | None = 100_000
+    min_avg_word_length: float | None = Field(default=3, ge=0)
+    max_avg_word_length: float | None = Field(default=10, ge=0)
+    # '#' per word and ('...' + '…') per word.
+    max_symbol_word_ratio: float | None = Field(default=0.1, ge=0)
+    # Lines starting with a bullet ('•' or '-', as datatrove), lines ending in an ellipsis.
+    max_bullet_lines_ratio: Fraction | None = 0.9
+    max_ellipsis_lines_ratio: Fraction | None = 0.3
+    # "80% of words in a document contain at least one alphabetic character";
+    # datatrove calls this max_non_alpha_words_ratio (its own TODO says to rename it).
+    min_alpha_words_ratio: Fraction | None = 0.8
+    min_stop_words: Count | None = 2
+    stop_words: tuple[str, ...] = STOP_WORDS
+
+
+class GopherQuality(Rule[GopherQualityParams]):
+    """Document-level heuristics for natural-language prose; drops menus, tables, lists,
+    word salad and non-prose. Word counts use the shared spaCy-like split (`Doc.words`):
+    symbol tokens count in the per-word ratios but not in the word-count and length tests,
+    as in datatrove."""
+
+    name = "gopher_quality"
+    Params = GopherQualityParams
+
+    def setup(self) -> None:
+        self._stop_words = frozenset(self.params.stop_words)
+
+    def apply(self, doc: Doc) -> Verdict:
+        p = self.params
+        text = doc.text
+        words = doc.words
+        n_words = len(words)
+        # Symbol tokens count as words in the ratios below but not in the word count and
+        # mean length, as in datatrove. Words and clitics end in a letter, digit or
+        # combining mark; symbol tokens never do.
+        content = [w for w in words if w[-1].isalnum() or w[-1] in MARKS]
+        n_content = len(content)
+
+        if p.min_doc_words is not None and n_content < p.min_doc_words:
+            return Drop("min_doc_words", f"words={n_content} < {p.min_doc_words}")
+        if p.max_doc_words is not None and n_content > p.max_doc_words:
+            return Drop("max_doc_words", f"words={n_content} > {p.max_doc_words}")
+
+        if n_content:
+            avg = sum(map(len, content)) / n_content
+            if p.min_avg_word_length is not None and avg < p.min_avg_word_length:
+                return Drop(
+                    "min_avg_word_length", f"mean word length={fmt(avg)} < {p.min_avg_word_length}"
+                )
+            if p.max_avg_word_length is not None and avg > p.max_avg_word_length:
+                return Drop(
+                    "max_avg_word_length", f"mean word length={fmt(avg)} > {p.max_avg_word_length}"
+                )
+
+        if n_words and p.max_symbol_word_ratio is not None:
+            ratio = text.count("#") / n_words
+            if ratio > p.max_symbol_word_ratio:
+                return Drop(
+                    "hash_word_ratio", f"'#' per word={fmt(ratio)} > {p.max_symbol_word_ratio}"
+                )
+            ratio = (text.count("...") + text.count("…")) / n_words
+            if ratio > p.max_symbol_word_ratio:
+                return Drop(
+                    "ellipsis_word_ratio",
+                    f"ellipses per word={fmt(ratio)} > {p.max_symbol_word_ratio}",
+                )
+
+        lines = doc.lines
+        if lines:
+            if p.max_bullet_lines_ratio is not None:
+                n = sum(1 for s in lines if s.lstrip().startswith(("•", "-")))
+                if n / len(lines) > p.max_bullet_lines_ratio:
+                    return Drop(
+                        "max_bullet_lines_ratio",
+                        f"bullet lines={n}/{len(lines)} > {p.max_bullet_lines_ratio}",
+                    )
+            if p.max_ellipsis_lines_ratio is not None:
+                n = sum(1 for s in lines if s.rstrip().endswith(("...", "…")))
+                if n / len(lines) > p.max_ellipsis_lines_ratio:
+                    return Drop(
+                        "max_ellipsis_lines_ratio",
+                        f"lines ending in an ellipsis={n}/{len(lines)} > "
+                        f"{p.max_ellipsis_lines_ratio}",
+                    )
+
+        if n_words and p.min_alpha_words_ratio is not None:
+            # str.isalpha() settles most words in C; only the rest need the regex.
+            others = [w for w in words if not w.isalpha()]
+            n_alpha = n_words - len(others) + sum(1 for w in others if HAS_ALPHA.search(w))
+            if n_alpha / n_words < p.min_alpha_words_ratio:
+                return Drop(
+                    "min_alpha_words_ratio",
+                    f"words with a letter={fmt(n_alpha / n_words)} < {p.min_alpha_words_ratio}",
+                )
+
+        # Exact, case-sensitive matches ("The" is not "the"), as in datatrove.
+        if p.min_stop_words is not None:
+            found = len(self._stop_words.intersection(words))
+            if found < p.min_stop_words:
+                return Drop("min_stop_words", f"distinct stop words={found} < {p.min_stop_words}")
+        return None
+
+
+NGramThresholds = tuple[tuple[Annotated[int, Field(ge=1)], Fraction], ...]
+
+
+class GopherRepetitionParams(RuleParams):
+    # Table A1 of the Gopher paper; datatrove 0.10's GopherRepetitionFilter has the same
+    # defaults. Line/paragraph fractions count duplicate elements; *_char_frac counts
+    # their characters over the whole text.
+    dup_line_frac: Fraction | None = 0.3
+    dup_para_frac: Fraction | None = 0.3
+    dup_line_char_frac: Fraction | None = 0.2
+    dup_para_char_frac: Fraction | None = 0.2
+    # (n, max fraction of characters in the most frequent n-gram)
+    top_n_grams: NGramThresholds = ((2, 0.2), (3, 0.18), (4, 0.16))
+    # (n, max fraction of characters in n-grams that repeat an earlier one)
+    dup_n_grams: NGramThresholds = (
+        (5, 0.15),
+        (6, 0.14),
+        (7, 0.13),
+        (8, 0.12),
+        (9, 0.11),
+        (10, 0.10),
+    )
+
+
+_PARAGRAPH_SPLIT = re.compile(r"\n{2,}")
+_LINE_SPLIT = re.compile(r"\n+")
+
+
+class GopherRepetition(Rule[GopherRepetitionParams]):
+    """Repetition within one document, counted exactly as datatrove's
+    GopherRepetitionFilter: paragraphs split on blank lines, lines on newlines, n-grams
+    over the shared word split; every denominator is the document's length in characters.
+    """
+
+    name = "gopher_repetition"
+    Params = GopherRepetitionParams
+
+    def apply(self, doc: Doc) -> Verdict:
+        p = self.params
+        text = doc.text
+        if not text:
+            return Drop("empty", "no text")
+        size = len(text)
+
+        paragraphs = _PARAGRAPH_SPLIT.split(text.strip())
+        n_dup, dup_chars = dup_count_and_chars(paragraphs)
+        if p.dup_para_frac is not None and n_dup / len(paragraphs) > p.dup_para_frac:
+            return Drop(
+                "dup_para_frac",
+                f"duplicate paragraphs={n_dup}/{len(paragraphs)} > {p.dup_para_frac}",
+            )
+        if p.dup_para_char_frac is not None and dup_chars / size > p.dup_para_char_frac:
+            return Drop(
+                "dup_para_char_frac",
+                f"duplicate paragraph chars={fmt(dup_chars / size)} > {p.dup_para_char_frac}",
+            )
+
+        lines = _LINE_SPLIT.split(text)
+        n_dup, dup_chars = dup_count_and_chars(lines)
+        if p.dup_line_frac is not None and n_dup / len(lines) > p.dup_line_frac:
+            return Drop(
+                "dup_line_frac", f"duplicate lines={n_dup}/{len(lines)} > {p.dup_line_frac}"
+            )
+        if p.dup_line_char_frac is not None and dup_chars / size > p.dup_line_char_frac:
+            return Drop(
+                "dup_line_char_frac",
+                f"duplicate line chars={fmt(dup_chars / size)} > {p.dup_line_char_frac}",
+            )
+
+        cum = doc.word_len_cumsum
+        for n, max_frac in p.top_n_grams:
+            hashes = doc.ngram_hashes(n)
+            if not hashes:
+                continue
+            counts = Counter(hashes)
+            top = max(counts.values())
+            # datatrove takes Counter.most_common(1): among equally frequent n-grams, the
+            # one seen first, with its " "-joined length.
+            first = next(g for g, c in counts.items() if c == top)
+            i = hashes.index(first)
+            frac = (cum[i + n] - cum[i] + n - 1) * top / size
+            if frac > max_frac:
+                return Drop(f"top_{n}_gram", f"top {n}-gram chars={fmt(frac)} > {max_frac}")
+
+        repeats = _RepeatedNGrams(doc)
+        for n, max_frac in p.dup_n_grams:
+            # Upper bound first: the greedy count takes disjoint n-grams that each repeat
+            # an earlier one, so it cannot exceed what all such repeats cover.
+            if repeats.repeat_chars(n) / size <= max_frac:
+                continue
+            frac = _greedy_dup_chars(doc.ngram_hashes(n), cum, n) / size
+            if frac > max_frac:
+                return Drop(
+                    f"dup_{n}_gram", f"duplicate {n}-gram chars={fmt(frac)} > {max_frac}"
+                )
+        return None
+
+
+class _RepeatedNGrams:
+    """The positions of n-grams that occur more than once, for growing n.
+
+    A repeated (n+1)-gram starts with a repeated n-gram, so after the first n only those
+    positions (a few percent of a typical document) are hashed and counted again, instead
+    of every position for each n from 5 to 10."""
+
+    def __init__(self, doc: Doc) -> None:
+        self.doc = doc
+        self.n = 0
+        self.positions: list[int] = []  # ascending start positions of repeated n-grams
+        self.keys: list[int] = []  # the n-gram hash at each of them
+
+    def _keep_repeated(self, positions: Iterable[int], keys: list[int]) -> None:
+        counts = Counter(keys)
+        repeated = list(map((1).__lt__, map(counts.__getitem__, keys)))
+        self.positions = list(compress(positions, repeated))
+        self.keys = list(compress(keys, repeated))
+
+    def _go_to(self, n: int) -> None:
+        if self.n == 0 or n < self.n:  # start (or restart) from every position
+            self._keep_repeated(count(), self.doc.ngram_hashes(n))
+            self.n = n
+            return
+        words = self.doc.words
+        while self.n < n:
+            if not self.positions:  # no repeated n-gram: none for larger n either
+                self.n = n
+                return
+            m = self.n  # extend each m-gram by the word at i + m
+            cut = bisect_left(self.positions, len(words) - m)
+            positions = self.positions[:cut]
+            nxt = map(words.__getitem__, map(m.__add__, positions))
+            self._keep_repeated(positions, list(map(hash, zip(self.keys[:cut], nxt, strict=True))))
+            self.n = m + 1
+
+    def repeat_chars(self, n: int) -> int:
+        """Characters (words joined without spaces) covered by n-gram occurrences that
+        repeat an earlier one, overlaps counted once."""
+        self._go_to(n)
+        if not self.positions:
+            return 0
+        cum = self.doc.word_len_cumsum
+        firsts = set(dict(zip(reversed(self.keys), reversed(self.positions), strict=True)).values())
+        covered, end = 0, 0
+        for i in self.positions:
+            if i not in firsts:  # spans all have n words, so each ends past the last one
+                covered += cum[i + n] - cum[max(i, end)]
+                end = i + n
+        return covered
+
+
+def _greedy_dup_chars(hashes: list[int], cum: list[int], n: int) -> int:
+    """datatrove's `find_all_duplicate`: scan left to right; an n-gram seen before adds its
+    characters (words joined without spaces) and the scan jumps past it, so overlapping
+    repeats are not counted twice; a jumped-over n-gram is not remembered."""
+    seen: set[int] = set()
+    i, end, repeated = 0, len(hashes), 0
+    while i < end:
+        g = hashes[i]
+        if g in seen:
+            repeated += cum[i + n] - cum[i]
+            i += n
+        else:
+            seen.add(g)
+            i += 1
+    return repeated
