@@ -63,6 +63,27 @@ def sources_table(report: dict[str, Any]) -> Table:
     return t
 
 
+def mixture_table(mix: dict[str, Any]) -> Table:
+    t = Table(title="mixture: planned vs realised training tokens", title_justify="left")
+    for col in ("source", "available", "planned", "realised", "planned %", "realised %",
+                "epochs"):
+        t.add_column(col, justify="left" if col == "source" else "right")
+    for src, m in mix["sources"].items():
+        avail = m["available_tokens"]
+        t.add_row(src, f"{avail:,}", f"{m['planned_tokens']:,}", f"{m['realised_tokens']:,}",
+                  f"{100 * m['planned_share']:.2f}", f"{100 * m['realised_share']:.2f}",
+                  f"{m['realised_tokens'] / avail:.2f}" if avail else "-")
+    return t
+
+
+def packing_line(p: dict[str, Any]) -> str:
+    tr, va = p["train"], p["validation"]
+    return (f"packing ({p['strategy']}, seq_len {p['seq_len']}): train {tr['rows']:,} rows, "
+            f"efficiency {100 * tr['efficiency']:.2f}% ({tr['split_docs']:,} of "
+            f"{tr['docs']:,} documents split); validation {va['rows']:,} rows, "
+            f"{100 * va['efficiency']:.2f}%")
+
+
 def cmd_prep(args: argparse.Namespace) -> int:
     from infra.storage import StorageError
     from tasks.config import ConfigError, load_config
@@ -84,6 +105,12 @@ def cmd_prep(args: argparse.Namespace) -> int:
     out.print(summary_table(report))
     out.print(reasons_table(report))
     out.print(sources_table(report))
+    if report.get("mixture"):
+        out.print(mixture_table(report["mixture"]))
+        for w in report["mixture"].get("warnings", []):
+            err.print(f"warning: {w}", markup=False, highlight=False)
+    if report.get("packing"):
+        out.print(packing_line(report["packing"]), markup=False)
     near = report.get("near")
     if near:
         out.print(f"near-dedup: {near['bands']} bands x {near['rows']} rows "
@@ -91,9 +118,32 @@ def cmd_prep(args: argparse.Namespace) -> int:
                   f"{near['candidate_pairs']:,} candidate pairs checked, "
                   f"{near['confirmed_pairs']:,} confirmed, {near['removed']:,} removed",
                   markup=False)
+    if report.get("dataset"):
+        out.print(f"dataset: {report['dataset']['uri']}  (load with datasets.load_from_disk; "
+                  f"check with `ballast verify {report['dataset']['uri']}`)", markup=False)
+    text_stage = [s for s in report["stages"] if s in ("ingest", "exact", "near", "quality")][-1]
     out.print(f"output: {cfg.output}  (report: {cfg.output.rstrip('/')}/report.json, "
-              f"kept documents: docs/{report['final_stage']}/, dropped: dropped/<stage>/)",
+              f"kept documents: docs/{text_stage}/, dropped: dropped/<stage>/)",
               markup=False)
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from infra.storage import StorageError
+    from tasks.dataset import verify
+
+    try:
+        problems = verify(args.dataset)
+    except StorageError as e:
+        Console(stderr=True).print(f"error: {e}", markup=False, highlight=False)
+        return EXIT_ERROR
+    if problems:
+        err = Console(stderr=True)
+        err.print(f"{args.dataset} does NOT match its manifest:", markup=False)
+        for p in problems:
+            err.print(f"  - {p}", markup=False, highlight=False)
+        return EXIT_ERROR
+    Console().print(f"{args.dataset}: every file matches its manifest", markup=False)
     return EXIT_OK
 
 
@@ -103,10 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
     prep = sub.add_parser("prep", help="run data prep from a YAML config (no server needed)")
     prep.add_argument("config", help="path to the run config (YAML)")
     prep.add_argument("--output", help="override `output:` (local path or s3://bucket/prefix)")
-    prep.add_argument("--until", help="stop after this stage (ingest, exact, near, quality)")
+    prep.add_argument("--until", help="stop after this stage (ingest, exact, near, quality, "
+                                      "tokenize, mixture, pack)")
     prep.add_argument("--workers", type=int, help="override `workers:` (processes)")
     prep.add_argument("--no-progress", action="store_true", help="no progress bars")
     prep.set_defaults(func=cmd_prep)
+    ver = sub.add_parser("verify", help="check a prepared dataset against its manifest")
+    ver.add_argument("dataset", help="dataset directory or s3:// URI (<output>/dataset)")
+    ver.set_defaults(func=cmd_verify)
     return p
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from infra.storage import StorageOptions
 
-STAGES = ("ingest", "exact", "near", "quality")
+STAGES = ("ingest", "exact", "near", "quality", "tokenize", "mixture", "pack")
 
 
 class ConfigError(ValueError):
@@ -46,6 +46,9 @@ class SourceConfig(Strict):
     weight: float | None = Field(default=None, ge=0)
     # Quality rules for this source instead of the top-level list (e.g. [] for code).
     quality: list[Any] | None = None
+    # Most times this source's documents may be repeated to reach its share (UniMax's
+    # per-source epoch cap); unset = mixture.max_epochs.
+    max_epochs: float | None = Field(default=None, gt=0)
 
 
 class NearDedupConfig(Strict):
@@ -99,6 +102,59 @@ def _default_rules() -> tuple[str, ...]:
     return DEFAULT_RULES
 
 
+class TokenizerConfig(Strict):
+    # bytes: UTF-8 bytes + special tokens (needs nothing); bpe: a byte-level BPE trained
+    # with HF `tokenizers` on the kept documents; file: an existing tokenizer.json.
+    kind: Literal["bytes", "bpe", "file"] = "bytes"
+    vocab_size: int | None = Field(default=None, ge=260, le=1_000_000)
+    path: str | None = None
+    # BPE training reads at most this many documents (spread over all shards).
+    train_docs: int = Field(default=200_000, ge=1)
+    min_frequency: int = Field(default=2, ge=1)
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> TokenizerConfig:
+        if self.kind == "bpe" and self.vocab_size is None:
+            raise ValueError("kind bpe needs vocab_size")
+        if self.kind == "file" and not self.path:
+            raise ValueError("kind file needs path (a tokenizer.json)")
+        if self.kind != "file" and self.path:
+            raise ValueError(f"path is only used with kind file (kind is {self.kind})")
+        return self
+
+
+class MixtureConfig(Strict):
+    # Shares come from sources[].weight, or, when alpha is set, from temperature
+    # sampling: share_i proportional to n_i ** alpha (n_i = the source's train tokens).
+    alpha: float | None = Field(default=None, gt=0, le=1)
+    # Default cap on repetition per source (UniMax); sources[].max_epochs overrides it.
+    max_epochs: float = Field(default=1.0, gt=0)
+    # Total training tokens; unset = the largest mix the caps allow.
+    total_tokens: int | None = Field(default=None, ge=1)
+    # Curriculum: these sources come first in training order, in this order; the rest
+    # follow, interleaved. Unset = every source interleaved across the whole run.
+    order: list[str] | None = None
+
+
+class PackConfig(Strict):
+    seq_len: int = Field(default=1024, ge=8)
+    # concat: one token stream cut into rows (every token used, documents may be split);
+    # bfd: best-fit-decreasing inside a bounded window (documents up to seq_len whole).
+    strategy: Literal["concat", "bfd"] = "bfd"
+    # bfd: documents considered together; memory stays flat however large the corpus.
+    window: int = Field(default=20_000, ge=1)
+
+
+class OutputDatasetConfig(Strict):
+    # Fraction of documents (by a stable hash of the id) held out for validation.
+    validation_fraction: float = Field(default=0.01, ge=0, lt=1)
+    # Arrow shard files per split (save_to_disk num_shards).
+    train_shards: int = Field(default=4, ge=1)
+    validation_shards: int = Field(default=1, ge=1)
+    # Partitions of the training order packed independently (mappable work).
+    pack_partitions: int = Field(default=8, ge=1)
+
+
 class PrepConfig(Strict):
     output: str
     seed: int = 0
@@ -109,6 +165,25 @@ class PrepConfig(Strict):
     # Rule names or {name: {param: value}}; unset = tasks.quality.DEFAULT_RULES.
     quality: list[Any] = Field(default_factory=lambda: list(_default_rules()))
     storage: StorageOptions = StorageOptions()
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    mixture: MixtureConfig = MixtureConfig()
+    pack: PackConfig = PackConfig()
+    dataset: OutputDatasetConfig = OutputDatasetConfig()
+
+    @model_validator(mode="after")
+    def _mixture_sources(self) -> PrepConfig:
+        names = {s.name for s in self.sources}
+        unknown = [n for n in self.mixture.order or [] if n not in names]
+        if unknown:
+            raise ValueError(f"mixture.order names unknown sources: {', '.join(unknown)} "
+                             f"(sources: {', '.join(sorted(names))})")
+        if self.mixture.alpha is None:
+            weighted = [s.name for s in self.sources if s.weight is not None]
+            if weighted and len(weighted) != len(self.sources):
+                missing = [s.name for s in self.sources if s.weight is None]
+                raise ValueError(f"give every source a weight, or none (then shares are "
+                                 f"natural); missing: {', '.join(missing)}")
+        return self
 
     @field_validator("quality")
     @classmethod

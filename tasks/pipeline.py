@@ -9,6 +9,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from functools import partial
@@ -18,7 +19,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from infra.storage import Store
-from tasks import exact_dedup, near_dedup, quality_filter
+from tasks import (
+    dataset,
+    exact_dedup,
+    mixture_stage,
+    near_dedup,
+    pack_stage,
+    quality_filter,
+    tokenize_stage,
+)
 from tasks.config import STAGES, PrepConfig
 from tasks.ingest import ingest_unit, plan_units
 from tasks.report import build as build_report
@@ -111,7 +120,7 @@ def enabled_stages(cfg: PrepConfig, until: str | None = None) -> list[str]:
     if until is not None and until not in STAGES:
         raise ValueError(f"unknown stage {until!r}; stages are: {', '.join(STAGES)}")
     on = {"ingest": True, "exact": cfg.dedup.exact, "near": cfg.dedup.near is not None,
-          "quality": True}
+          "quality": True, "tokenize": True, "mixture": True, "pack": True}
     out = []
     for s in STAGES:
         if on[s]:
@@ -132,7 +141,9 @@ def claim_output(store: Store, cfg: PrepConfig) -> None:
                 f"{store.uri} holds a run made with a different config (fingerprint {have}, "
                 f"this config {fp}); choose another output or delete it")
         return
-    store.put(RUN_KEY, json.dumps({"config_fingerprint": fp,
+    # run_id changes whenever the output is made anew: Prefect's cache keys include it,
+    # so a deleted output is never mistaken for a finished one.
+    store.put(RUN_KEY, json.dumps({"config_fingerprint": fp, "run_id": uuid.uuid4().hex,
                                    "config": cfg.model_dump(mode="json")}, indent=2).encode())
 
 
@@ -170,13 +181,30 @@ def run_prep(cfg: PrepConfig, until: str | None = None, runner: LocalRunner | No
                 todo = _todo(store, stage, shards)
                 runner.map(partial(quality_filter.filter_shard, cfg, prev), todo, "quality",
                            done=len(shards) - len(todo))
+            elif stage == "tokenize":
+                run_tokenize(cfg, store, runner, prev, shards)
+            elif stage == "mixture":
+                extra["mixture"] = run_mixture(cfg, store, runner, shards)
+            elif stage == "pack":
+                extra["packing"] = run_pack(cfg, store, runner, shards)
             timings[stage] = time.perf_counter() - t0
-            accounted.append((stage, shards))
-            prev = stage
-        extra["stage_seconds"] = {k: round(v, 3) for k, v in timings.items()}
-        extra["step_seconds"] = dict(runner.seconds)
+            if stage != "pack":  # pack works on rows, not documents: reported apart
+                accounted.append((stage, shards))
+                prev = stage
         extra["final_stage"] = prev
         extra["shards"] = shards
+        if "pack" in stages:
+            t0 = time.perf_counter()
+            report = build_report(store, accounted, extra)  # raises if documents went missing
+            manifest = dataset.write_dataset(cfg, mixture_stage.train_partitions(cfg), {
+                "mixture": extra["mixture"], "packing": extra["packing"],
+                "accounting": report["stages"]})
+            timings["dataset"] = time.perf_counter() - t0
+            extra["dataset"] = {"uri": dataset.dataset_uri(cfg),
+                                "splits": {k: {"rows": v["rows"], "real_tokens": v["real_tokens"]}
+                                           for k, v in manifest["splits"].items()}}
+        extra["stage_seconds"] = {k: round(v, 3) for k, v in timings.items()}
+        extra["step_seconds"] = dict(runner.seconds)
         return build_report(store, accounted, extra)
     finally:
         if own:
@@ -211,3 +239,36 @@ def run_near(cfg: PrepConfig, store: Store, runner: LocalRunner, prev: str,
     runner.map(partial(near_dedup.apply_shard, cfg, prev), todo, "near: apply",
                done=len(shards) - len(todo))
     return summary
+
+
+def run_tokenize(cfg: PrepConfig, store: Store, runner: LocalRunner, prev: str,
+                 shards: list[str]) -> None:
+    if not store.exists(tokenize_stage.TOKENIZER_KEY):
+        runner.map(partial(tokenize_stage.prepare_tokenizer, cfg, prev), [shards],
+                   f"tokenizer: {cfg.tokenizer.kind}")
+    todo = _todo(store, "tokenize", shards)
+    runner.map(partial(tokenize_stage.tokenize_shard, cfg, prev), todo, "tokenize",
+               done=len(shards) - len(todo))
+
+
+def run_mixture(cfg: PrepConfig, store: Store, runner: LocalRunner,
+                shards: list[str]) -> dict[str, Any]:
+    if not store.exists(mixture_stage.PLAN_KEY):
+        runner.map(partial(mixture_stage.plan, cfg), [shards], "mixture: plan")
+    plan = json.loads(store.get(mixture_stage.PLAN_KEY))
+    todo = _todo(store, "mixture", shards)
+    runner.map(partial(mixture_stage.scatter_shard, cfg), todo, "mixture: order",
+               done=len(shards) - len(todo))
+    return plan
+
+
+def run_pack(cfg: PrepConfig, store: Store, runner: LocalRunner,
+             shards: list[str]) -> dict[str, Any]:
+    parts = [*mixture_stage.train_partitions(cfg), "validation"]
+    todo = [p for p in parts if not store.exists(pack_stage.packed_done_key(p))]
+    runner.map(partial(pack_stage.pack_partition, cfg, shards), todo,
+               f"pack: {cfg.pack.strategy}", done=len(parts) - len(todo))
+    stats = {p: json.loads(store.get(pack_stage.packed_done_key(p))) for p in parts}
+    return {"strategy": cfg.pack.strategy, "seq_len": cfg.pack.seq_len,
+            "train": pack_stage.packing_summary([stats[p] for p in parts[:-1]]),
+            "validation": pack_stage.packing_summary([stats["validation"]])}

@@ -1,4 +1,5 @@
-"""The `prep` flow against a real temporary Prefect API: same output as the CLI path."""
+"""The `prep` flow against a real temporary Prefect API: same output as the CLI path,
+artifacts in the UI, cached re-runs, and the Dask task runner."""
 
 from __future__ import annotations
 
@@ -21,19 +22,45 @@ def prefect_api():
         yield
 
 
-def test_prep_flow_matches_cli_output(prefect_api, tmp_path: Path):
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    data = tmp_path_factory.mktemp("flow-data")
+    return data, make_corpus(data)
+
+
+def flow_config(data: Path, out: Path) -> dict:
+    cfg = config(data, out, shard_docs=60)
+    cfg["pack"] = {"seq_len": 512}
+    cfg["dataset"] = {"pack_partitions": 2, "train_shards": 2}
+    return cfg
+
+
+def output_files(root: Path) -> list[Path]:
+    """Every file a run writes that must be deterministic (not timings or run ids)."""
+    return sorted(p.relative_to(root) for p in root.rglob("*")
+                  if p.is_file() and (p.suffix == ".parquet" or "dataset" in p.parts))
+
+
+def assert_same_bytes(a: Path, b: Path) -> None:
+    files = output_files(a)
+    assert files and files == output_files(b)
+    for f in files:
+        assert (a / f).read_bytes() == (b / f).read_bytes(), f
+
+
+def test_prep_flow_matches_cli_output(prefect_api, corpus, tmp_path: Path):
     from prefect.artifacts import Artifact
 
     from flows.prep import prep
 
-    data = tmp_path / "data"
-    planted = make_corpus(data)
-    cfg = config(data, tmp_path / "flow-out", shard_docs=60)
+    data, planted = corpus
+    cfg = flow_config(data, tmp_path / "flow-out")
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
 
     result = prep(str(cfg_path))
-    assert result["output"] == str(tmp_path / "flow-out")
+    out = tmp_path / "flow-out"
+    assert result["dataset"] == str(out / "dataset")
     report = result["report"]
     assert report["problems"] == []
     assert report["stages"]["ingest"]["total"]["docs_in"] == (
@@ -41,17 +68,28 @@ def test_prep_flow_matches_cli_output(prefect_api, tmp_path: Path):
 
     ref = tmp_path / "cli-out"
     run_prep(parse_config({**cfg, "output": str(ref)}), progress=False)
-    out = tmp_path / "flow-out"
-    files = sorted(p.relative_to(ref) for p in ref.rglob("*.parquet"))
-    assert files == sorted(p.relative_to(out) for p in out.rglob("*.parquet"))
-    for f in files:
-        assert (ref / f).read_bytes() == (out / f).read_bytes(), f
+    assert_same_bytes(ref, out)
 
-    art = Artifact.get("prep-accounting")
-    assert art is not None and "near" in str(art.data) and "exact" in str(art.data)
+    for key, needle in (("prep-accounting", "near"), ("prep-mixture", "realised"),
+                        ("prep-packing", "efficiency")):
+        art = Artifact.get(key)
+        assert art is not None and needle in str(art.data), key
 
-    # A second run of the flow finds every shard done and changes nothing.
-    before = {f: (out / f).stat().st_mtime_ns for f in files}
+    # A second run finds every shard done (cached or marked) and rewrites nothing.
+    before = {f: (out / f).stat().st_mtime_ns for f in output_files(out)}
     again = prep(str(cfg_path))
     assert again["report"]["stages"] == report["stages"]
-    assert {f: (out / f).stat().st_mtime_ns for f in files} == before
+    assert {f: (out / f).stat().st_mtime_ns for f in output_files(out)} == before
+
+
+def test_dask_runner_gives_identical_bytes(prefect_api, corpus, tmp_path: Path):
+    from flows.prep import with_runner
+
+    data, _ = corpus
+    local, dask = tmp_path / "local", tmp_path / "dask"
+    for out in (local, dask):
+        (tmp_path / f"{out.name}.yaml").write_text(yaml.safe_dump(flow_config(data, out)))
+    with_runner("local")(str(tmp_path / "local.yaml"))
+    result = with_runner("dask", workers=2)(str(tmp_path / "dask.yaml"))
+    assert result["dataset"] == str(dask / "dataset")
+    assert_same_bytes(local, dask)

@@ -240,7 +240,13 @@ def test_killed_during_near_dedup_resumes_to_identical_output(corpus, tmp_path):
     assert ref_files == sorted(p.relative_to(out) for p in out.rglob("*.parquet"))
     for f in ref_files:
         assert (ref_out / f).read_bytes() == (out / f).read_bytes(), f
-    strip = lambda r: {k: v for k, v in r.items() if not k.endswith("_seconds")}  # noqa: E731
+    ref_ds = sorted(p.relative_to(ref_out) for p in (ref_out / "dataset").rglob("*"))
+    assert ref_ds == sorted(p.relative_to(out) for p in (out / "dataset").rglob("*"))
+    for f in ref_ds:
+        if (ref_out / f).is_file():
+            assert (ref_out / f).read_bytes() == (out / f).read_bytes(), f
+    strip = lambda r: {k: v for k, v in r.items()  # noqa: E731
+                       if not k.endswith("_seconds") and k != "dataset"}
     assert strip(json.loads((out / "report.json").read_text())) == strip(
         json.loads((ref_out / "report.json").read_text()))
 

@@ -1,0 +1,182 @@
+"""Mixture: plan each source's share of training tokens, realise it deterministically
+(downsample by a stable hash of the document id, upsample by repeating whole documents
+up to the source's epoch cap), and lay the chosen documents out in training order.
+
+Steps: `plan` (once; reads only ids and token counts) -> `scatter` (per token shard:
+each chosen (document, repeat) gets an order key and goes to the partition of the
+training order its key falls in). Packing then works partition by partition, so no step
+holds the corpus. Documents the plan leaves out are accounted as `downsampled`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tasks.config import PrepConfig
+from tasks.mixture import doc_keys, expand_repeats, order_keys, plan_mixture, select_documents
+from tasks.records import table_to_parquet_bytes
+from tasks.stage import DroppedRows, ShardStats, output_store, write_shard
+from tasks.tokenize_stage import read_tokens, tokens_key
+
+STAGE = "mixture"
+PLAN_KEY = "mixture/plan.json"
+_MASK56 = np.uint64((1 << 56) - 1)
+
+MIX_SCHEMA = pa.schema([("key", pa.uint64()), ("source", pa.string()),
+                        ("tokens", pa.list_(pa.int32()))])
+
+
+def repeats_key(shard: str) -> str:
+    return f"mixture/repeats/{shard}.npy"
+
+
+def part_key(part: str, shard: str) -> str:
+    return f"mix/{part}/{shard}.parquet"
+
+
+def groups(cfg: PrepConfig) -> dict[str, int]:
+    """Curriculum group of each source: its rank in mixture.order; the rest after."""
+    order = cfg.mixture.order or []
+    return {s.name: (order.index(s.name) if s.name in order else len(order))
+            for s in cfg.sources}
+
+
+def train_partitions(cfg: PrepConfig) -> list[str]:
+    n_groups = len(cfg.mixture.order or []) + 1 if cfg.mixture.order else 1
+    return [f"train/g{g:02d}-p{p:04d}" for g in range(n_groups)
+            for p in range(cfg.dataset.pack_partitions)]
+
+
+def _npy(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
+    """The mixture plan and each document's repeat count (mixture/repeats/<shard>.npy:
+    0 = left out, k = used k times; validation documents are used once, as they are)."""
+    store = output_store(cfg)
+    if store.exists(PLAN_KEY):
+        return json.loads(store.get(PLAN_KEY))
+    names = [s.name for s in cfg.sources]
+    cols = ["id", "source", "split", "n_tokens"]
+    per: dict[str, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]] = {n: [] for n in names}
+    sizes = []
+    for si, shard in enumerate(shards):
+        t = read_tokens(store, shard, cols)
+        sizes.append(t.num_rows)
+        src = np.asarray(t["source"].to_pylist(), dtype=object)
+        train = np.asarray(t["split"].to_pylist(), dtype=object) == "train"
+        keys = doc_keys(t["id"].to_pylist(), cfg.seed)
+        ntok = t["n_tokens"].to_numpy()
+        for name in names:
+            rows = np.flatnonzero((src == name) & train)
+            if len(rows):
+                per[name].append((si, rows, keys[rows], ntok[rows]))
+    available = {n: int(sum(int(p[3].sum()) for p in per[n])) for n in names}
+    weights = ({s.name: float(s.weight) for s in cfg.sources}
+               if cfg.mixture.alpha is None and all(s.weight is not None for s in cfg.sources)
+               else None)
+    caps = {s.name: s.max_epochs or cfg.mixture.max_epochs for s in cfg.sources}
+    plans = plan_mixture(available, weights, cfg.mixture.alpha, caps, cfg.mixture.total_tokens)
+    repeats = [np.ones(n, dtype=np.int32) for n in sizes]  # validation rows: 1
+    sources: dict[str, Any] = {}
+    for p in plans:
+        parts = per[p.source]
+        if parts:
+            keys = np.concatenate([x[2] for x in parts])
+            ntok = np.concatenate([x[3] for x in parts])
+            counts = select_documents(keys, ntok, p.planned_tokens)
+            pos = 0
+            for si, rows, _, _ in parts:
+                repeats[si][rows] = counts[pos : pos + len(rows)]
+                pos += len(rows)
+            realised = int((counts.astype(np.int64) * ntok).sum())
+        else:
+            realised = 0
+        sources[p.source] = {
+            "available_tokens": p.available_tokens, "target_share": p.target_share,
+            "planned_tokens": p.planned_tokens, "planned_epochs": p.planned_epochs,
+            "realised_tokens": realised, "capped": p.capped,
+            "shortfall_tokens": p.shortfall_tokens, "warning": p.warning,
+        }
+    total = sum(s["realised_tokens"] for s in sources.values()) or 1
+    planned_total = sum(s["planned_tokens"] for s in sources.values()) or 1
+    for s in sources.values():
+        s["planned_share"] = s["planned_tokens"] / planned_total
+        s["realised_share"] = s["realised_tokens"] / total
+    for shard, r in zip(shards, repeats, strict=True):
+        store.put(repeats_key(shard), _npy(r))
+    result = {"sources": sources, "total_planned_tokens": planned_total,
+              "total_realised_tokens": total,
+              "warnings": [s["warning"] for s in sources.values() if s["warning"]]}
+    store.put(PLAN_KEY, json.dumps(result, indent=2, sort_keys=True).encode())
+    return result
+
+
+def scatter_shard(cfg: PrepConfig, shard: str) -> dict:
+    """Send each chosen (document, repeat) of a shard to its partition of the training
+    order; validation documents go to one partition of their own."""
+    store = output_store(cfg)
+    t = read_tokens(store, shard)
+    counts = np.load(io.BytesIO(store.get(repeats_key(shard))))
+    ids, sources, splits = (t[c].to_pylist() for c in ("id", "source", "split"))
+    keys = doc_keys(ids, cfg.seed)
+    val = np.asarray(splits, dtype=object) == "validation"
+    grp = groups(cfg)
+    group = np.array([grp[s] for s in sources], dtype=np.uint64)
+    train_counts = np.where(val, 0, counts).astype(np.int64)
+    doc_idx, rep_idx = expand_repeats(train_counts)
+    okeys = order_keys(keys[doc_idx], rep_idx, group[doc_idx], cfg.seed)
+    n_parts = cfg.dataset.pack_partitions
+    # Partition by the hash bits of the key, inside the curriculum group (top 8 bits).
+    p = (((okeys & _MASK56) >> np.uint64(24)) * np.uint64(n_parts)) >> np.uint64(32)
+    g = okeys >> np.uint64(56)
+    tokens = t["tokens"]
+    for part in train_partitions(cfg):
+        gi, pi = int(part[7:9]), int(part[11:])
+        sel = np.flatnonzero((g == gi) & (p == pi))
+        table = pa.table({"key": pa.array(okeys[sel], pa.uint64()),
+                          "source": pa.array([sources[i] for i in doc_idx[sel]], pa.string()),
+                          "tokens": tokens.take(pa.array(doc_idx[sel]))}, schema=MIX_SCHEMA)
+        store.put(part_key(part, shard), table_to_parquet_bytes(table))
+    vrows = np.flatnonzero(val)
+    vtable = pa.table({"key": pa.array(keys[vrows], pa.uint64()),
+                       "source": pa.array([sources[i] for i in vrows], pa.string()),
+                       "tokens": tokens.take(pa.array(vrows))}, schema=MIX_SCHEMA)
+    store.put(part_key("validation", shard), table_to_parquet_bytes(vtable))
+
+    # Accounting: a document the plan leaves out is dropped as `downsampled` (its text
+    # stays in docs/<previous stage>/; the row here points at it).
+    stats = ShardStats()
+    dropped = DroppedRows()
+    ntok = t["n_tokens"].to_numpy()
+    nbytes = t["n_bytes"].to_numpy()
+    realised: dict[str, int] = {}
+    for i, src in enumerate(sources):
+        st = stats[src]
+        st.add_in(int(nbytes[i]))
+        if val[i] or counts[i] > 0:
+            st.add_kept(int(nbytes[i]))
+            if not val[i]:
+                realised[src] = realised.get(src, 0) + int(counts[i]) * int(ntok[i])
+        else:
+            st.add_dropped("downsampled", int(nbytes[i]))
+            dropped.add(ids[i], src, "downsampled", "not chosen by the mixture plan",
+                        f"{tokens_key(shard)}#row={i}", "")
+    return write_shard(store, STAGE, shard, None, dropped, stats,
+                       {"realised_tokens": realised})
+
+
+def realised_tokens(markers: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in markers:
+        for src, n in m.get("realised_tokens", {}).items():
+            out[src] = out.get(src, 0) + n
+    return out

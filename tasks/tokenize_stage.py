@@ -1,0 +1,126 @@
+"""Tokenization: build (or train, or load) the tokenizer once, then encode every shard in
+parallel with EOS after each document. Each document also gets its split here
+(validation by a stable hash of its id), so every later step sees the same split."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import lru_cache
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import xxhash
+
+from infra.storage import Store
+from tasks.config import PrepConfig
+from tasks.records import table_to_parquet_bytes
+from tasks.stage import DroppedRows, ShardStats, docs_key, output_store, write_shard
+from tasks.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
+
+STAGE = "tokenize"
+TOKENIZER_KEY = "tokenizer/tokenizer.json"
+
+TOKENS_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("source", pa.string()),
+    ("split", pa.string()),
+    ("n_tokens", pa.int32()),
+    ("n_bytes", pa.int64()),
+    ("tokens", pa.list_(pa.int32())),
+])
+
+
+def tokens_key(shard: str) -> str:
+    return f"tokens/{shard}.parquet"
+
+
+def is_validation(ids: list[str], fraction: float) -> np.ndarray:
+    """Stable split: a document is in validation when the hash of its id falls below the
+    fraction. Independent of the seed, so runs with different seeds share a split."""
+    if fraction <= 0:
+        return np.zeros(len(ids), dtype=bool)
+    h = np.fromiter((xxhash.xxh3_64_intdigest(f"split:{i}".encode()) for i in ids), dtype=np.uint64,
+                    count=len(ids))
+    return h < np.uint64(int(fraction * 2**64))
+
+
+def _training_texts(store: Store, input_stage: str, shards: list[str],
+                    limit: int) -> Iterator[str]:
+    """Up to `limit` documents spread evenly over the shards (the head of each), so a
+    BPE trained on them sees every source and the choice is deterministic."""
+    per_shard = max(1, -(-limit // max(1, len(shards))))
+    for s in shards:
+        t = pq.read_table(pa.BufferReader(store.get(docs_key(input_stage, s))), columns=["text"])
+        yield from t.column("text").to_pylist()[:per_shard]
+
+
+def prepare_tokenizer(cfg: PrepConfig, input_stage: str, shards: list[str]) -> str:
+    """Build the run's tokenizer and store it as tokenizer/tokenizer.json; returns it."""
+    store = output_store(cfg)
+    if store.exists(TOKENIZER_KEY):
+        return store.get(TOKENIZER_KEY).decode()
+    tok = build_tokenizer(
+        cfg.tokenizer,
+        lambda: _training_texts(store, input_stage, shards, cfg.tokenizer.train_docs),
+    )
+    text = tok.to_json()
+    store.put(TOKENIZER_KEY, text.encode())
+    return text
+
+
+@lru_cache(maxsize=4)
+def _tokenizer(text: str) -> Tokenizer:
+    return load_tokenizer(text)
+
+
+def run_tokenizer(cfg: PrepConfig) -> Tokenizer:
+    return _tokenizer(output_store(cfg).get(TOKENIZER_KEY).decode())
+
+
+def tokenize_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
+    store = output_store(cfg)
+    tok = run_tokenizer(cfg)
+    docs = pq.read_table(pa.BufferReader(store.get(docs_key(input_stage, shard))),
+                         columns=["id", "text", "source"])
+    ids, texts, sources = (docs[c].to_pylist() for c in ("id", "text", "source"))
+    enc = tok.encode_batch(texts)
+    lengths = np.fromiter((len(e) + 1 for e in enc), dtype=np.int32, count=len(enc))
+    offsets = np.zeros(len(enc) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    values = np.empty(int(offsets[-1]), dtype=np.int32)
+    for i, e in enumerate(enc):  # tokens, then EOS after every document
+        values[offsets[i] : offsets[i + 1] - 1] = e
+        values[offsets[i + 1] - 1] = tok.eos_id
+    val = is_validation(ids, cfg.dataset.validation_fraction)
+    split = np.where(val, "validation", "train").tolist()
+    nbytes = pc.binary_length(docs["text"])
+    table = pa.table({
+        "id": ids, "source": sources, "split": split, "n_tokens": pa.array(lengths),
+        "n_bytes": nbytes.cast(pa.int64()),
+        "tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)),
+    }, schema=TOKENS_SCHEMA)
+    store.put(tokens_key(shard), table_to_parquet_bytes(table))
+    stats = ShardStats()
+    tokens: dict[str, dict[str, int]] = {}
+    for i, (src, nb) in enumerate(zip(sources, nbytes.to_pylist(), strict=True)):
+        stats[src].add_in(nb)
+        stats[src].add_kept(nb)
+        t = tokens.setdefault(src, {"train": 0, "validation": 0})
+        t[split[i]] += int(lengths[i])
+    return write_shard(store, STAGE, shard, None, DroppedRows(), stats, {"tokens": tokens})
+
+
+def read_tokens(store: Store, shard: str, columns: list[str] | None = None) -> pa.Table:
+    return pq.read_table(pa.BufferReader(store.get(tokens_key(shard))), columns=columns)
+
+
+def token_totals(markers: list[dict]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for m in markers:
+        for src, t in m.get("tokens", {}).items():
+            o = out.setdefault(src, {"train": 0, "validation": 0})
+            for k, v in t.items():
+                o[k] += v
+    return out
