@@ -39,27 +39,36 @@ def _sha256(path: Path) -> str:
 
 
 def _arrow_stats(path: Path) -> tuple[int, int]:
-    """Rows and real (non-pad) tokens of one saved Arrow shard."""
+    """Rows and real (non-pad) tokens of one saved Arrow shard, batch by batch."""
+    rows = real = 0
     with pa.memory_map(str(path)) as src:
-        table = pa.ipc.open_stream(src).read_all()
-    if table.num_rows == 0:
-        return 0, 0
-    mask = table.column("loss_mask").combine_chunks().flatten()
-    return table.num_rows, int(pc.sum(mask.cast(pa.int64())).as_py() or 0)
+        for batch in pa.ipc.open_stream(src):
+            rows += batch.num_rows
+            if batch.num_rows:
+                mask = batch.column("loss_mask").flatten()
+                real += int(pc.sum(mask.cast(pa.int64())).as_py() or 0)
+    return rows, real
 
 
-def _load_split(store: Store, parts: list[str], seq_len: int) -> pa.Table:
-    tables = [pq.read_table(pa.BufferReader(store.get(packed_key(p)))) for p in parts]
-    if not tables:
-        return row_schema(seq_len).empty_table()
-    return pa.concat_tables(tables).combine_chunks()
+def _stream_split(store: Store, parts: list[str], seq_len: int, path: Path) -> int:
+    """Append the packed rows of `parts`, in order, to one Arrow file; returns rows.
+    Streaming keeps memory at one partition, however large the dataset."""
+    schema = row_schema(seq_len)
+    rows = 0
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for p in parts:
+            table = pq.read_table(pa.BufferReader(store.get(packed_key(p))))
+            for batch in table.cast(schema).to_batches(max_chunksize=1000):
+                writer.write_batch(batch)
+            rows += table.num_rows
+    return rows
 
 
 def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]) -> dict:
     """Save the packed rows as a DatasetDict under <output>/dataset and write the
     manifest last (a dataset without a manifest is incomplete)."""
     from datasets import Dataset, DatasetDict, disable_progress_bars
-    from datasets.table import InMemoryTable
+    from datasets.table import MemoryMappedTable
 
     disable_progress_bars()  # the caller shows progress; datasets' bars would interleave
 
@@ -70,20 +79,23 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
         if manifest.get("config_fingerprint") == cfg.fingerprint():
             return manifest
     seq_len = cfg.pack.seq_len
-    splits = {"train": _load_split(store, train_parts, seq_len),
-              "validation": _load_split(store, ["validation"], seq_len)}
-    fp = cfg.fingerprint()
-    # A fixed fingerprint: `datasets` would otherwise draw a random one into state.json,
-    # and the same config could not give byte-identical files.
-    dd = DatasetDict({name: Dataset(InMemoryTable(t), fingerprint=f"{fp}-{name}")
-                      for name, t in splits.items()})
-    shards = {"train": max(1, min(cfg.dataset.train_shards, splits["train"].num_rows)),
-              "validation": max(1, min(cfg.dataset.validation_shards,
-                                       splits["validation"].num_rows))}
     tok = run_tokenizer(cfg)
+    fp = cfg.fingerprint()
     with tempfile.TemporaryDirectory(prefix="ballast-dataset-") as tmp:
+        parts = {"train": train_parts, "validation": ["validation"]}
+        rows = {name: _stream_split(store, ps, seq_len, Path(tmp) / f"{name}.arrow")
+                for name, ps in parts.items()}
+        # Memory-mapped, with a fixed fingerprint: `datasets` would otherwise draw one
+        # from the temporary path into state.json, and the bytes would differ per run.
+        dd = DatasetDict({
+            name: Dataset(MemoryMappedTable.from_file(str(Path(tmp) / f"{name}.arrow")),
+                          fingerprint=f"{fp}-{name}")
+            for name in parts})
+        shards = {"train": max(1, min(cfg.dataset.train_shards, rows["train"])),
+                  "validation": max(1, min(cfg.dataset.validation_shards, rows["validation"]))}
         root = Path(tmp) / DATASET_DIR
         dd.save_to_disk(str(root), num_shards=shards)
+        del dd
         (root / "tokenizer.json").write_bytes(store.get(TOKENIZER_KEY))
         files: dict[str, Any] = {}
         for path in sorted(p for p in root.rglob("*") if p.is_file()):
@@ -108,12 +120,12 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
                           "sha256": files["tokenizer.json"]["sha256"]},
             "splits": {
                 name: {
-                    "rows": t.num_rows, "tokens": t.num_rows * seq_len,
+                    "rows": n, "tokens": n * seq_len,
                     "real_tokens": sum(f.get("real_tokens", 0) for r, f in files.items()
                                        if r.startswith(f"{name}/")),
                     "files": sorted(r for r in files if r.startswith(f"{name}/")
                                     and r.endswith(".arrow")),
-                } for name, t in splits.items()
+                } for name, n in rows.items()
             },
             "files": files,
             **extra,

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.config import parse_config
+from tasks.dataset import verify
 from tasks.ingest import plan_units
 from tasks.pipeline import OutputConflict, run_prep
 from tasks.readers import IngestError
@@ -277,3 +278,9 @@ def test_s3_input_and_output(corpus, tmp_path, s3_bucket, s3_client, moto_endpoi
                                                          Prefix="out/run1/")["Contents"]]
     assert "out/run1/report.json" in keys
     assert any(k.startswith("out/run1/dropped/near/") for k in keys)
+    # The dataset went to S3 through the store, and verifies there against its manifest.
+    assert "out/run1/dataset/manifest.json" in keys
+    ds = f"s3://{s3_bucket}/out/run1/dataset"
+    assert verify(ds) == []
+    s3_client.put_object(Bucket=s3_bucket, Key="out/run1/dataset/tokenizer.json", Body=b"{}")
+    assert any("tokenizer.json" in p for p in verify(ds))
