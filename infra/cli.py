@@ -130,7 +130,7 @@ def cmd_prep(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from infra.storage import StorageError
-    from tasks.dataset import verify
+    from training.manifest import verify
 
     try:
         problems = verify(args.dataset)
@@ -147,6 +147,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from training.train import main as train_main
+
+    argv = ["--config", args.config]
+    for flag, value in (("--dataset", args.dataset), ("--run-dir", args.run_dir),
+                        ("--steps", args.steps)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return train_main(argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ballast", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -161,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     ver = sub.add_parser("verify", help="check a prepared dataset against its manifest")
     ver.add_argument("dataset", help="dataset directory or s3:// URI (<output>/dataset)")
     ver.set_defaults(func=cmd_verify)
+    tr = sub.add_parser("train", help="train on a prepared dataset on this machine "
+                                      "(exit 0 done, 1 bad config/data, 3 diverged)")
+    tr.add_argument("config", help="training config (YAML), or a run config with `train:`")
+    tr.add_argument("--dataset", help="override `dataset:`")
+    tr.add_argument("--run-dir", help="override `run_dir:`")
+    tr.add_argument("--steps", type=int, help="override `steps:`")
+    tr.set_defaults(func=cmd_train)
     return p
 
 

@@ -49,6 +49,9 @@ class SourceConfig(Strict):
     # Most times this source's documents may be repeated to reach its share (UniMax's
     # per-source epoch cap); unset = mixture.max_epochs.
     max_epochs: float | None = Field(default=None, gt=0)
+    # auto: validation by a stable hash of the document id; train / validation put the
+    # whole source in one split (e.g. a held-out file, as the classic char-level runs do).
+    split: Literal["auto", "train", "validation"] = "auto"
 
 
 class NearDedupConfig(Strict):

@@ -94,6 +94,11 @@ def tokenize_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
         values[offsets[i] : offsets[i + 1] - 1] = e
         values[offsets[i + 1] - 1] = tok.eos_id
     val = is_validation(ids, cfg.dataset.validation_fraction)
+    fixed = {s.name: s.split for s in cfg.sources if s.split != "auto"}
+    if fixed:
+        val = np.array([fixed.get(src, "auto") == "validation" or
+                        (fixed.get(src, "auto") == "auto" and v)
+                        for src, v in zip(sources, val, strict=True)], dtype=bool)
     split = np.where(val, "validation", "train").tolist()
     nbytes = pc.binary_length(docs["text"])
     table = pa.table({

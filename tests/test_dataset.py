@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks.config import parse_config
-from tasks.dataset import verify
 from tasks.pipeline import run_prep
 from tests.helpers import read_jsonl, shared_file, write_jsonl
+from training.manifest import verify
 
 
 @pytest.fixture(scope="module")

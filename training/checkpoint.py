@@ -1,0 +1,159 @@
+"""Checkpoints on the local disk: atomic (write a temporary directory, rename it into
+place, then rewrite `latest`), checksummed (sha256 in meta.json, verified on restore),
+with retention (the last N plus every K-th step), loaded with weights_only.
+
+A checkpoint holds everything exact resume needs: model, optimizer, grad scaler, RNG
+states (python, numpy, torch, cuda), sampler position, guard state, step, tokens seen,
+and the config it was made with.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+LATEST = "latest"
+STATE = "state.pt"
+META = "meta.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, partial or corrupt."""
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def rng_state() -> dict[str, Any]:
+    # numpy's state as plain lists/ints: weights_only loading refuses numpy objects.
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {"kind": kind, "keys": keys.tolist(), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n["kind"], np.array(n["keys"], dtype=np.uint32), n["pos"],
+                         n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(root: str | Path, step: int, state: dict[str, Any]) -> Path:
+    """Write checkpoint `step` and point `latest` at it. A crash at any point leaves
+    either the previous `latest` or the new one, never a partial checkpoint."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / step_name(step)
+    tmp = root / f".{step_name(step)}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    torch.save(state, tmp / STATE)
+    with open(tmp / STATE, "rb") as f:
+        os.fsync(f.fileno())
+    meta = {"step": step, "files": {STATE: {"sha256": _sha256(tmp / STATE),
+                                           "bytes": (tmp / STATE).stat().st_size}}}
+    (tmp / META).write_text(json.dumps(meta, indent=2))
+    if final.exists():  # a checkpoint of the same step from before a crash: replace it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    write_latest(root, step)
+    return final
+
+
+def write_latest(root: Path, step: int) -> None:
+    tmp = root / f".{LATEST}.tmp-{os.getpid()}"
+    tmp.write_text(step_name(step) + "\n")
+    os.replace(tmp, root / LATEST)
+    _fsync_dir(root)
+
+
+def latest_step(root: str | Path) -> int | None:
+    p = Path(root) / LATEST
+    if not p.is_file():
+        return None
+    name = p.read_text().strip()
+    try:
+        return int(name.removeprefix("step-"))
+    except ValueError:
+        raise CheckpointError(f"{p} does not name a checkpoint ({name!r})") from None
+
+
+def steps(root: str | Path) -> list[int]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for d in root.iterdir():
+        if d.is_dir() and d.name.startswith("step-") and (d / META).is_file():
+            out.append(int(d.name.removeprefix("step-")))
+    return sorted(out)
+
+
+def load(root: str | Path, step: int, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load checkpoint `step` after checking its sha256 (weights_only: a checkpoint is
+    data, never code)."""
+    d = Path(root) / step_name(step)
+    meta_path = d / META
+    if not meta_path.is_file():
+        raise CheckpointError(f"checkpoint {d} is incomplete (no {META})")
+    meta = json.loads(meta_path.read_text())
+    for name, want in meta["files"].items():
+        got = _sha256(d / name) if (d / name).is_file() else None
+        if got != want["sha256"]:
+            raise CheckpointError(f"checkpoint {d}: {name} sha256 does not match {META} "
+                                  f"({'missing' if got is None else got[:12]})")
+    return torch.load(d / STATE, map_location=map_location, weights_only=True)
+
+
+def retain(root: str | Path, keep_last: int, keep_every: int | None,
+           protect: set[int] | None = None) -> list[int]:
+    """Delete checkpoints beyond the last `keep_last`, except every `keep_every`-th
+    step and `protect`ed ones; returns the deleted steps."""
+    all_steps = steps(root)
+    keep = set(all_steps[-keep_last:]) | (protect or set())
+    if keep_every:
+        keep |= {s for s in all_steps if s % keep_every == 0}
+    latest = latest_step(root)
+    if latest is not None:
+        keep.add(latest)
+    deleted = [s for s in all_steps if s not in keep]
+    for s in deleted:
+        shutil.rmtree(Path(root) / step_name(s), ignore_errors=True)
+    return deleted

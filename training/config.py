@@ -1,0 +1,175 @@
+"""The training config: one YAML file per run, typed with pydantic, errors that name the
+key. `training` imports neither Prefect nor `tasks` (see the architecture)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class TrainConfigError(ValueError):
+    """A training config that cannot be used; the message names every bad key."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(Strict):
+    d_model: int = Field(default=128, ge=8)
+    n_layer: int = Field(default=4, ge=1)
+    n_head: int = Field(default=4, ge=1)
+    # MLP hidden size = mlp_ratio * d_model (swiglu: 2/3 of that, rounded to 8, as LLaMA).
+    mlp_ratio: float = Field(default=4.0, gt=0)
+    norm: Literal["layernorm", "rmsnorm"] = "rmsnorm"
+    norm_eps: float = 1e-5
+    bias: bool = False
+    position: Literal["rope", "learned"] = "rope"
+    rotary_pct: float = Field(default=1.0, gt=0, le=1)  # GPT-NeoX uses 0.25
+    rope_theta: float = 10_000.0
+    parallel_block: bool = False
+    mlp: Literal["gelu", "swiglu"] = "swiglu"
+    qk_norm: bool = False
+    tie_embeddings: bool = True
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    init_std: float = 0.02
+    # muP: width multiplier relative to the base width the hyper-parameters were tuned at
+    # (d_model / base_d_model); 1.0 = standard parametrisation.
+    mup_base_d_model: int | None = Field(default=None, ge=8)
+    activation_checkpointing: bool = False
+    compile: bool = False
+
+    @model_validator(mode="after")
+    def _heads(self) -> ModelConfig:
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
+        head_dim = self.d_model // self.n_head
+        rot = int(head_dim * self.rotary_pct)
+        if self.position == "rope" and (rot < 2 or rot % 2):
+            raise ValueError(f"rotary_pct {self.rotary_pct} of head_dim {head_dim} gives {rot} "
+                             f"rotary dims; it must be an even number >= 2")
+        return self
+
+
+class OptimConfig(Strict):
+    name: Literal["adamw", "lion", "adafactor", "muon"] = "adamw"
+    lr: float = Field(default=1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = Field(default=0.1, ge=0)
+    # Muon's own learning rate for 2-D hidden matrices (the rest use AdamW at `lr`).
+    muon_lr: float = Field(default=0.02, gt=0)
+    muon_momentum: float = 0.95
+    grad_clip: float | None = Field(default=1.0, gt=0)
+
+
+class ScheduleConfig(Strict):
+    kind: Literal["cosine", "wsd", "linear", "constant"] = "cosine"
+    warmup_steps: int = Field(default=100, ge=0)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)  # cosine floor; linear ends here too
+    decay_fraction: float = Field(default=0.2, gt=0, le=1)  # wsd: last fraction decays
+    # Batch-size warmup: grad accumulation ramps from this to `accum_steps` over these steps.
+    batch_warmup_start_accum: int | None = Field(default=None, ge=1)
+    batch_warmup_steps: int = Field(default=0, ge=0)
+
+
+class PrecisionConfig(Strict):
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    z_loss: float = Field(default=0.0, ge=0)  # e.g. 1e-4 (PaLM)
+
+
+class GuardConfig(Strict):
+    enabled: bool = True
+    # Loss spike: z-score of the loss against an EMA of its mean and variance.
+    loss_z: float = Field(default=6.0, gt=0)
+    grad_z: float = Field(default=6.0, gt=0)
+    ema_beta: float = Field(default=0.98, gt=0, lt=1)
+    warmup_steps: int = Field(default=50, ge=0)  # no spike calls before the stats settle
+    # Divergence: `spikes_to_rollback` spikes within `window` steps, or the loss above
+    # `divergence_factor` x its running mean for `divergence_steps` steps in a row.
+    spikes_to_rollback: int = Field(default=3, ge=1)
+    window: int = Field(default=50, ge=1)
+    divergence_factor: float = Field(default=3.0, gt=1)
+    divergence_steps: int = Field(default=10, ge=1)
+    max_rollbacks: int = Field(default=3, ge=0)
+    rollback_lr_scale: float = Field(default=1.0, gt=0, le=1)
+
+
+class CheckpointConfig(Strict):
+    dir: str = "checkpoints"  # relative to run_dir unless absolute or s3://
+    every: int = Field(default=100, ge=1)
+    keep_last: int = Field(default=3, ge=1)
+    keep_every: int | None = Field(default=None, ge=1)  # also keep every K-th step
+
+
+class TrainConfig(Strict):
+    dataset: str  # a prepared dataset (<prep output>/dataset)
+    run_dir: str = "runs/train"
+    seed: int = 0
+    steps: int = Field(default=1000, ge=1)
+    micro_batch: int = Field(default=12, ge=1)
+    accum_steps: int = Field(default=1, ge=1)
+    eval_every: int = Field(default=200, ge=1)
+    eval_batches: int | None = Field(default=None, ge=1)  # None = the whole validation split
+    log_every: int = Field(default=10, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    num_workers: int = Field(default=0, ge=0)
+    # Deterministic algorithms (exact resume is tested on CPU with this on).
+    deterministic: bool = True
+    shuffle: bool = True  # False keeps the dataset's order (curriculum runs)
+    model: ModelConfig = ModelConfig()
+    optim: OptimConfig = OptimConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    precision: PrecisionConfig = PrecisionConfig()
+    guards: GuardConfig = GuardConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+    def checkpoint_dir(self) -> str:
+        d = self.checkpoint.dir
+        if "://" in d or Path(d).is_absolute():
+            return d
+        return str(Path(self.run_dir) / d)
+
+
+def parse_train_config(data: Any, where: str = "") -> TrainConfig:
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as e:
+        raise TrainConfigError(_format(e, where)) from None
+
+
+def _format(err: ValidationError, where: str) -> str:
+    lines = [f"invalid training config {where}:"]
+    for e in err.errors():
+        loc = ""
+        for part in e["loc"]:
+            loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
+        msg = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
+            e["type"], e["msg"])
+        got = ("" if e["type"] in ("missing", "extra_forbidden")
+               else f" (got {e.get('input')!r:.80})")
+        lines.append(f"  {loc or '(top level)'}: {msg}{got}")
+    return "\n".join(lines)
+
+
+def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read a YAML training config. A prep config with a `train:` section is accepted
+    too (the section is used), so one file can describe a whole pipeline run."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TrainConfigError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as e:
+        raise TrainConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if isinstance(data, dict) and "train" in data and "sources" in data:
+        data = data["train"]
+    if not isinstance(data, dict):
+        raise TrainConfigError(f"invalid training config {path}: expected a mapping")
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            data[key] = value
+    return parse_train_config(data, str(path))

@@ -1,0 +1,128 @@
+"""The training data: a prepared dataset (verified against its manifest), read straight
+from its memory-mapped Arrow files, and a sampler whose whole state is one counter.
+
+The order is a pure function of (seed, epoch): epoch e is the permutation drawn from
+PCG64(seed, e), and the sampler's position is `samples_seen`. So a checkpoint stores one
+integer, resume is exact, and skipping a window of data (after a rollback) is moving the
+counter forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from training.manifest import read_manifest, verify
+
+COLUMNS = ("input_ids", "position_ids", "segment_ids", "loss_mask")
+
+
+class DatasetError(ValueError):
+    """The dataset cannot be trained on (missing, or does not match its manifest)."""
+
+
+@dataclass
+class Split:
+    """One split as fixed-size rows; rows are gathered with Arrow's take, so memory holds
+    the batch, not the split."""
+
+    table: pa.Table
+    seq_len: int
+
+    @property
+    def rows(self) -> int:
+        return self.table.num_rows
+
+    def batch(self, idx: np.ndarray) -> dict[str, torch.Tensor]:
+        t = self.table.take(pa.array(idx, pa.int64()))
+        out = {}
+        for name in COLUMNS:
+            col = t.column(name).combine_chunks()
+            arr = col.flatten().to_numpy(zero_copy_only=False).reshape(len(idx), self.seq_len)
+            dtype = torch.long if name == "input_ids" else torch.int32
+            out[name] = torch.from_numpy(arr.astype(np.int64 if name == "input_ids" else np.int32))
+            out[name] = out[name].to(dtype)
+        return out
+
+
+@dataclass
+class TrainData:
+    manifest: dict[str, Any]
+    train: Split
+    validation: Split
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.manifest["tokenizer"]["vocab_size"])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.manifest["seq_len"])
+
+
+def load_data(uri: str, check: bool = True) -> TrainData:
+    """Open a prepared dataset. With `check`, refuse it unless every file matches the
+    manifest (sha256 of every shard): training on silently altered data is worse than
+    not training."""
+    from datasets import load_from_disk
+
+    if "://" in uri:
+        raise DatasetError(f"{uri}: the trainer reads a local dataset; download it first "
+                           f"(object-storage datasets arrive with the launch work)")
+    if not (Path(uri) / "manifest.json").is_file():
+        raise DatasetError(f"{uri}: no manifest.json (not a prepared dataset, or incomplete)")
+    if check:
+        problems = verify(uri)
+        if problems:
+            raise DatasetError(f"{uri} does not match its manifest:\n  " + "\n  ".join(problems))
+    manifest = read_manifest(uri)
+    dd = load_from_disk(uri)
+    seq_len = int(manifest["seq_len"])
+    splits = {name: Split(dd[name].data.table, seq_len) for name in ("train", "validation")}
+    if splits["train"].rows == 0:
+        raise DatasetError(f"{uri}: the train split is empty")
+    return TrainData(manifest, splits["train"], splits["validation"])
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    return np.random.Generator(np.random.PCG64([seed, epoch])).permutation(n)
+
+
+class Sampler:
+    """Row indices for the next `k` samples, from position `samples_seen`."""
+
+    def __init__(self, n_rows: int, seed: int, shuffle: bool = True):
+        self.n, self.seed, self.shuffle = n_rows, seed, shuffle
+        self._perm: tuple[int, np.ndarray] | None = None
+
+    def _epoch(self, e: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.n)
+        if self._perm is None or self._perm[0] != e:
+            self._perm = (e, epoch_permutation(self.n, self.seed, e))
+        return self._perm[1]
+
+    def take(self, samples_seen: int, k: int) -> np.ndarray:
+        out = []
+        pos = samples_seen
+        while k > 0:
+            e, off = divmod(pos, self.n)
+            chunk = self._epoch(e)[off : off + k]
+            out.append(chunk)
+            k -= len(chunk)
+            pos += len(chunk)
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def epoch_of(self, samples_seen: int) -> int:
+        return samples_seen // self.n
+
+
+def validation_batches(split: Split, batch: int, limit: int | None) -> list[np.ndarray]:
+    idx = np.arange(split.rows)
+    batches = [idx[i : i + batch] for i in range(0, len(idx), batch)]
+    return batches[:limit] if limit else batches

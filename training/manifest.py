@@ -1,0 +1,101 @@
+"""The dataset contract as training reads it: manifest.json, and `verify`, which checks a
+prepared dataset against its manifest and says exactly what does not match. The trainer
+refuses a dataset that does not verify."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from infra.storage import StorageError, StorageOptions, open_store
+
+MANIFEST = "manifest.json"
+FORMAT = "ballast-dataset/1"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def arrow_stats(path: Path) -> tuple[int, int]:
+    """Rows and real (non-pad) tokens of one saved Arrow shard, batch by batch."""
+    rows = real = 0
+    with pa.memory_map(str(path)) as src:
+        for batch in pa.ipc.open_stream(src):
+            rows += batch.num_rows
+            if batch.num_rows:
+                mask = batch.column("loss_mask").flatten()
+                real += int(pc.sum(mask.cast(pa.int64())).as_py() or 0)
+    return rows, real
+
+
+def verify(uri: str, options: StorageOptions | None = None, deep: bool = True) -> list[str]:
+    """Every way the dataset at `uri` differs from its manifest (empty = it verifies):
+    missing or unexpected files, sizes, sha256, rows and tokens per shard, the tokenizer,
+    and (deep, for local datasets) that `datasets.load_from_disk` sees the same rows."""
+    store = open_store(uri, options)
+    try:
+        manifest = json.loads(store.get(MANIFEST))
+    except StorageError:
+        return [f"{uri}: no {MANIFEST} (not a ballast dataset, or an incomplete one)"]
+    except json.JSONDecodeError as e:
+        return [f"{uri}/{MANIFEST} is not valid JSON: {e}"]
+    if manifest.get("format") != FORMAT:
+        return [f"{uri}/{MANIFEST}: format {manifest.get('format')!r}, expected {FORMAT!r}"]
+    problems = []
+    listed: dict[str, Any] = manifest.get("files", {})
+    present = set(store.list()) - {MANIFEST}
+    for rel in sorted(set(listed) - present):
+        problems.append(f"missing file {rel}")
+    for rel in sorted(present - set(listed)):
+        problems.append(f"unexpected file {rel} (not in the manifest)")
+    with tempfile.TemporaryDirectory(prefix="ballast-verify-") as tmp:
+        for rel in sorted(set(listed) & present):
+            want = listed[rel]
+            local = store.local_path(rel)
+            if local is None:
+                local = Path(tmp) / rel
+                local.parent.mkdir(parents=True, exist_ok=True)
+                store.get_file(rel, local)
+            size = local.stat().st_size
+            if size != want["bytes"]:
+                problems.append(f"{rel}: {size} bytes, manifest says {want['bytes']}")
+            digest = sha256_file(local)
+            if digest != want["sha256"]:
+                problems.append(f"{rel}: sha256 {digest[:16]}..., manifest says "
+                                f"{want['sha256'][:16]}...")
+                continue
+            if rel.endswith(".arrow"):
+                rows, real = arrow_stats(local)
+                if rows != want.get("rows") or real != want.get("real_tokens"):
+                    problems.append(f"{rel}: {rows} rows / {real} real tokens, manifest says "
+                                    f"{want.get('rows')} / {want.get('real_tokens')}")
+        tok = manifest.get("tokenizer", {})
+        if tok.get("file") and listed.get(tok["file"], {}).get("sha256") != tok.get("sha256"):
+            problems.append("tokenizer sha256 differs from its file entry")
+    if deep and not problems and store.local_path("") is not None:
+        from datasets import load_from_disk
+
+        dd = load_from_disk(str(store.local_path("")))
+        for name, split in manifest.get("splits", {}).items():
+            if name not in dd:
+                problems.append(f"split {name} is in the manifest but load_from_disk "
+                                f"does not find it")
+            elif dd[name].num_rows != split["rows"]:
+                problems.append(f"split {name}: load_from_disk gives {dd[name].num_rows} "
+                                f"rows, manifest says {split['rows']}")
+    return problems
+
+
+def read_manifest(uri: str, options: StorageOptions | None = None) -> dict[str, Any]:
+    return json.loads(open_store(uri, options).get(MANIFEST))

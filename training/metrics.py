@@ -1,0 +1,78 @@
+"""Training metrics: one JSON object per line (steps, evals and guard events), and a
+loss-curve PNG at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open)
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._f.write(json.dumps(record, sort_keys=True) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def truncate_after(path: str | Path, step: int) -> None:
+    """On resume from checkpoint `step`, drop what was logged after it: those steps are
+    about to be trained again, and the log must read as if the run never stopped."""
+    path = Path(path)
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by the kill
+        if rec.get("step", -1) <= step:
+            kept.append(line)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read(path: str | Path) -> list[dict[str, Any]]:
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            out.append(json.loads(line))
+    return out
+
+
+def plot_loss(metrics_path: str | Path, png_path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = read(metrics_path)
+    train = [(r["step"], r["loss"]) for r in recs if r.get("kind") == "train"]
+    val = [(r["step"], r["val_loss"]) for r in recs if r.get("kind") == "eval"]
+    events = [r for r in recs if r.get("kind") == "event"]
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    if train:
+        ax.plot(*zip(*train, strict=True), label="train loss", lw=1)
+    if val:
+        ax.plot(*zip(*val, strict=True), "o-", label="validation loss", lw=1.5, ms=3)
+    for e in events:
+        ax.axvline(e["step"], color="red" if e.get("event") == "rollback" else "orange",
+                   alpha=0.3, lw=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title("ballast training (red: rollbacks, orange: skipped steps)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)

@@ -1,0 +1,320 @@
+"""Optimizers for the trainer: parameter grouping (weight decay, muP learning-rate scales),
+AdamW / Adafactor from torch, a hand-written Lion, and Muon for hidden matrices combined with
+AdamW for the rest into one `torch.optim.Optimizer`.
+
+The model contract (see `training/model.py`): `model.named_parameters()`,
+`model.param_kind(name)` -> "embedding" | "norm" | "bias" | "hidden" | "output", and
+`model.width_mult` (muP width multiplier, 1.0 when muP is off).
+
+Every parameter group carries
+- `kind` / `name`: what the group holds (for logging and for the Muon split),
+- `weight_decay`: `cfg.weight_decay` for "hidden" and "output" matrices, 0 for norms, biases and
+  embeddings (decaying gains and embeddings towards 0 hurts; GPT-2/nanoGPT, LLaMA practice),
+- `lr_scale`: the muP factor, and `initial_lr` = base lr * `lr_scale`, which
+  `training.schedule.set_lr` multiplies by the schedule; `lr` starts at `initial_lr`.
+
+Learning-rate semantics per optimizer (`cfg.lr` is passed as is; nothing is rescaled here):
+- adamw: `torch.optim.AdamW`, betas `cfg.betas`, eps `cfg.eps`, decoupled weight decay
+  (p -= lr * wd * p). `foreach=True, fused=False`: deterministic on CPU (exact resume).
+- adafactor: `torch.optim.Adafactor`. Its `lr` is NOT an absolute step: torch uses it as the cap
+  of the relative step size rho_t = min(lr, 1/sqrt(t)), and the update is scaled by
+  max(1e-3, RMS(param)) * rho_t; it also multiplies weight decay (p *= 1 - lr * wd). torch's
+  Adafactor has no first moment, so `cfg.betas` / `cfg.eps` are unused (its beta2 schedule is
+  1 - t^-0.8). Typical lr ~1e-2 (torch's default).
+- lion: `Lion` below. Its sign update has magnitude lr in every coordinate, so the usual lr is
+  3-10x smaller than AdamW's and weight decay 3-10x larger to keep lr * wd (Chen et al. 2023);
+  set those in the config, nothing is changed here. Betas: `cfg.betas` if the config sets them,
+  else Lion's own (0.9, 0.99) (the config default (0.9, 0.95) is tuned for AdamW).
+- muon: `torch.optim.Muon` (lr `cfg.muon_lr`, momentum `cfg.muon_momentum`, Nesterov,
+  weight decay `cfg.weight_decay`, Keller Jordan's shape adjustment sqrt(max(1, rows/cols)))
+  for 2-D "hidden" matrices; AdamW at `cfg.lr` for everything else (embeddings, norms, biases,
+  the output head), as Muon's authors prescribe. See `MuonWithAdamW`.
+
+muP (Yang et al. 2022, Table 3, Adam column): "hidden" and "output" matrices get
+lr_scale = 1 / width_mult (LR proportional to 1/fan_in); embeddings, norms and biases keep 1.
+Applied to every Adam-like (per-coordinate normalised) optimizer: AdamW, Lion and Adafactor
+(for Adafactor, whose step is relative to RMS(param), this is the Adam rule used as an
+approximation). Muon's hidden groups keep lr_scale 1: its orthogonalised update already has a
+width-independent spectral norm (the spectral condition for feature learning, Yang, Simon &
+Bernstein 2023), so muP's 1/fan_in would shrink it twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from torch.optim.optimizer import ParamsT
+
+from training.config import OptimConfig
+
+KINDS = ("embedding", "norm", "bias", "output", "hidden")
+# Kinds whose weights decay; gains, biases and embeddings do not (see the module docstring).
+_DECAY_KINDS = frozenset({"hidden", "output"})
+# Kinds whose Adam-family lr muP scales by 1/width_mult.
+_MUP_KINDS = frozenset({"hidden", "output"})
+# Lion's defaults from Chen et al. 2023 (Algorithm 2 / the authors' reference code).
+LION_BETAS = (0.9, 0.99)
+
+
+class GroupedModel(Protocol):
+    """What the optimizers need from the model (nn.Module plus two attributes)."""
+
+    width_mult: float
+
+    def named_parameters(self) -> Iterable[tuple[str, nn.Parameter]]: ...
+
+    def param_kind(self, name: str) -> str: ...
+
+
+def param_groups(model: GroupedModel | nn.Module, cfg: OptimConfig) -> list[dict[str, Any]]:
+    """Parameter groups for `cfg.name`: one per kind present, in the order embedding, norm, bias,
+    output, hidden, so group 0 is an unscaled `cfg.lr` group whenever the model has embeddings
+    (what `set_lr` returns for logging). With `cfg.name == "muon"` the 2-D "hidden" matrices form
+    the group named "hidden_muon" (`muon=True`, base lr `cfg.muon_lr`, lr_scale 1); every group
+    then has a `muon` flag. Frozen parameters (requires_grad False) are left out."""
+    width_mult = float(getattr(model, "width_mult", 1.0))
+    if not (width_mult > 0 and math.isfinite(width_mult)):
+        raise ValueError(f"model.width_mult must be a positive number, got {width_mult}")
+    use_muon = cfg.name == "muon"
+    buckets: dict[str, list[nn.Parameter]] = {}
+    for pname, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        kind = model.param_kind(pname)  # type: ignore[operator]
+        if kind not in KINDS:
+            raise ValueError(f"param_kind({pname!r}) returned {kind!r}; expected one of {KINDS}")
+        # Muon only handles 2-D matrices; a non-2-D "hidden" tensor stays with AdamW.
+        key = "hidden_muon" if use_muon and kind == "hidden" and p.ndim == 2 else kind
+        buckets.setdefault(key, []).append(p)
+
+    groups: list[dict[str, Any]] = []
+    for key in (*KINDS, "hidden_muon"):
+        params = buckets.get(key)
+        if not params:
+            continue
+        is_muon = key == "hidden_muon"
+        kind = "hidden" if is_muon else key
+        lr_scale = 1.0 if is_muon or kind not in _MUP_KINDS else 1.0 / width_mult
+        base_lr = cfg.muon_lr if is_muon else cfg.lr
+        group: dict[str, Any] = {
+            "params": params,
+            "name": key,
+            "kind": kind,
+            "weight_decay": cfg.weight_decay if kind in _DECAY_KINDS else 0.0,
+            "lr_scale": lr_scale,
+            "initial_lr": base_lr * lr_scale,
+            "lr": base_lr * lr_scale,
+        }
+        if use_muon:
+            group["muon"] = is_muon
+        groups.append(group)
+    if not groups:
+        raise ValueError("the model has no trainable parameters")
+    return groups
+
+
+def build_optimizer(model: GroupedModel | nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """The optimizer `cfg.name` over `param_groups(model, cfg)` (see the module docstring)."""
+    groups = param_groups(model, cfg)
+    if cfg.name == "adamw":
+        return _adamw(groups, cfg)
+    if cfg.name == "adafactor":
+        return torch.optim.Adafactor(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.name == "lion":
+        # The config's betas default is AdamW's; use Lion's own unless the user set them.
+        betas = cfg.betas if "betas" in cfg.model_fields_set else LION_BETAS
+        return Lion(groups, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
+    if cfg.name == "muon":
+        return MuonWithAdamW(
+            [g for g in groups if g["muon"]],
+            [g for g in groups if not g["muon"]],
+            muon_lr=cfg.muon_lr,
+            muon_momentum=cfg.muon_momentum,
+            lr=cfg.lr,
+            betas=cfg.betas,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+        )
+    raise ValueError(f"unknown optimizer {cfg.name!r}")
+
+
+def _adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.AdamW:
+    # fused=False: the fused kernel is CUDA/MPS only and its rounding differs; foreach=True is
+    # the fast multi-tensor path and is deterministic (exact resume is tested on CPU).
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                             weight_decay=cfg.weight_decay, foreach=True, fused=False)
+
+
+class Lion(torch.optim.Optimizer):
+    """Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"):
+
+        c = beta1 * m + (1 - beta1) * g
+        p = p - lr * wd * p - lr * sign(c)       (decoupled weight decay, old p)
+        m = beta2 * m + (1 - beta2) * g
+
+    One state tensor per parameter (`exp_avg`), half of AdamW's memory. The update has
+    magnitude lr per coordinate, so use an lr 3-10x below AdamW's (and wd 3-10x above)."""
+
+    def __init__(self, params: ParamsT, lr: float = 1e-4,
+                 betas: tuple[float, float] = LION_BETAS, weight_decay: float = 0.0) -> None:
+        if lr < 0:
+            raise ValueError(f"invalid learning rate {lr}")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"invalid betas {betas}")
+        if weight_decay < 0:
+            raise ValueError(f"invalid weight_decay {weight_decay}")
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, wd = group["lr"], group["weight_decay"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("Lion does not support sparse gradients")
+                grad = p.grad
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                exp_avg = state["exp_avg"]
+                if wd != 0:
+                    p.mul_(1.0 - lr * wd)
+                update = exp_avg.mul(beta1).add_(grad, alpha=1.0 - beta1).sign_()
+                p.add_(update, alpha=-lr)
+                exp_avg.mul_(beta2).add_(grad, alpha=1.0 - beta2)
+        return loss
+
+
+class MuonWithAdamW(torch.optim.Optimizer):
+    """Muon for 2-D hidden matrices plus AdamW for everything else, as ONE real
+    `torch.optim.Optimizer`, so the trainer, `torch.amp.GradScaler` and lr schedulers treat it
+    like any other optimizer.
+
+    How: an inner `torch.optim.Muon` and an inner `torch.optim.AdamW` are built over their
+    groups; this optimizer is built over the very same group dicts (AdamW's first, so group 0
+    is AdamW's), and both inner optimizers share this optimizer's `state` dict (their parameter
+    sets are disjoint). Hence
+    - `param_groups` is the concatenated list; `set_lr` writing group["lr"] reaches the inner
+      optimizers; each group keeps `lr`, `initial_lr`, `lr_scale` and a `muon` flag;
+    - `state_dict()` / `load_state_dict()` are torch's own, over both parts (one flat state
+      dict; the inner optimizers are re-linked to the loaded groups and state afterwards);
+    - `zero_grad(set_to_none=True)` is torch's own, over all parameters;
+    - `step()` steps Muon, then AdamW.
+
+    GradScaler: `unscale_`/`step` only read `optimizer.param_groups` and call
+    `optimizer.step()` (`_step_supports_amp_scaling` is False), and key their bookkeeping by
+    `id(optimizer)`. Since this object is an Optimizer whose groups hold every parameter, one
+    `scaler.unscale_(opt)` unscales all gradients, an inf/NaN anywhere skips both inner
+    steps, and `scaler.step(opt)` works unchanged for fp16. Do not pass the inner optimizers
+    to the scaler separately."""
+
+    def __init__(self, muon_params: Iterable[Any], adamw_params: Iterable[Any], *,
+                 muon_lr: float = 0.02, muon_momentum: float = 0.95, lr: float = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 0.1) -> None:
+        muon_cls = getattr(torch.optim, "Muon", None)
+        if muon_cls is None:
+            raise RuntimeError(f"torch {torch.__version__} has no torch.optim.Muon (torch>=2.9)")
+        muon_groups = _as_groups(muon_params, muon=True)
+        adamw_groups = _as_groups(adamw_params, muon=False)
+        # An empty part gets no inner optimizer (torch's optimizers refuse empty lists).
+        self._muon: torch.optim.Optimizer | None = None
+        self._adamw: torch.optim.Optimizer | None = None
+        if muon_groups:
+            self._muon = muon_cls(muon_groups, lr=muon_lr, momentum=muon_momentum,
+                                  weight_decay=weight_decay, nesterov=True)
+        if adamw_groups:
+            self._adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, eps=eps,
+                                            weight_decay=weight_decay, foreach=True, fused=False)
+        # The inner optimizers filled each group dict with their defaults in place; this
+        # Optimizer's add_param_group appends the same dict objects (and checks disjointness).
+        self._linked = False  # add_param_group: plain appends until __init__ is done
+        super().__init__(adamw_groups + muon_groups, defaults={})
+        self._linked = True
+        self._link()
+
+    @property
+    def muon(self) -> torch.optim.Optimizer | None:
+        """The inner Muon (None if there are no hidden matrices)."""
+        return self._muon
+
+    @property
+    def adamw(self) -> torch.optim.Optimizer | None:
+        """The inner AdamW (None if every parameter is a hidden matrix)."""
+        return self._adamw
+
+    def _link(self) -> None:
+        # Point the inner optimizers at this optimizer's current group dicts and state; needed
+        # after load_state_dict, which replaces both with new objects.
+        for inner, flag in ((self._muon, True), (self._adamw, False)):
+            if inner is None:
+                continue
+            groups = [g for g in self.param_groups if bool(g["muon"]) is flag]
+            for g in groups:  # a checkpoint from another torch version may lack newer keys
+                for k, v in inner.defaults.items():
+                    g.setdefault(k, v)
+            inner.param_groups = groups
+            inner.state = self.state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Optimizer.load_state_dict ends with __setstate__({"state", "param_groups"}).
+        super().__setstate__(state)
+        if self.__dict__.get("_linked"):
+            self._link()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Keep the inner optimizers through pickle/deepcopy (the base keeps only 3 fields).
+        return {**super().__getstate__(), "_muon": self._muon, "_adamw": self._adamw,
+                "_linked": self._linked}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._link()
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if not self.__dict__.get("_linked"):  # called by Optimizer.__init__
+            super().add_param_group(param_group)
+            return
+        # Later additions go to the inner optimizer named by the group's `muon` flag.
+        param_group.setdefault("muon", False)
+        inner = self._muon if param_group["muon"] else self._adamw
+        if inner is None:
+            raise ValueError("no inner optimizer for this group; build one with both parts")
+        inner.add_param_group(param_group)
+        inner.param_groups.pop()  # _link re-derives the list from self.param_groups
+        super().add_param_group(param_group)
+        self._link()
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for inner in (self._muon, self._adamw):
+            if inner is not None:
+                inner.step()
+        return loss
+
+
+def _as_groups(params: Iterable[Any], *, muon: bool) -> list[dict[str, Any]]:
+    """Normalise tensors-or-dicts into group dicts tagged with the `muon` flag."""
+    items = list(params)
+    if not items:
+        return []
+    groups = items if isinstance(items[0], dict) else [{"params": items}]
+    for g in groups:
+        g["muon"] = muon
+        g.setdefault("lr_scale", 1.0)
+    return groups

@@ -1,0 +1,343 @@
+"""The trainer: `python -m training.train --config X` (one process; torchrun comes with
+multi-process training). The loop stays short; each concern lives in its own module:
+model, loss, optim, schedule, guards, checkpoint, data, metrics.
+
+Exit codes (shared with launchers and Kubernetes): 0 done, 1 bad config or data,
+3 diverged beyond the rollback budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from training import checkpoint as ckpt
+from training.config import TrainConfig, TrainConfigError, load_train_config
+from training.data import DatasetError, Sampler, TrainData, load_data, validation_batches
+from training.guards import StabilityGuard
+from training.loss import lm_loss, shift_targets
+from training.metrics import MetricsLog, plot_loss, truncate_after
+from training.model import GPT
+from training.optim import build_optimizer
+from training.schedule import accum_steps_at, set_lr
+
+EXIT_OK, EXIT_ERROR, EXIT_DIVERGED = 0, 1, 3
+
+
+@dataclass
+class Faults:
+    """Injected faults, for tests of the guards: NaN loss at steps, loss x factor at
+    steps (a spike), and the learning rate x factor over a step range (a real blow-up)."""
+
+    nan_at: set[int] = field(default_factory=set)
+    spike_at: set[int] = field(default_factory=set)
+    spike_factor: float = 50.0
+    lr_blowup: tuple[int, int] | None = None
+    lr_blowup_factor: float = 1000.0
+    persist: bool = False
+
+    @classmethod
+    def parse(cls, specs: list[str]) -> Faults:
+        f = cls()
+        for spec in specs:
+            kind, _, at = spec.partition("@")
+            if kind == "nan":
+                f.nan_at |= {int(s) for s in at.split(",")}
+            elif kind == "spike":
+                f.spike_at |= {int(s) for s in at.split(",")}
+            elif kind in ("lr_blowup", "lr_blowup_persistent"):
+                a, b = at.split("-")
+                f.lr_blowup = (int(a), int(b))
+                f.persist = kind == "lr_blowup_persistent"
+            else:
+                raise ValueError(f"unknown fault {spec!r} (nan@S, spike@S, lr_blowup@A-B)")
+        return f
+
+
+@dataclass
+class State:
+    """Everything besides module/optimizer state that exact resume needs."""
+
+    step: int = 0
+    samples_seen: int = 0
+    tokens_seen: int = 0
+    lr_scale: float = 1.0  # multiplied by rollback_lr_scale at each rollback
+    rollbacks: list[dict[str, Any]] = field(default_factory=list)
+
+
+def pick_device(cfg: TrainConfig) -> torch.device:
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise TrainConfigError("device: cuda was asked for, but no CUDA device is available")
+    return torch.device(cfg.device)
+
+
+def autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager:
+    if cfg.precision.dtype == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if cfg.precision.dtype == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, faults: Faults | None = None):
+        self.cfg, self.faults = cfg, faults or Faults()
+        self.device = pick_device(cfg)
+        torch.manual_seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=self.device.type == "cuda")
+        self.data: TrainData = load_data(cfg.dataset)
+        self.model = GPT(cfg.model, self.data.vocab_size, self.data.seq_len).to(self.device)
+        self.forward = torch.compile(self.model) if cfg.model.compile else self.model
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.scaler = torch.amp.GradScaler(self.device.type,
+                                           enabled=cfg.precision.dtype == "fp16")
+        self.guard = StabilityGuard(cfg.guards)
+        self.sampler = Sampler(self.data.train.rows, cfg.seed, cfg.shuffle)
+        self.state = State()
+        self.run_dir = Path(cfg.run_dir)
+        self.ckpt_dir = Path(cfg.checkpoint_dir())
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- checkpoints --------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        s = self.state
+        return {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(), "rng": ckpt.rng_state(),
+            "guard": self.guard.state_dict(), "config": self.cfg.model_dump(mode="json"),
+            "trainer": {"step": s.step, "samples_seen": s.samples_seen,
+                        "tokens_seen": s.tokens_seen, "lr_scale": s.lr_scale,
+                        "rollbacks": s.rollbacks},
+        }
+
+    def save(self) -> None:
+        ckpt.save(self.ckpt_dir, self.state.step, self.snapshot())
+        c = self.cfg.checkpoint
+        # Step 0 is kept: it is the rollback target of last resort.
+        ckpt.retain(self.ckpt_dir, c.keep_last, c.keep_every, protect={0})
+
+    def restore(self, step: int, modules_only: bool = False) -> dict[str, Any]:
+        st = ckpt.load(self.ckpt_dir, step, map_location=self.device)
+        self.model.load_state_dict(st["model"])
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.scaler.load_state_dict(st["scaler"])
+        ckpt.set_rng_state(st["rng"])
+        if not modules_only:
+            self.guard.load_state_dict(st["guard"])
+            t = st["trainer"]
+            self.state = State(t["step"], t["samples_seen"], t["tokens_seen"], t["lr_scale"],
+                               list(t["rollbacks"]))
+        return st
+
+    # -- one optimisation step ----------------------------------------------------
+    def train_step(self) -> dict[str, Any]:
+        cfg, s = self.cfg, self.state
+        accum = accum_steps_at(s.step, cfg.schedule, cfg.accum_steps)
+        scale = s.lr_scale
+        blow = self.faults.lr_blowup
+        # A transient fault: it hits the first pass over those steps, not the replay
+        # after a rollback (unless `persist`, which tests the rollback budget).
+        if blow and blow[0] <= s.step < blow[1] and (self.faults.persist or not s.rollbacks):
+            scale *= self.faults.lr_blowup_factor
+        lr = set_lr(self.optimizer, s.step, cfg.steps, cfg.schedule, scale)
+        idx = self.sampler.take(s.samples_seen, cfg.micro_batch * accum)
+        self.model.train()
+        total = ce_sum = z_sum = 0.0
+        real_tokens = 0
+        for k in range(accum):
+            b = self.data.train.batch(idx[k * cfg.micro_batch : (k + 1) * cfg.micro_batch])
+            b = {n: t.to(self.device, non_blocking=True) for n, t in b.items()}
+            targets, valid = shift_targets(b["input_ids"], b["segment_ids"], b["loss_mask"])
+            with autocast(cfg, self.device):
+                logits = self.forward(b["input_ids"], b["position_ids"], b["segment_ids"])
+            loss, ce, z = lm_loss(logits.float(), targets, valid, cfg.precision.z_loss)
+            if s.step in self.faults.nan_at:
+                loss = loss * float("nan")
+            if s.step in self.faults.spike_at:
+                loss = loss * self.faults.spike_factor
+            # Mean over micro-batches: each contributes 1/accum of the gradient.
+            self.scaler.scale(loss / accum).backward()
+            total += loss.item() / accum
+            ce_sum += ce.item() / accum
+            z_sum += z.item() / accum
+            real_tokens += int(b["loss_mask"].sum())
+        self.scaler.unscale_(self.optimizer)
+        clip = cfg.optim.grad_clip or float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        fp16_overflow = self.scaler.is_enabled() and not math.isfinite(grad_norm)
+        decision = None
+        if fp16_overflow:
+            # Dynamic loss scaling: the scaler skips this step and lowers the scale;
+            # that is expected behaviour, not instability.
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            decision = self.guard.observe(s.step, total, grad_norm, idx.tolist())
+            if decision.action == "ok":
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"lr": lr, "loss": total, "ce": ce_sum, "z_loss": z_sum, "grad_norm": grad_norm,
+                "accum": accum, "samples": len(idx), "real_tokens": real_tokens,
+                "decision": decision, "fp16_overflow": fp16_overflow}
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        self.model.eval()
+        total = 0.0
+        count = 0
+        for idx in validation_batches(self.data.validation, self.cfg.micro_batch,
+                                      self.cfg.eval_batches):
+            b = {n: t.to(self.device) for n, t in self.data.validation.batch(idx).items()}
+            targets, valid = shift_targets(b["input_ids"], b["segment_ids"], b["loss_mask"])
+            with autocast(self.cfg, self.device):
+                logits = self.forward(b["input_ids"], b["position_ids"], b["segment_ids"])
+            n = int(valid.sum())
+            if n:
+                _, ce, _ = lm_loss(logits.float(), targets, valid, 0.0)
+                total += ce.item() * n
+                count += n
+        return total / count if count else float("nan")
+
+    # -- the loop -----------------------------------------------------------------
+    def run(self) -> int:
+        cfg, s = self.cfg, self.state
+        latest = ckpt.latest_step(self.ckpt_dir)
+        metrics_path = self.run_dir / "metrics.jsonl"
+        if latest is not None:
+            self.restore(latest)
+            truncate_after(metrics_path, latest)
+            s = self.state
+        log = MetricsLog(metrics_path)
+        if latest is None:
+            self.save()  # step 0: the rollback target of last resort
+        else:
+            log.write({"kind": "event", "event": "resume", "step": s.step,
+                       "checkpoint": ckpt.step_name(latest)})
+        t_last, tokens_last = time.perf_counter(), s.tokens_seen
+        try:
+            while s.step < cfg.steps:
+                out = self.train_step()
+                d = out["decision"]
+                if d is not None and d.action == "rollback":
+                    self.rollback(d, log)
+                    s = self.state
+                    continue
+                if d is not None and d.action == "abort":
+                    log.write({"kind": "event", **(d.event or {}), "step": s.step})
+                    print(d.detail, file=sys.stderr)
+                    return EXIT_DIVERGED
+                if d is not None and d.action != "ok" and d.event:
+                    log.write({"kind": "event", **d.event})
+                s.step += 1
+                s.samples_seen += out["samples"]
+                if d is None or d.action == "ok":
+                    s.tokens_seen += out["real_tokens"]
+                if s.step % cfg.log_every == 0 or s.step == cfg.steps:
+                    now = time.perf_counter()
+                    log.write({
+                        "kind": "train", "step": s.step, "loss": out["loss"], "ce": out["ce"],
+                        "z_loss": out["z_loss"], "lr": out["lr"], "grad_norm": out["grad_norm"],
+                        "tokens_per_s": (s.tokens_seen - tokens_last) / max(now - t_last, 1e-9),
+                        "tokens_seen": s.tokens_seen, "accum": out["accum"],
+                        "skipped": self.guard.skipped_non_finite + self.guard.skipped_spikes,
+                        "rollbacks": len(s.rollbacks), "loss_scale": self.scaler.get_scale()
+                        if self.scaler.is_enabled() else None,
+                    })
+                    t_last, tokens_last = now, s.tokens_seen
+                if s.step % cfg.eval_every == 0 or s.step == cfg.steps:
+                    val = self.evaluate()
+                    log.write({"kind": "eval", "step": s.step, "val_loss": val,
+                               "val_ppl": math.exp(val) if val < 50 else float("inf")})
+                if s.step % cfg.checkpoint.every == 0 or s.step == cfg.steps:
+                    self.save()
+        finally:
+            log.close()
+        self.finish(metrics_path)
+        return EXIT_OK
+
+    def rollback(self, d: Any, log: MetricsLog) -> None:
+        """Back to the newest checkpoint before the trouble began; the data window in
+        between is skipped (the sampler position is kept), and the LR optionally scaled."""
+        s = self.state
+        start = int((d.event or {}).get("start_step", s.step))
+        candidates = [c for c in ckpt.steps(self.ckpt_dir) if c <= start]
+        target = max(candidates) if candidates else 0
+        samples_seen, tokens_seen = s.samples_seen, s.tokens_seen
+        history = [*s.rollbacks, {"from_step": s.step, "to_step": target,
+                                  "reason": d.reason, "detail": d.detail}]
+        lr_scale = s.lr_scale * self.cfg.guards.rollback_lr_scale
+        st = self.restore(target, modules_only=True)
+        self.state = State(target, samples_seen, tokens_seen, lr_scale, history)
+        # The guard keeps its counters and history (the budget must run out), but takes the
+        # running statistics that match the restored weights.
+        self.guard.rolled_back(to_step=target, from_step=s.step, stats_from=st["guard"])
+        log.write({"kind": "event", **(d.event or {}), "event": "rollback", "step": s.step,
+                   "to_step": target, "lr_scale": lr_scale,
+                   "data_skipped": f"samples {st['trainer']['samples_seen']}..{samples_seen} "
+                                   f"of the training order are not replayed"})
+
+    def finish(self, metrics_path: Path) -> None:
+        plot_loss(metrics_path, self.run_dir / "loss.png")
+        (self.run_dir / "final.json").write_text(json.dumps({
+            "step": self.state.step, "tokens_seen": self.state.tokens_seen,
+            "rollbacks": self.state.rollbacks,
+            "skipped_non_finite": self.guard.skipped_non_finite,
+            "skipped_spikes": self.guard.skipped_spikes,
+            "config": self.cfg.model_dump(mode="json"), "seed": self.cfg.seed,
+            "dataset": {"uri": self.cfg.dataset,
+                        "config_fingerprint": self.data.manifest.get("config_fingerprint")},
+            "environment": environment(),
+            "checkpoint": str(self.ckpt_dir / ckpt.step_name(self.state.step)),
+        }, indent=2, default=str))
+
+
+def environment() -> dict[str, Any]:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"torch": torch.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "cuda": torch.version.cuda,
+            "git_commit": commit, "threads": torch.get_num_threads(), "pid": os.getpid()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m training.train",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--dataset", help="override `dataset:`")
+    ap.add_argument("--run-dir", help="override `run_dir:`")
+    ap.add_argument("--steps", type=int, help="override `steps:`")
+    ap.add_argument("--fault", action="append", default=[],
+                    help="inject a fault (tests): nan@S[,S], spike@S[,S], lr_blowup@A-B")
+    args = ap.parse_args(argv)
+    try:
+        cfg = load_train_config(args.config, {"dataset": args.dataset, "run_dir": args.run_dir,
+                                              "steps": args.steps})
+        trainer = Trainer(cfg, Faults.parse(args.fault))
+    except (TrainConfigError, DatasetError, ckpt.CheckpointError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    return trainer.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
