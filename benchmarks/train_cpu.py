@@ -1,7 +1,7 @@
 """Benchmark: char-level tinyshakespeare on CPU, ballast's trainer vs the classic
 nanoGPT "baby" run, in the same process on the same machine.
 
-    python benchmarks/train_cpu.py [--iters 2000] [--skip-classic] [--out benchmarks/results/train_cpu.json]
+    python benchmarks/train_cpu.py [--iters 2000] [--skip-classic] [--out FILE.json]
 
 Ballast: ../shared/data/tinyshakespeare.txt through `ballast prep` with byte tokens and
 seq_len 64; the first 90% of the file is the train split and the last 10% the

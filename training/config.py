@@ -114,7 +114,7 @@ class TrainConfig(Strict):
     accum_steps: int = Field(default=1, ge=1)
     eval_every: int = Field(default=200, ge=1)
     eval_batches: int | None = Field(default=None, ge=1)  # None = the whole validation split
-    log_every: int = Field(default=10, ge=1)
+    log_every: int = Field(default=1, ge=1)  # every step: grad norm, loss, lr per step
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_workers: int = Field(default=0, ge=0)
     # Deterministic algorithms (exact resume is tested on CPU with this on).

@@ -56,9 +56,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (y * self.weight.float()).to(x.dtype)
+        # torch's fused kernel, in float32 (a no-op cast when x already is).
+        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
 
 
 class LayerNorm(nn.Module):
@@ -114,6 +113,10 @@ class Rotary(nn.Module):
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate the first cos.shape[-1] dims of x (B, H, T, head_dim); leave the rest as is."""
     rot = cos.shape[-1]
+    if rot == x.shape[-1]:  # full rotary: no slicing and re-concatenation
+        xf = x.float()
+        x1, x2 = xf.chunk(2, dim=-1)
+        return (xf * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
     x_rot, x_pass = x[..., :rot].float(), x[..., rot:]
     x1, x2 = x_rot.chunk(2, dim=-1)
     rotated = x_rot * cos + torch.cat([-x2, x1], dim=-1) * sin

@@ -146,6 +146,12 @@ class Trainer:
         return st
 
     # -- one optimisation step ----------------------------------------------------
+    def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.device.type != "cuda":
+            return batch
+        # Pinned host memory lets the copy run asynchronously with the previous step.
+        return {n: t.pin_memory().to(self.device, non_blocking=True) for n, t in batch.items()}
+
     def train_step(self) -> dict[str, Any]:
         cfg, s = self.cfg, self.state
         accum = accum_steps_at(s.step, cfg.schedule, cfg.accum_steps)
@@ -161,8 +167,8 @@ class Trainer:
         total = ce_sum = z_sum = 0.0
         real_tokens = 0
         for k in range(accum):
-            b = self.data.train.batch(idx[k * cfg.micro_batch : (k + 1) * cfg.micro_batch])
-            b = {n: t.to(self.device, non_blocking=True) for n, t in b.items()}
+            b = self.to_device(
+                self.data.train.batch(idx[k * cfg.micro_batch : (k + 1) * cfg.micro_batch]))
             targets, valid = shift_targets(b["input_ids"], b["segment_ids"], b["loss_mask"])
             with autocast(cfg, self.device):
                 logits = self.forward(b["input_ids"], b["position_ids"], b["segment_ids"])
@@ -204,7 +210,7 @@ class Trainer:
         count = 0
         for idx in validation_batches(self.data.validation, self.cfg.micro_batch,
                                       self.cfg.eval_batches):
-            b = {n: t.to(self.device) for n, t in self.data.validation.batch(idx).items()}
+            b = self.to_device(self.data.validation.batch(idx))
             targets, valid = shift_targets(b["input_ids"], b["segment_ids"], b["loss_mask"])
             with autocast(self.cfg, self.device):
                 logits = self.forward(b["input_ids"], b["position_ids"], b["segment_ids"])

@@ -1,0 +1,98 @@
+"""Benchmark: does the learning rate transfer across width under muP?
+
+    python benchmarks/mup.py [--steps 150] [--out benchmarks/results/mup.json]
+
+Trains 2-layer models of width 64, 128 and 256 (head_dim fixed at 32) for `--steps`
+steps on byte-level tinyshakespeare at a grid of learning rates, once with the standard
+parametrisation and once with muP (base width 64), and reports the final training loss
+per (width, lr) and the best lr per width. Under muP the best lr should stay put as the
+width grows; under the standard parametrisation it drifts down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+WIDTHS = (64, 128, 256)
+LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+
+
+def final_loss(dataset: str, work: Path, width: int, lr: float, mup: bool, steps: int) -> float:
+    from training.config import parse_train_config
+    from training.metrics import read
+    from training.train import Trainer
+
+    run = work / f"{'mup' if mup else 'sp'}-{width}-{lr:g}"
+    shutil.rmtree(run, ignore_errors=True)
+    model = {"d_model": width, "n_layer": 2, "n_head": width // 32}
+    if mup:
+        model["mup_base_d_model"] = WIDTHS[0]
+    cfg = parse_train_config({
+        "dataset": dataset, "run_dir": str(run), "seed": 0, "steps": steps, "micro_batch": 16,
+        "eval_every": steps, "eval_batches": 10, "log_every": 1, "model": model,
+        "optim": {"lr": lr, "betas": [0.9, 0.95]},
+        "schedule": {"kind": "constant", "warmup_steps": 20},
+        "guards": {"enabled": False}, "checkpoint": {"every": steps, "keep_last": 1},
+    })
+    Trainer(cfg).run()
+    losses = [r["loss"] for r in read(run / "metrics.jsonl") if r.get("kind") == "train"]
+    tail = losses[-20:]
+    value = sum(tail) / len(tail)
+    shutil.rmtree(run, ignore_errors=True)
+    return value if math.isfinite(value) else float("inf")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=150)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mup.json"))
+    ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-mup"))
+    args = ap.parse_args()
+    from train_cpu import SHARED, ballast_run
+
+    text_path = SHARED / "tinyshakespeare.txt"
+    if not text_path.is_file():
+        print(f"skip: {text_path} not found")
+        return
+    work = Path(args.workdir)
+    dataset = ROOT / "runs" / "bench-train" / "prep" / "dataset"
+    if not (dataset / "manifest.json").is_file():
+        # The train_cpu benchmark's prep (one training step is the cheapest way to it).
+        text = text_path.read_text(encoding="utf-8")
+        ballast_run(text, int(0.9 * len(text)), 1, ROOT / "runs" / "bench-train", 1e-3)
+    result: dict = {"machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+                    "steps": args.steps, "widths": WIDTHS, "lrs": LRS, "runs": {}}
+    for mode in ("sp", "mup"):
+        table = {}
+        for w in WIDTHS:
+            table[w] = {lr: final_loss(str(dataset), work, w, lr, mode == "mup", args.steps)
+                        for lr in LRS}
+            best = min(table[w], key=table[w].get)
+            print(f"{mode} width {w}: " + "  ".join(f"lr {lr:g}: {v:.3f}"
+                                                   for lr, v in table[w].items())
+                  + f"   best lr {best:g}")
+        result["runs"][mode] = {
+            "loss": {str(w): {f"{lr:g}": round(v, 4) for lr, v in t.items()}
+                     for w, t in table.items()},
+            "best_lr": {str(w): min(t, key=t.get) for w, t in table.items()},
+        }
+    for mode in ("sp", "mup"):
+        best = result["runs"][mode]["best_lr"]
+        print(f"{mode}: best lr by width {best}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
