@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from training import checkpoint as ckpt
+from training import distributed
 from training.config import TrainConfig, TrainConfigError, load_train_config
 from training.data import DatasetError, Sampler, TrainData, load_data, validation_batches
 from training.guards import StabilityGuard
@@ -79,11 +80,14 @@ class State:
 
 
 def pick_device(cfg: TrainConfig) -> torch.device:
-    if cfg.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise TrainConfigError("device: cuda was asked for, but no CUDA device is available")
-    return torch.device(cfg.device)
+    if cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    return torch.device("cpu")
+
+
+DIVERGED_MARKER = "DIVERGED"
 
 
 def autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -97,13 +101,22 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, faults: Faults | None = None):
         self.cfg, self.faults = cfg, faults or Faults()
         self.device = pick_device(cfg)
+        self.world = distributed.init(self.device.type)
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=self.device.type == "cuda")
         self.data: TrainData = load_data(cfg.dataset)
         self.model = GPT(cfg.model, self.data.vocab_size, self.data.seq_len).to(self.device)
-        self.forward = torch.compile(self.model) if cfg.model.compile else self.model
+        self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
+        wrapped: torch.nn.Module = self.model
+        if self.world.active:
+            # Same seed on every rank gives the same init; DDP also broadcasts rank 0's.
+            self.ddp = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda"
+                else None)
+            wrapped = self.ddp
+        self.forward = torch.compile(wrapped) if cfg.model.compile else wrapped
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.scaler = torch.amp.GradScaler(self.device.type,
                                            enabled=cfg.precision.dtype == "fp16")
@@ -127,10 +140,12 @@ class Trainer:
         }
 
     def save(self) -> None:
-        ckpt.save(self.ckpt_dir, self.state.step, self.snapshot())
-        c = self.cfg.checkpoint
-        # Step 0 is kept: it is the rollback target of last resort.
-        ckpt.retain(self.ckpt_dir, c.keep_last, c.keep_every, protect={0})
+        if self.world.is_main:  # DDP: every rank holds the same state
+            ckpt.save(self.ckpt_dir, self.state.step, self.snapshot())
+            c = self.cfg.checkpoint
+            # Step 0 is kept: it is the rollback target of last resort.
+            ckpt.retain(self.ckpt_dir, c.keep_last, c.keep_every, protect={0})
+        distributed.barrier(self.world)  # nobody reads a checkpoint before it exists
 
     def restore(self, step: int, modules_only: bool = False) -> dict[str, Any]:
         st = ckpt.load(self.ckpt_dir, step, map_location=self.device)
@@ -166,23 +181,39 @@ class Trainer:
         self.model.train()
         total = ce_sum = z_sum = 0.0
         real_tokens = 0
+        world = self.world
         for k in range(accum):
-            b = self.to_device(
-                self.data.train.batch(idx[k * cfg.micro_batch : (k + 1) * cfg.micro_batch]))
+            gidx = idx[k * cfg.micro_batch : (k + 1) * cfg.micro_batch]
+            b = self.to_device(self.data.train.batch(distributed.rank_slice(gidx, world)))
             targets, valid = shift_targets(b["input_ids"], b["segment_ids"], b["loss_mask"])
-            with autocast(cfg, self.device):
-                logits = self.forward(b["input_ids"], b["position_ids"], b["segment_ids"])
-            loss, ce, z = lm_loss(logits.float(), targets, valid, cfg.precision.z_loss)
-            if s.step in self.faults.nan_at:
-                loss = loss * float("nan")
-            if s.step in self.faults.spike_at:
-                loss = loss * self.faults.spike_factor
-            # Mean over micro-batches: each contributes 1/accum of the gradient.
-            self.scaler.scale(loss / accum).backward()
+            sync = (self.ddp.no_sync() if self.ddp is not None and k < accum - 1
+                    else contextlib.nullcontext())
+            with sync:
+                with autocast(cfg, self.device):
+                    logits = self.forward(b["input_ids"], b["position_ids"], b["segment_ids"])
+                loss, ce, z = lm_loss(logits.float(), targets, valid, cfg.precision.z_loss)
+                if world.active:
+                    # Token-weighted across ranks: DDP averages gradients over ranks, so
+                    # weight each rank's mean by its share of the micro-batch's tokens.
+                    n_local = int(valid.sum())
+                    n_global = distributed.all_sum(n_local, world, self.device)
+                    w = world.size * n_local / max(n_global, 1.0)
+                    loss, ce, z = loss * w, ce * w, z * w
+                if s.step in self.faults.nan_at:
+                    loss = loss * float("nan")
+                if s.step in self.faults.spike_at:
+                    loss = loss * self.faults.spike_factor
+                # Mean over micro-batches: each contributes 1/accum of the gradient.
+                # Inside `sync`: DDP all-reduces gradients only on the last micro-batch.
+                self.scaler.scale(loss / accum).backward()
             total += loss.item() / accum
             ce_sum += ce.item() / accum
             z_sum += z.item() / accum
             real_tokens += int(b["loss_mask"].sum())
+        if world.active:  # the logged values are the global ones, the same on every rank
+            total, ce_sum, z_sum = (distributed.all_sum(v, world, self.device) / world.size
+                                    for v in (total, ce_sum, z_sum))
+            real_tokens = int(distributed.all_sum(real_tokens, world, self.device))
         self.scaler.unscale_(self.optimizer)
         clip = cfg.optim.grad_clip or float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
@@ -208,8 +239,9 @@ class Trainer:
         self.model.eval()
         total = 0.0
         count = 0
-        for idx in validation_batches(self.data.validation, self.cfg.micro_batch,
-                                      self.cfg.eval_batches):
+        batches = validation_batches(self.data.validation, self.cfg.micro_batch,
+                                     self.cfg.eval_batches)
+        for idx in batches[self.world.rank :: self.world.size]:
             b = self.to_device(self.data.validation.batch(idx))
             targets, valid = shift_targets(b["input_ids"], b["segment_ids"], b["loss_mask"])
             with autocast(self.cfg, self.device):
@@ -219,18 +251,35 @@ class Trainer:
                 _, ce, _ = lm_loss(logits.float(), targets, valid, 0.0)
                 total += ce.item() * n
                 count += n
+        total = distributed.all_sum(total, self.world, self.device)
+        count = int(distributed.all_sum(count, self.world, self.device))
         return total / count if count else float("nan")
 
     # -- the loop -----------------------------------------------------------------
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            distributed.shutdown()
+
+    def _run(self) -> int:
         cfg, s = self.cfg, self.state
+        marker = self.run_dir / DIVERGED_MARKER
+        if marker.is_file():
+            # torchrun restarts a worker whatever its exit code; a run that diverged
+            # beyond its rollback budget must not quietly train on.
+            print(f"{marker} exists: this run diverged beyond its rollback budget "
+                  f"(delete the file to train anyway):\n{marker.read_text()}", file=sys.stderr)
+            return EXIT_DIVERGED
         latest = ckpt.latest_step(self.ckpt_dir)
         metrics_path = self.run_dir / "metrics.jsonl"
         if latest is not None:
             self.restore(latest)
-            truncate_after(metrics_path, latest)
+            if self.world.is_main:
+                truncate_after(metrics_path, latest)
+            distributed.barrier(self.world)
             s = self.state
-        log = MetricsLog(metrics_path)
+        log = MetricsLog(metrics_path if self.world.is_main else os.devnull)
         if latest is None:
             self.save()  # step 0: the rollback target of last resort
         else:
@@ -248,6 +297,8 @@ class Trainer:
                 if d is not None and d.action == "abort":
                     log.write({"kind": "event", **(d.event or {}), "step": s.step})
                     print(d.detail, file=sys.stderr)
+                    if self.world.is_main:
+                        marker.write_text(d.detail + "\n")
                     return EXIT_DIVERGED
                 if d is not None and d.action != "ok" and d.event:
                     log.write({"kind": "event", **d.event})
@@ -275,7 +326,8 @@ class Trainer:
                     self.save()
         finally:
             log.close()
-        self.finish(metrics_path)
+        if self.world.is_main:
+            self.finish(metrics_path)
         return EXIT_OK
 
     def rollback(self, d: Any, log: MetricsLog) -> None:
@@ -326,6 +378,14 @@ def environment() -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from training.entrypoint import record_exit
+
+    code = _main(argv)
+    record_exit(code)  # for the pod entrypoint: torchrun hides worker exit codes
+    return code
+
+
+def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m training.train",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True)

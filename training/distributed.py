@@ -1,0 +1,75 @@
+"""Multi-process training under torchrun: process group set-up and the few collective
+helpers the trainer needs. One process without torchrun is world size 1, and every
+helper is then a no-op, so the trainer has one code path.
+
+The global batch (micro_batch x accum_steps samples) and its order do not depend on the
+world size: every micro-batch of the global order is split into contiguous, equal
+slices, one per rank. Losses are token-weighted across ranks, so the gradient equals the
+single-process gradient up to floating-point summation order.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def active(self) -> bool:
+        return self.size > 1
+
+
+def init(device_type: str) -> World:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR/PORT in the environment); world size 1 without it."""
+    if "RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return World()
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
+    world = World(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+    if device_type == "cuda":
+        torch.cuda.set_device(world.local_rank)
+    return world
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def rank_slice(idx: np.ndarray, world: World) -> np.ndarray:
+    """This rank's contiguous share of a micro-batch of global sample indices."""
+    if len(idx) % world.size:
+        raise ValueError(f"micro_batch {len(idx)} is not divisible by the world size "
+                         f"{world.size}; the global batch must split evenly across ranks")
+    n = len(idx) // world.size
+    return idx[world.rank * n : (world.rank + 1) * n]
+
+
+def all_sum(value: float | int, world: World, device: torch.device) -> float:
+    if not world.active:
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return float(t.item())
+
+
+def barrier(world: World) -> None:
+    if world.active:
+        dist.barrier()
