@@ -203,3 +203,30 @@ def test_sigkill_resume_is_bitwise_exact(dataset, tmp_path):
     la = [r for r in read(tmp_path / "ref" / "metrics.jsonl") if r.get("kind") == "train"]
     lb = [r for r in read(run / "metrics.jsonl") if r.get("kind") == "train"]
     assert [r["loss"] for r in la] == [r["loss"] for r in lb]
+
+
+def test_fresh_machine_resumes_from_object_storage(dataset, tmp_path, s3_bucket, s3_client,
+                                                   moto_endpoint, monkeypatch):
+    """Checkpoints go to S3 in the background; a machine with an empty disk resumes from
+    the newest complete one there, and ends where an uninterrupted run ends."""
+    import shutil
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    remote = f"s3://{s3_bucket}/runs/r1/checkpoints"
+    # A constant schedule: the first run stops at 6 of what later becomes 12 steps, and a
+    # cosine over 6 steps would differ from the uninterrupted run's cosine over 12.
+    over = {"checkpoint": {"every": 3, "keep_last": 2, "remote": remote},
+            "schedule": {"kind": "constant"}}
+    assert train(dataset, tmp_path / "a", steps=6, **over) == 0
+    body = s3_client.get_object(Bucket=s3_bucket, Key="runs/r1/checkpoints/latest")["Body"]
+    assert body.read().decode().strip() == ckpt.step_name(6)
+
+    shutil.rmtree(tmp_path / "a")  # the machine is gone
+    assert train(dataset, tmp_path / "a", steps=12, **over) == 0
+    events = [r for r in read(tmp_path / "a" / "metrics.jsonl") if r.get("event") == "resume"]
+    assert events and events[0]["step"] == 6
+
+    assert train(dataset, tmp_path / "ref", steps=12, checkpoint={"every": 3},
+                 schedule={"kind": "constant"}) == 0
+    a, b = _params(tmp_path / "a", 12), _params(tmp_path / "ref", 12)
+    assert all(torch.equal(a[k], b[k]) for k in a)

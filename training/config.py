@@ -9,6 +9,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from infra.storage import StorageOptions
+
 
 class TrainConfigError(ValueError):
     """A training config that cannot be used; the message names every bad key."""
@@ -103,6 +105,12 @@ class CheckpointConfig(Strict):
     every: int = Field(default=100, ge=1)
     keep_last: int = Field(default=3, ge=1)
     keep_every: int | None = Field(default=None, ge=1)  # also keep every K-th step
+    # Object storage for checkpoints (s3://bucket/prefix or a directory): each local
+    # checkpoint is uploaded in the background; a fresh machine resumes from here.
+    remote: str | None = None
+    # Upload failures are reported loudly; training stops (exit 2) only after this many
+    # checkpoints in a row failed to upload.
+    remote_max_failures: int = Field(default=3, ge=1)
 
 
 class TrainConfig(Strict):
@@ -126,6 +134,7 @@ class TrainConfig(Strict):
     precision: PrecisionConfig = PrecisionConfig()
     guards: GuardConfig = GuardConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    storage: StorageOptions = StorageOptions()  # for s3:// URIs; unset = the environment
 
     def checkpoint_dir(self) -> str:
         d = self.checkpoint.dir

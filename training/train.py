@@ -33,9 +33,10 @@ from training.loss import lm_loss, shift_targets
 from training.metrics import MetricsLog, plot_loss, truncate_after
 from training.model import GPT
 from training.optim import build_optimizer
+from training.remote import RemoteCheckpointError, RemoteCheckpoints
 from training.schedule import accum_steps_at, set_lr
 
-EXIT_OK, EXIT_ERROR, EXIT_DIVERGED = 0, 1, 3
+EXIT_OK, EXIT_ERROR, EXIT_CRASHED, EXIT_DIVERGED = 0, 1, 2, 3
 
 
 @dataclass
@@ -126,6 +127,11 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_dir = Path(cfg.checkpoint_dir())
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        c = cfg.checkpoint
+        self.remote = (RemoteCheckpoints(c.remote, cfg.storage, c.keep_last, c.keep_every,
+                                         c.remote_max_failures,
+                                         log=lambda m: print(m, file=sys.stderr))
+                       if c.remote and self.world.is_main else None)
 
     # -- checkpoints --------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
@@ -145,6 +151,8 @@ class Trainer:
             c = self.cfg.checkpoint
             # Step 0 is kept: it is the rollback target of last resort.
             ckpt.retain(self.ckpt_dir, c.keep_last, c.keep_every, protect={0})
+            if self.remote is not None:  # returns at once; the upload runs in a thread
+                self.remote.submit(self.ckpt_dir, self.state.step)
         distributed.barrier(self.world)  # nobody reads a checkpoint before it exists
 
     def restore(self, step: int, modules_only: bool = False) -> dict[str, Any]:
@@ -259,7 +267,12 @@ class Trainer:
     def run(self) -> int:
         try:
             return self._run()
+        except RemoteCheckpointError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_CRASHED  # storage trouble is worth a restart; bad input is not
         finally:
+            if self.remote is not None:
+                self.remote.close()
             distributed.shutdown()
 
     def _run(self) -> int:
@@ -271,6 +284,11 @@ class Trainer:
             print(f"{marker} exists: this run diverged beyond its rollback budget "
                   f"(delete the file to train anyway):\n{marker.read_text()}", file=sys.stderr)
             return EXIT_DIVERGED
+        latest = ckpt.latest_step(self.ckpt_dir)
+        if latest is None and self.remote is not None:
+            # A fresh machine: the newest complete checkpoint in object storage.
+            latest = self.remote.restore_latest(self.ckpt_dir)
+        distributed.barrier(self.world)
         latest = ckpt.latest_step(self.ckpt_dir)
         metrics_path = self.run_dir / "metrics.jsonl"
         if latest is not None:
@@ -328,6 +346,8 @@ class Trainer:
             log.close()
         if self.world.is_main:
             self.finish(metrics_path)
+        if self.remote is not None:
+            self.remote.wait()  # the final checkpoint is in object storage before exit 0
         return EXIT_OK
 
     def rollback(self, d: Any, log: MetricsLog) -> None:
