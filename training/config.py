@@ -105,6 +105,9 @@ class CheckpointConfig(Strict):
     every: int = Field(default=100, ge=1)
     keep_last: int = Field(default=3, ge=1)
     keep_every: int | None = Field(default=None, ge=1)  # also keep every K-th step
+    # Write checkpoints in a background thread: the loop only waits for the copy of the
+    # state into staging buffers (benchmarks/checkpoint_stall.py measures both).
+    async_save: bool = True
     # Object storage for checkpoints (s3://bucket/prefix or a directory): each local
     # checkpoint is uploaded in the background; a fresh machine resumes from here.
     remote: str | None = None

@@ -128,6 +128,7 @@ class Trainer:
         self.ckpt_dir = Path(cfg.checkpoint_dir())
         self.run_dir.mkdir(parents=True, exist_ok=True)
         c = cfg.checkpoint
+        self.saver = ckpt.AsyncSaver()
         self.remote = (RemoteCheckpoints(c.remote, cfg.storage, c.keep_last, c.keep_every,
                                          c.remote_max_failures,
                                          log=lambda m: print(m, file=sys.stderr))
@@ -147,12 +148,26 @@ class Trainer:
 
     def save(self) -> None:
         if self.world.is_main:  # DDP: every rank holds the same state
-            ckpt.save(self.ckpt_dir, self.state.step, self.snapshot())
-            c = self.cfg.checkpoint
-            # Step 0 is kept: it is the rollback target of last resort.
-            ckpt.retain(self.ckpt_dir, c.keep_last, c.keep_every, protect={0})
-            if self.remote is not None:  # returns at once; the upload runs in a thread
-                self.remote.submit(self.ckpt_dir, self.state.step)
+            step = self.state.step
+            if self.cfg.checkpoint.async_save:
+                self.saver.save(self.ckpt_dir, step, self.snapshot(),
+                                after=lambda: self._after_save(step))
+            else:
+                ckpt.save(self.ckpt_dir, step, self.snapshot())
+                self._after_save(step)
+        distributed.barrier(self.world)
+
+    def _after_save(self, step: int) -> None:
+        c = self.cfg.checkpoint
+        # Step 0 is kept: it is the rollback target of last resort.
+        ckpt.retain(self.ckpt_dir, c.keep_last, c.keep_every, protect={0})
+        if self.remote is not None:  # returns at once; the upload runs in its own thread
+            self.remote.submit(self.ckpt_dir, step)
+
+    def settle(self) -> None:
+        """Wait for the checkpoint being written (before anything reads checkpoints)."""
+        if self.world.is_main:
+            self.saver.wait()
         distributed.barrier(self.world)  # nobody reads a checkpoint before it exists
 
     def restore(self, step: int, modules_only: bool = False) -> dict[str, Any]:
@@ -271,6 +286,8 @@ class Trainer:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_CRASHED  # storage trouble is worth a restart; bad input is not
         finally:
+            with contextlib.suppress(Exception):  # never leave a save half-way on exit
+                self.saver.wait()
             if self.remote is not None:
                 self.remote.close()
             distributed.shutdown()
@@ -344,6 +361,7 @@ class Trainer:
                     self.save()
         finally:
             log.close()
+        self.settle()  # the last checkpoint is on disk before final.json points at it
         if self.world.is_main:
             self.finish(metrics_path)
         if self.remote is not None:
@@ -354,6 +372,7 @@ class Trainer:
         """Back to the newest checkpoint before the trouble began; the data window in
         between is skipped (the sampler position is kept), and the LR optionally scaled."""
         s = self.state
+        self.settle()
         start = int((d.event or {}).get("start_step", s.step))
         candidates = [c for c in ckpt.steps(self.ckpt_dir) if c <= start]
         target = max(candidates) if candidates else 0
