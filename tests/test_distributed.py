@@ -75,3 +75,48 @@ def test_entrypoint_passes_worker_exit_codes_through(dataset, tmp_path):  # noqa
     assert r.returncode == 3, r.stderr[-2000:]
     assert (tmp_path / "div" / "DIVERGED").is_file()  # the restart did not train on
     assert "diverged beyond its rollback budget" in r.stderr
+
+
+@pytest.mark.slow
+def test_ddp_killed_twice_resumes_exactly(dataset, tmp_path):  # noqa: F811
+    import os
+    import random
+    import signal
+    import time
+
+    import torch
+
+    from training import checkpoint as ckpt
+
+    def config(run: Path) -> Path:
+        p = tmp_path / f"{run.name}.yaml"
+        p.write_text(yaml.safe_dump(cfg(dataset, run, steps=40, micro_batch=4, eval_every=20,
+                                        checkpoint={"every": 5, "keep_last": 2})))
+        return p
+
+    ref, run = tmp_path / "ref", tmp_path / "killed"
+    assert torchrun(2, config(ref)).returncode == 0
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "training.train", "--config", str(config(run))]
+    rng = random.Random(3)
+    kills = 0
+    for _ in range(2):
+        proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        start = ckpt.latest_step(run / "checkpoints") or 0
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if (ckpt.latest_step(run / "checkpoints") or 0) > start:
+                break
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.3))
+        if proc.poll() is None:  # the whole group: torchrun and both workers
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            kills += 1
+    assert kills >= 1
+    assert subprocess.run(cmd, cwd=ROOT, timeout=600, capture_output=True).returncode == 0
+    a = ckpt.load(ref / "checkpoints", 40)["model"]
+    b = ckpt.load(run / "checkpoints", 40)["model"]
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
