@@ -18,7 +18,8 @@ from tasks.config import PrepConfig
 from tasks.pack_stage import packed_key, row_schema
 from tasks.stage import output_store
 from tasks.tokenize_stage import TOKENIZER_KEY, run_tokenizer
-from training.manifest import FORMAT, MANIFEST, arrow_stats, sha256_file
+from training.files import sha256_file
+from training.manifest import FORMAT, MANIFEST, arrow_stats
 
 DATASET_DIR = "dataset"
 

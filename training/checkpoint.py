@@ -9,7 +9,6 @@ and the config it was made with.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -19,6 +18,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from training.files import fsync_dir, sha256_file
 
 LATEST = "latest"
 STATE = "state.pt"
@@ -58,22 +59,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save(root: str | Path, step: int, state: dict[str, Any]) -> Path:
     """Write checkpoint `step` and point `latest` at it. A crash at any point leaves
     either the previous `latest` or the new one, never a partial checkpoint."""
@@ -86,13 +71,13 @@ def save(root: str | Path, step: int, state: dict[str, Any]) -> Path:
     torch.save(state, tmp / STATE)
     with open(tmp / STATE, "rb") as f:
         os.fsync(f.fileno())
-    meta = {"step": step, "files": {STATE: {"sha256": _sha256(tmp / STATE),
+    meta = {"step": step, "files": {STATE: {"sha256": sha256_file(tmp / STATE),
                                            "bytes": (tmp / STATE).stat().st_size}}}
     (tmp / META).write_text(json.dumps(meta, indent=2))
     if final.exists():  # a checkpoint of the same step from before a crash: replace it
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     write_latest(root, step)
     return final
 
@@ -101,7 +86,7 @@ def write_latest(root: Path, step: int) -> None:
     tmp = root / f".{LATEST}.tmp-{os.getpid()}"
     tmp.write_text(step_name(step) + "\n")
     os.replace(tmp, root / LATEST)
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
 def latest_step(root: str | Path) -> int | None:
@@ -135,7 +120,7 @@ def load(root: str | Path, step: int, map_location: str | torch.device = "cpu") 
         raise CheckpointError(f"checkpoint {d} is incomplete (no {META})")
     meta = json.loads(meta_path.read_text())
     for name, want in meta["files"].items():
-        got = _sha256(d / name) if (d / name).is_file() else None
+        got = sha256_file(d / name) if (d / name).is_file() else None
         if got != want["sha256"]:
             raise CheckpointError(f"checkpoint {d}: {name} sha256 does not match {META} "
                                   f"({'missing' if got is None else got[:12]})")

@@ -4,7 +4,6 @@ refuses a dataset that does not verify."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import tempfile
 from pathlib import Path
@@ -14,17 +13,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from infra.storage import StorageError, StorageOptions, open_store
+from training.files import sha256_file
 
 MANIFEST = "manifest.json"
 FORMAT = "ballast-dataset/1"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def arrow_stats(path: Path) -> tuple[int, int]:

@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 
 from infra.storage import StorageError, StorageOptions, Store, join, open_store
 from training.checkpoint import LATEST, META, CheckpointError, step_name, write_latest
+from training.files import fsync_dir, sha256_file
 
 __all__ = ["STAGING", "RemoteCheckpointError", "RemoteCheckpoints"]
 
@@ -87,19 +88,6 @@ def _is_integrity(exc: BaseException) -> bool:
     if isinstance(exc, _IntegrityError):
         return True
     return isinstance(exc, StorageError) and any(p in str(exc) for p in _INTEGRITY_PHRASES)
-
-
-def _sha256_file(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _parse_meta(data: bytes, where: str) -> dict[str, dict[str, Any]]:
@@ -496,7 +484,7 @@ class RemoteCheckpoints:
             path = job.staged / name
             if not path.is_file():
                 raise CheckpointError(f"{where}: {name} listed in {META} is missing")
-            digest = _sha256_file(path)
+            digest = sha256_file(path)
             size = path.stat().st_size
             if digest != want["sha256"] or size != want["bytes"]:
                 raise CheckpointError(f"{where}: {name} does not match its {META} entry")
@@ -667,7 +655,7 @@ class RemoteCheckpoints:
                     lambda fname=fname, dest=dest: self._store.get_file(f"{name}/{fname}", dest),
                     fatal=_is_integrity,
                 )
-                if _sha256_file(dest) != want["sha256"]:
+                if sha256_file(dest) != want["sha256"]:
                     raise _IntegrityError(f"{fname} downloaded with a sha256 not matching {META}")
             (tmp / META).write_bytes(meta_bytes)
             for p in tmp.iterdir():
@@ -677,7 +665,7 @@ class RemoteCheckpoints:
             if final.exists():  # a stale local copy of the same step: the remote one wins
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            _fsync_dir(local_root)
+            fsync_dir(local_root)
         except StorageError as exc:
             if _is_integrity(exc) and not isinstance(exc, _IntegrityError):
                 raise _IntegrityError(str(exc)) from None
@@ -768,7 +756,7 @@ class RemoteCheckpoints:
         if local is not None:
             if not local.is_file():
                 return None
-            return local.stat().st_size, _sha256_file(local)
+            return local.stat().st_size, sha256_file(local)
         data = self._get_or_none(key)
         return None if data is None else (len(data), hashlib.sha256(data).hexdigest())
 
