@@ -120,3 +120,35 @@ def test_ddp_killed_twice_resumes_exactly(dataset, tmp_path):  # noqa: F811
     b = ckpt.load(run / "checkpoints", 40)["model"]
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.slow
+def test_fsdp2_matches_one_process_and_resumes_at_another_world_size(
+        dataset, tmp_path):  # noqa: F811
+    from training import checkpoint as ckpt
+
+    runs = {}
+    for n, parallel in ((1, "ddp"), (2, "fsdp2")):
+        run_dir = tmp_path / f"{parallel}{n}"
+        c = cfg(dataset, run_dir, steps=12, micro_batch=4, accum_steps=2, eval_every=6,
+                checkpoint={"every": 6}, parallel=parallel)
+        p = tmp_path / f"{parallel}{n}.yaml"
+        p.write_text(yaml.safe_dump(c))
+        r = torchrun(n, p)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs[n] = (run_dir, p)
+    a, b = losses(runs[1][0]), losses(runs[2][0])
+    # Same tolerance as DDP: only the summation order of the gradient reduction differs.
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-3, (a, b)
+    assert ckpt.is_sharded(runs[2][0] / "checkpoints", 12)
+
+    # The 2-process sharded checkpoint, resumed by ONE process (DCP reshards on load).
+    p = runs[2][1]
+    c = yaml.safe_load(p.read_text())
+    c["steps"] = 16
+    p.write_text(yaml.safe_dump(c))
+    r = torchrun(1, p)
+    assert r.returncode == 0, r.stderr[-3000:]
+    recs = read(runs[2][0] / "metrics.jsonl")
+    assert any(x.get("event") == "resume" and x["step"] == 12 for x in recs)
+    assert [x["step"] for x in recs if x.get("kind") == "train"][-1] == 16

@@ -205,3 +205,78 @@ class AsyncSaver:
 
         self._thread = threading.Thread(target=work, name=f"checkpoint-{step}", daemon=True)
         self._thread.start()
+
+
+def save_sharded(root: str | Path, step: int, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, extra: dict[str, Any], is_main: bool,
+                 barrier: Any) -> None:
+    """An FSDP2 checkpoint with torch.distributed.checkpoint: every rank writes its shards
+    into one temporary directory; rank 0 adds the trainer state (`state.pt`), checksums
+    every file into meta.json, renames the directory into place and moves `latest`.
+    DCP reshards on load, so a run can resume at another world size."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    root = Path(root)
+    final, tmp = root / step_name(step), root / f".{step_name(step)}.tmp-dcp"
+    if is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    barrier()
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    # Before the first step the optimizer has no state, and asking DCP for it would
+    # initialise it with a zero-gradient step, advancing Adam's step count: a run that
+    # saved at step 0 would then train differently from one that did not.
+    if optimizer.state:
+        state["optim"] = get_optimizer_state_dict(model, optimizer)
+    dcp.save(state, checkpoint_id=str(tmp))
+    barrier()
+    if is_main:
+        torch.save(extra, tmp / STATE)
+        files = {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+                 for p in sorted(tmp.iterdir()) if p.is_file()}
+        (tmp / META).write_text(json.dumps({"step": step, "format": "dcp",
+                                            "optimizer": "optim" in state, "files": files},
+                                           indent=2))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        fsync_dir(root)
+        write_latest(root, step)
+    barrier()
+
+
+def is_sharded(root: str | Path, step: int) -> bool:
+    return (Path(root) / step_name(step) / ".metadata").is_file()
+
+
+def load_sharded(root: str | Path, step: int, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer,
+                 map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a DCP checkpoint into `model` (and `optimizer`, if it was saved with state),
+    sharded or not, at any world size, after checking every file's sha256; returns the
+    trainer state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    extra = load(root, step, map_location)  # verifies every file listed in meta.json
+    d = Path(root) / step_name(step)
+    with_optim = json.loads((d / META).read_text()).get("optimizer", True)
+    state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    if with_optim:
+        state["optim"] = get_optimizer_state_dict(model, optimizer)
+    dcp.load(state, checkpoint_id=str(d))
+    set_model_state_dict(model, state["model"])
+    if with_optim:
+        set_optimizer_state_dict(model, optimizer, state["optim"])
+    else:  # a step-0 checkpoint: the optimizer starts fresh, as it did then
+        optimizer.state.clear()
+    return extra

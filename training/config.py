@@ -131,6 +131,8 @@ class TrainConfig(Strict):
     # Deterministic algorithms (exact resume is tested on CPU with this on).
     deterministic: bool = True
     shuffle: bool = True  # False keeps the dataset's order (curriculum runs)
+    # Under torchrun: ddp (replicated) or fsdp2 (fully_shard; checkpoints with DCP).
+    parallel: Literal["ddp", "fsdp2"] = "ddp"
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
     schedule: ScheduleConfig = ScheduleConfig()

@@ -110,8 +110,17 @@ class Trainer:
         self.data: TrainData = load_data(cfg.dataset)
         self.model = GPT(cfg.model, self.data.vocab_size, self.data.seq_len).to(self.device)
         self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
+        self.fsdp = self.world.active and cfg.parallel == "fsdp2"
         wrapped: torch.nn.Module = self.model
-        if self.world.active:
+        if self.fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            # Each block is a unit (its parameters are gathered just before it runs),
+            # then the root (embeddings, final norm, head). Before the optimizer exists.
+            for block in self.model.blocks:
+                fully_shard(block)
+            fully_shard(self.model)
+        elif self.world.active:
             # Same seed on every rank gives the same init; DDP also broadcasts rank 0's.
             self.ddp = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda"
@@ -135,10 +144,11 @@ class Trainer:
                        if c.remote and self.world.is_main else None)
 
     # -- checkpoints --------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, modules: bool = True) -> dict[str, Any]:
         s = self.state
         return {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            **({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+               if modules else {}),
             "scaler": self.scaler.state_dict(), "rng": ckpt.rng_state(),
             "guard": self.guard.state_dict(), "config": self.cfg.model_dump(mode="json"),
             "trainer": {"step": s.step, "samples_seen": s.samples_seen,
@@ -147,6 +157,13 @@ class Trainer:
         }
 
     def save(self) -> None:
+        if self.fsdp:  # every rank holds a shard: all of them write (DCP)
+            snap = self.snapshot(modules=False)
+            ckpt.save_sharded(self.ckpt_dir, self.state.step, self.model, self.optimizer, snap,
+                              self.world.is_main, lambda: distributed.barrier(self.world))
+            if self.world.is_main:
+                self._after_save(self.state.step)
+            return
         if self.world.is_main:  # DDP: every rank holds the same state
             step = self.state.step
             if self.cfg.checkpoint.async_save:
@@ -171,9 +188,12 @@ class Trainer:
         distributed.barrier(self.world)  # nobody reads a checkpoint before it exists
 
     def restore(self, step: int, modules_only: bool = False) -> dict[str, Any]:
-        st = ckpt.load(self.ckpt_dir, step, map_location=self.device)
-        self.model.load_state_dict(st["model"])
-        self.optimizer.load_state_dict(st["optimizer"])
+        if ckpt.is_sharded(self.ckpt_dir, step):  # DCP: any world size, resharded on load
+            st = ckpt.load_sharded(self.ckpt_dir, step, self.model, self.optimizer, self.device)
+        else:
+            st = ckpt.load(self.ckpt_dir, step, map_location=self.device)
+            self.model.load_state_dict(st["model"])
+            self.optimizer.load_state_dict(st["optimizer"])
         self.scaler.load_state_dict(st["scaler"])
         ckpt.set_rng_state(st["rng"])
         if not modules_only:
@@ -211,6 +231,8 @@ class Trainer:
             targets, valid = shift_targets(b["input_ids"], b["segment_ids"], b["loss_mask"])
             sync = (self.ddp.no_sync() if self.ddp is not None and k < accum - 1
                     else contextlib.nullcontext())
+            if self.fsdp:  # reduce-scatter gradients only after the last micro-batch
+                self.model.set_requires_gradient_sync(k == accum - 1)
             with sync:
                 with autocast(cfg, self.device):
                     logits = self.forward(b["input_ids"], b["position_ids"], b["segment_ids"])
@@ -239,7 +261,9 @@ class Trainer:
             real_tokens = int(distributed.all_sum(real_tokens, world, self.device))
         self.scaler.unscale_(self.optimizer)
         clip = cfg.optim.grad_clip or float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        full = getattr(norm, "full_tensor", None)  # FSDP2: a DTensor over the shards
+        grad_norm = float(full() if full is not None else norm)
         fp16_overflow = self.scaler.is_enabled() and not math.isfinite(grad_norm)
         decision = None
         if fp16_overflow:
