@@ -77,8 +77,28 @@ def test_entrypoint_passes_worker_exit_codes_through(dataset, tmp_path):  # noqa
     assert "diverged beyond its rollback budget" in r.stderr
 
 
+def final_params(run: Path, step: int, config: dict) -> dict:
+    """Model parameters of a checkpoint, plain (torch.save) or sharded (DCP)."""
+    import torch.distributed.checkpoint as dcp
+
+    from training import checkpoint as ckpt
+    from training.config import parse_train_config
+    from training.data import load_data
+    from training.model import GPT
+
+    if not ckpt.is_sharded(run / "checkpoints", step):
+        return ckpt.load(run / "checkpoints", step)["model"]
+    c = parse_train_config(config)
+    data = load_data(c.dataset, check=False)
+    model = GPT(c.model, data.vocab_size, data.seq_len)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(run / "checkpoints" / ckpt.step_name(step)))
+    return state["model"]
+
+
 @pytest.mark.slow
-def test_ddp_killed_twice_resumes_exactly(dataset, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
+def test_killed_twice_resumes_exactly(dataset, tmp_path, parallel):  # noqa: F811
     import os
     import random
     import signal
@@ -91,7 +111,8 @@ def test_ddp_killed_twice_resumes_exactly(dataset, tmp_path):  # noqa: F811
     def config(run: Path) -> Path:
         p = tmp_path / f"{run.name}.yaml"
         p.write_text(yaml.safe_dump(cfg(dataset, run, steps=40, micro_batch=4, eval_every=20,
-                                        checkpoint={"every": 5, "keep_last": 2})))
+                                        checkpoint={"every": 5, "keep_last": 2},
+                                        parallel=parallel)))
         return p
 
     ref, run = tmp_path / "ref", tmp_path / "killed"
@@ -116,8 +137,8 @@ def test_ddp_killed_twice_resumes_exactly(dataset, tmp_path):  # noqa: F811
             kills += 1
     assert kills >= 1
     assert subprocess.run(cmd, cwd=ROOT, timeout=600, capture_output=True).returncode == 0
-    a = ckpt.load(ref / "checkpoints", 40)["model"]
-    b = ckpt.load(run / "checkpoints", 40)["model"]
+    a = final_params(ref, 40, yaml.safe_load(config(ref).read_text()))
+    b = final_params(run, 40, yaml.safe_load(config(run).read_text()))
     for k in a:
         assert torch.equal(a[k], b[k]), k
 
