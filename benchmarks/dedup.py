@@ -206,34 +206,38 @@ def signature_rates(docs: list[str], n: int = 5) -> dict[str, float]:
     return {k: round(v) for k, v in rates.items()}
 
 
-def run_ballast(corpus: Path, workdir: Path, workers: int, threshold: float) -> dict:
-    """`ballast prep --until near` in its own process, so the peak RSS measured is the
-    pipeline's process tree alone."""
+def run_prep_process(cfg: dict, workdir: Path, until: str | None = None) -> dict:
+    """`ballast prep` in its own process, so the peak RSS measured is the pipeline's
+    process tree alone (not the benchmark's copy of the corpus)."""
     import shutil
     import subprocess
 
     import yaml
 
-    out = workdir / "out"
-    cfg = {
-        "output": str(out), "workers": workers,
-        "sources": [{"name": "bench", "paths": [str(corpus)], "id_field": "id"}],
-        "ingest": {"shard_docs": 10_000},
-        "dedup": {"exact": True, "near": {"threshold": threshold}},
-        "quality": [],
-    }
+    out = Path(cfg["output"])
+    workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
     shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "infra.cli", "prep", str(workdir / "config.yaml"),
+           "--no-progress", *(["--until", until] if until else [])]
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "infra.cli", "prep",
-                             str(workdir / "config.yaml"), "--until", "near", "--no-progress"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
     with TreeRSS(proc.pid) as rss:
         if proc.wait() != 0:
             raise SystemExit(f"ballast prep failed with exit code {proc.returncode}")
     wall = time.perf_counter() - t0
     report = json.loads((out / "report.json").read_text())
     return {"report": report, "wall": wall, "peak_rss": rss.peak, "out": out}
+
+
+def run_ballast(corpus: Path, workdir: Path, workers: int, threshold: float) -> dict:
+    return run_prep_process({
+        "output": str(workdir / "out"), "workers": workers,
+        "sources": [{"name": "bench", "paths": [str(corpus)], "id_field": "id"}],
+        "ingest": {"shard_docs": 10_000},
+        "dedup": {"exact": True, "near": {"threshold": threshold}},
+        "quality": [],
+    }, workdir, until="near")
 
 
 def removed_map(out: Path) -> dict[int, int]:

@@ -14,10 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
@@ -26,30 +23,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from dedup import CORPORA, SHARED, TreeRSS, build_corpus, write_corpus  # noqa: E402
+from dedup import CORPORA, SHARED, build_corpus, run_prep_process, write_corpus  # noqa: E402
 
 
 def run(config: dict, workdir: Path) -> dict:
-    out = Path(config["output"])
-    shutil.rmtree(out, ignore_errors=True)
-    workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.yaml").write_text(yaml.safe_dump(config))
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "infra.cli", "prep",
-                             str(workdir / "config.yaml"), "--no-progress"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL)
-    with TreeRSS(proc.pid) as rss:
-        if proc.wait() != 0:
-            raise SystemExit(f"ballast prep failed ({proc.returncode})")
-    wall = time.perf_counter() - t0
-    report = json.loads((out / "report.json").read_text())
+    r = run_prep_process(config, workdir)
+    report, wall = r["report"], r["wall"]
     mb = report["stages"]["ingest"]["total"]["bytes_in"] / 1e6
     pk = report["packing"]["train"]
     return {
         "docs_in": report["stages"]["ingest"]["total"]["docs_in"], "mb_in": round(mb, 2),
         "wall_seconds": round(wall, 2), "mb_per_s": round(mb / wall, 2),
         "docs_per_s": round(report["stages"]["ingest"]["total"]["docs_in"] / wall),
-        "peak_rss_mb": round(rss.peak / 2**20),
+        "peak_rss_mb": round(r["peak_rss"] / 2**20),
         "stage_seconds": report["stage_seconds"], "step_seconds": report["step_seconds"],
         "train_tokens": pk["real_tokens"], "packing_efficiency": round(pk["efficiency"], 5),
         "tokens_per_s": round(pk["real_tokens"] / wall),

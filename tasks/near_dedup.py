@@ -1,7 +1,8 @@
 """Near deduplication with MinHash LSH, in steps that each run shard by shard or band by
 band, exchanging files:
 
-    signatures (per shard)  shingle sets + LSH band keys -> near/sig/<shard>.npz
+    signatures (per shard)  LSH band keys -> near/sig/<shard>.npz, shingle sets ->
+               near/shingles/<shard>.npz
     buckets    (per band group)  documents sharing a band key -> near/buckets/band-XXX.npz
     cluster    (once)  union-find over bucket members, each link confirmed by the exact
                Jaccard of the two shingle sets -> near/dups.parquet
@@ -34,7 +35,15 @@ MAX_CHARS = 1_000_000
 
 
 def sig_key(shard: str) -> str:
+    """Band keys of a shard (small; what bucketing reads). Written last: its presence
+    means the shard's signatures are done."""
     return f"near/sig/{shard}.npz"
+
+
+def shingles_key(shard: str) -> str:
+    """Shingle sets of a shard (about the size of its text; only clustering reads them,
+    and only for candidate documents)."""
+    return f"near/shingles/{shard}.npz"
 
 
 def bucket_key(band: int) -> str:
@@ -79,8 +88,8 @@ def signature_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
     shingles = np.concatenate(sh_parts) if sh_parts else np.zeros(0, np.uint32)
     # A document with no words gets no band keys: an empty set is nobody's near-duplicate.
     empty = np.diff(np.concatenate(off_parts)) == 0
-    store.put(sig_key(shard), _npz(keys=keys, empty=empty, shingles=shingles,
-                                   offsets=np.concatenate(off_parts)))
+    store.put(shingles_key(shard), _npz(shingles=shingles, offsets=np.concatenate(off_parts)))
+    store.put(sig_key(shard), _npz(keys=keys, empty=empty))
     return len(texts)
 
 
@@ -138,7 +147,7 @@ class _Shingles:
         si = int(np.searchsorted(self.offsets, doc, side="right") - 1)
         entry = self.cache.get(si)
         if entry is None:
-            z = _load_npz(self.store.get(sig_key(self.shards[si])))
+            z = _load_npz(self.store.get(shingles_key(self.shards[si])))
             entry = (z["shingles"], z["offsets"])
             self.cache[si] = entry
             if len(self.cache) > self.capacity:

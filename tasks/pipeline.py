@@ -31,6 +31,7 @@ from tasks import (
 from tasks.config import STAGES, PrepConfig
 from tasks.ingest import ingest_unit, plan_units
 from tasks.report import build as build_report
+from tasks.report import write as write_report
 from tasks.stage import is_done, output_store, read_done
 
 T = TypeVar("T")
@@ -193,19 +194,22 @@ def run_prep(cfg: PrepConfig, until: str | None = None, runner: LocalRunner | No
                 prev = stage
         extra["final_stage"] = prev
         extra["shards"] = shards
+        # Built (and checked) before the dataset is written: a run whose documents do not
+        # add up raises here and never produces a dataset.
+        report = build_report(store, accounted, extra)
         if "pack" in stages:
             t0 = time.perf_counter()
-            report = build_report(store, accounted, extra)  # raises if documents went missing
             manifest = dataset.write_dataset(cfg, mixture_stage.train_partitions(cfg), {
                 "mixture": extra["mixture"], "packing": extra["packing"],
                 "accounting": report["stages"]})
             timings["dataset"] = time.perf_counter() - t0
-            extra["dataset"] = {"uri": dataset.dataset_uri(cfg),
-                                "splits": {k: {"rows": v["rows"], "real_tokens": v["real_tokens"]}
-                                           for k, v in manifest["splits"].items()}}
-        extra["stage_seconds"] = {k: round(v, 3) for k, v in timings.items()}
-        extra["step_seconds"] = dict(runner.seconds)
-        return build_report(store, accounted, extra)
+            report["dataset"] = {"uri": dataset.dataset_uri(cfg),
+                                 "splits": {k: {"rows": v["rows"], "real_tokens": v["real_tokens"]}
+                                            for k, v in manifest["splits"].items()}}
+        report["stage_seconds"] = {k: round(v, 3) for k, v in timings.items()}
+        report["step_seconds"] = dict(runner.seconds)
+        write_report(store, report)
+        return report
     finally:
         if own:
             runner.__exit__(None, None, None)

@@ -61,7 +61,11 @@ def build(store: Store, stages: list[tuple[str, list[str]]], extra: dict[str, An
             "total": total.to_json(),
             "sources": {src: s.to_json() for src, s in sorted(totals.items())},
         }
-    store.put(REPORT_KEY, json.dumps(report, indent=2, sort_keys=True).encode())
+    write(store, report)
     if problems:
         raise AccountingError("document accounting does not add up:\n  " + "\n  ".join(problems))
     return report
+
+
+def write(store: Store, report: dict[str, Any]) -> None:
+    store.put(REPORT_KEY, json.dumps(report, indent=2, sort_keys=True).encode())
