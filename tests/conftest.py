@@ -137,3 +137,24 @@ def s3_bucket(s3_client: Any, aws_env: None) -> str:
     name = f"test-{uuid.uuid4().hex[:20]}"
     s3_client.create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def train_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Byte-level tinyshakespeare excerpt, paragraphs as documents, packed to 64."""
+    from tasks.config import parse_config
+    from tasks.pipeline import run_prep
+    from tests.helpers import shared_file
+
+    root = tmp_path_factory.mktemp("train-data")
+    text = shared_file("tinyshakespeare.txt").read_text(encoding="utf-8")[:120_000]
+    (root / "shakespeare.txt").write_text(text, encoding="utf-8")
+    out = root / "prep"
+    run_prep(parse_config({
+        "output": str(out), "workers": 1,
+        "sources": [{"name": "tiny", "paths": [str(root / "shakespeare.txt")],
+                     "txt_unit": "paragraph"}],
+        "dedup": {"exact": False, "near": False}, "quality": [],
+        "pack": {"seq_len": 64}, "dataset": {"validation_fraction": 0.1, "pack_partitions": 2},
+    }), progress=False)
+    return str(out / "dataset")

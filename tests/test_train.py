@@ -16,9 +16,6 @@ import pytest
 import torch
 import yaml
 
-from tasks.config import parse_config
-from tasks.pipeline import run_prep
-from tests.helpers import shared_file
 from training import checkpoint as ckpt
 from training.config import parse_train_config
 from training.metrics import read
@@ -29,20 +26,8 @@ TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Byte-level tinyshakespeare excerpt, paragraphs as documents, packed to 64."""
-    root = tmp_path_factory.mktemp("train-data")
-    text = shared_file("tinyshakespeare.txt").read_text(encoding="utf-8")[:120_000]
-    (root / "shakespeare.txt").write_text(text, encoding="utf-8")
-    out = root / "prep"
-    run_prep(parse_config({
-        "output": str(out), "workers": 1,
-        "sources": [{"name": "tiny", "paths": [str(root / "shakespeare.txt")],
-                     "txt_unit": "paragraph"}],
-        "dedup": {"exact": False, "near": False}, "quality": [],
-        "pack": {"seq_len": 64}, "dataset": {"validation_fraction": 0.1, "pack_partitions": 2},
-    }), progress=False)
-    return str(out / "dataset")
+def dataset(train_dataset: str) -> str:
+    return train_dataset
 
 
 def cfg(dataset: str, run_dir: Path, **over) -> dict:

@@ -296,6 +296,15 @@ class StabilityGuard:
             self.loss_stats.load_state_dict(stats_from["loss_stats"])
             self.grad_stats.load_state_dict(stats_from["grad_stats"])
 
+    def reset_budget(self) -> None:
+        """A fresh rollback budget (the supervisor's recovery); the history stays."""
+        self.rollbacks = 0
+        self._pending = None
+        self._spike_steps.clear()
+        self._high_streak = 0
+        self._high_start = None
+        self._recent.clear()
+
     @property
     def rollback_history(self) -> list[dict[str, Any]]:
         """One dict per rollback done: to_step, from_step, start_step, end_step, trigger,

@@ -158,6 +158,7 @@ class _File:
 class _Job:
     step: int
     staged: Path
+    rewind: bool = False  # after a rollback: `latest` moves back, newer remote steps go
 
 
 class RemoteCheckpoints:
@@ -229,10 +230,15 @@ class RemoteCheckpoints:
 
     # -- public API ----------------------------------------------------------------------
 
-    def submit(self, local_root: Path, step: int) -> None:
+    def submit(self, local_root: Path, step: int, rewind: bool = False) -> None:
         """Queue the upload of local checkpoint `step` and return at once. Raises
         RemoteCheckpointError if the last `max_consecutive_failures` checkpoints all failed
-        (this one is still queued)."""
+        (this one is still queued).
+
+        `rewind`: the first checkpoint after a rollback. `latest` normally never moves back
+        (an old upload finishing late must not hide a newer one); after a rollback it must,
+        or a fresh machine would resume on the abandoned trajectory. Remote steps newer than
+        `step` are deleted once `latest` names it."""
         local_root = Path(local_root)
         with self._cond:
             if self._closed:
@@ -249,7 +255,7 @@ class RemoteCheckpoints:
             self._record_failure(step, exc)
         else:
             with self._cond:
-                self._queue.append(_Job(step, staged))
+                self._queue.append(_Job(step, staged, rewind))
                 self._pending += 1
                 self._cond.notify_all()
         if too_many:
@@ -370,6 +376,23 @@ class RemoteCheckpoints:
             self._log(f"remote checkpoint: WARNING no complete checkpoint under {self.uri}")
         return None
 
+    def restore_at_most(self, local_root: Path, max_step: int) -> int | None:
+        """Download the newest complete remote checkpoint at or before `max_step` (a
+        rollback target that is no longer on local disk); None when there is none."""
+        local_root = Path(local_root)
+        local_root.mkdir(parents=True, exist_ok=True)
+        keys = self._retry(f"list {self.uri}", lambda: self._store.list(""))
+        by_step = _group_steps(keys)
+        for step in sorted((s for s in by_step if s <= max_step), reverse=True):
+            try:
+                self._restore_one(step, by_step[step], local_root)
+            except (_IntegrityError, CheckpointError) as exc:
+                self._log(f"remote checkpoint: WARNING skipping {self.uri}/{step_name(step)}, "
+                          f"it is partial or corrupt: {self._scrub(str(exc))}")
+                continue
+            return step
+        return None
+
     # -- submit side ---------------------------------------------------------------------
 
     def _stage(self, local_root: Path, step: int, seq: int) -> Path:
@@ -421,7 +444,8 @@ class RemoteCheckpoints:
                 self._in_flight = job.step
                 newer = [j.step for j in self._queue if j is not None and j.step > job.step]
             try:
-                if newer and self.skip_superseded and not self._milestone(job.step):
+                if (newer and self.skip_superseded and not self._milestone(job.step)
+                        and not job.rewind):
                     with self._cond:
                         self._skipped.append(job.step)
                     self._log(
@@ -443,8 +467,11 @@ class RemoteCheckpoints:
     def _process(self, job: _Job) -> None:
         t0 = time.monotonic()
         try:
+            if job.rewind:
+                self._step_latest_back(job.step)
             total = self._upload(job)
-            published = self._publish_latest(job.step)
+            published = (self._rewind_latest(job.step) if job.rewind
+                         else self._publish_latest(job.step))
         except _Aborted:
             self._log(f"remote checkpoint: upload of {step_name(job.step)} abandoned (closing)")
             return
@@ -573,6 +600,40 @@ class RemoteCheckpoints:
         self._retry(f"write {self.uri}/{LATEST}", lambda: self._store.put(LATEST, data))
         with self._cond:
             self._published = step
+        return True
+
+    def _step_latest_back(self, step: int) -> None:
+        """Before a rewind upload replaces remote `step`: if `latest` names `step` or a newer
+        one, point it at the newest complete step before `step`, so that `latest` never names
+        a step being replaced or abandoned."""
+        current = self._read_latest(warn=False)
+        if current is None or current < step:
+            return
+        keys = self._retry(f"list {self.uri}", lambda: self._store.list(""))
+        older = [s for s, names in _group_steps(keys).items() if s < step and META in names]
+        if older:
+            data = (step_name(max(older)) + "\n").encode()
+            self._retry(f"write {self.uri}/{LATEST}", lambda: self._store.put(LATEST, data))
+        else:
+            self._retry(f"delete {self.uri}/{LATEST}", lambda: self._store.delete(LATEST))
+
+    def _rewind_latest(self, step: int) -> bool:
+        """Point remote `latest` at `step` even if it names a newer step, then delete the
+        newer steps (the abandoned trajectory): `latest` first, so no reader ever follows it
+        to a step being deleted."""
+        data = (step_name(step) + "\n").encode()
+        self._retry(f"write {self.uri}/{LATEST}", lambda: self._store.put(LATEST, data))
+        with self._cond:
+            self._published = step
+        keys = self._retry(f"list {self.uri}", lambda: self._store.list(""))
+        newer = sorted(s for s in _group_steps(keys) if s > step)
+        for s in newer:
+            for n in sorted(_group_steps(keys)[s], key=lambda n: n != META):  # meta.json first
+                key = f"{step_name(s)}/{n}"
+                self._retry(f"delete {self.uri}/{key}", lambda key=key: self._store.delete(key))
+        self._log(f"remote checkpoint: rewound {LATEST} to {step_name(step)}"
+                  + (f"; deleted abandoned {', '.join(step_name(s) for s in newer)}"
+                     if newer else ""))
         return True
 
     def _retain(self, just_uploaded: int) -> None:

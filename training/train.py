@@ -14,6 +14,8 @@ import json
 import math
 import os
 import platform
+import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -50,6 +52,7 @@ class Faults:
     lr_blowup: tuple[int, int] | None = None
     lr_blowup_factor: float = 1000.0
     persist: bool = False
+    kill_at: set[int] = field(default_factory=set)  # SIGKILL itself (a crash, every time)
 
     @classmethod
     def parse(cls, specs: list[str]) -> Faults:
@@ -60,13 +63,31 @@ class Faults:
                 f.nan_at |= {int(s) for s in at.split(",")}
             elif kind == "spike":
                 f.spike_at |= {int(s) for s in at.split(",")}
+            elif kind == "kill":
+                f.kill_at |= {int(s) for s in at.split(",")}
             elif kind in ("lr_blowup", "lr_blowup_persistent"):
                 a, b = at.split("-")
                 f.lr_blowup = (int(a), int(b))
                 f.persist = kind == "lr_blowup_persistent"
             else:
-                raise ValueError(f"unknown fault {spec!r} (nan@S, spike@S, lr_blowup@A-B)")
+                raise ValueError(f"unknown fault {spec!r} (nan@S, spike@S, kill@S, lr_blowup@A-B, "
+                                 "lr_blowup_persistent@A-B)")
         return f
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What the supervisor asks for when it restarts a run that diverged beyond its rollback
+    budget (exit 3): go back to the newest checkpoint at or before `rollback_to`, skip the
+    training order up to sample `skip_to_sample` (the data that led to the divergence), scale
+    the learning rate by `lr_scale`, and start a fresh rollback budget."""
+
+    rollback_to: int | None = None
+    skip_to_sample: int | None = None
+    lr_scale: float = 1.0
+
+
+EVENT_PREFIX = "BALLAST_EVENT "
 
 
 @dataclass
@@ -99,8 +120,10 @@ def autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractConte
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, faults: Faults | None = None):
-        self.cfg, self.faults = cfg, faults or Faults()
+    def __init__(self, cfg: TrainConfig, faults: Faults | None = None,
+                 recovery: Recovery | None = None):
+        self.cfg, self.faults, self.recovery = cfg, faults or Faults(), recovery
+        self._rewind_next = False  # the next remote upload follows a rollback
         self.device = pick_device(cfg)
         self.world = distributed.init(self.device.type)
         torch.manual_seed(cfg.seed)
@@ -179,7 +202,15 @@ class Trainer:
         # Step 0 is kept: it is the rollback target of last resort.
         ckpt.retain(self.ckpt_dir, c.keep_last, c.keep_every, protect={0})
         if self.remote is not None:  # returns at once; the upload runs in its own thread
-            self.remote.submit(self.ckpt_dir, step)
+            rewind, self._rewind_next = self._rewind_next, False
+            self.remote.submit(self.ckpt_dir, step, rewind=rewind)
+        self.emit({"event": "checkpoint", "step": step})
+
+    def emit(self, event: dict[str, Any]) -> None:
+        """One machine-readable line on stderr for whoever watches the process (the
+        supervisor reads them from the job's logs, whatever the backend)."""
+        if self.world.is_main:
+            print(EVENT_PREFIX + json.dumps(event, default=str), file=sys.stderr, flush=True)
 
     def settle(self) -> None:
         """Wait for the checkpoint being written (before anything reads checkpoints)."""
@@ -212,12 +243,17 @@ class Trainer:
 
     def train_step(self) -> dict[str, Any]:
         cfg, s = self.cfg, self.state
+        if s.step in self.faults.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
         accum = accum_steps_at(s.step, cfg.schedule, cfg.accum_steps)
         scale = s.lr_scale
         blow = self.faults.lr_blowup
         # A transient fault: it hits the first pass over those steps, not the replay
-        # after a rollback (unless `persist`, which tests the rollback budget).
-        if blow and blow[0] <= s.step < blow[1] and (self.faults.persist or not s.rollbacks):
+        # after a rollback (unless `persist`, which tests the rollback budget; it lasts
+        # until the supervisor's recovery, which tests that).
+        persists = self.faults.persist and not any(
+            r.get("reason") == "supervisor_recovery" for r in s.rollbacks)
+        if blow and blow[0] <= s.step < blow[1] and (persists or not s.rollbacks):
             scale *= self.faults.lr_blowup_factor
         lr = set_lr(self.optimizer, s.step, cfg.steps, cfg.schedule, scale)
         idx = self.sampler.take(s.samples_seen, cfg.micro_batch * accum)
@@ -319,7 +355,11 @@ class Trainer:
     def _run(self) -> int:
         cfg, s = self.cfg, self.state
         marker = self.run_dir / DIVERGED_MARKER
-        if marker.is_file():
+        if marker.is_file() and self.recovery is not None:
+            distributed.barrier(self.world)  # every rank has seen the marker before it goes
+            if self.world.is_main:
+                marker.rename(self.run_dir / f"{DIVERGED_MARKER}.recovered-{int(time.time())}")
+        elif marker.is_file():
             # torchrun restarts a worker whatever its exit code; a run that diverged
             # beyond its rollback budget must not quietly train on.
             print(f"{marker} exists: this run diverged beyond its rollback budget "
@@ -341,9 +381,14 @@ class Trainer:
         log = MetricsLog(metrics_path if self.world.is_main else os.devnull)
         if latest is None:
             self.save()  # step 0: the rollback target of last resort
+            self.emit({"event": "start", "step": 0})
         else:
             log.write({"kind": "event", "event": "resume", "step": s.step,
                        "checkpoint": ckpt.step_name(latest)})
+            self.emit({"event": "resume", "step": s.step, "checkpoint": ckpt.step_name(latest)})
+        if self.recovery is not None and latest is not None:
+            self.recover(self.recovery, log)
+            s = self.state
         t_last, tokens_last = time.perf_counter(), s.tokens_seen
         try:
             while s.step < cfg.steps:
@@ -358,6 +403,11 @@ class Trainer:
                     print(d.detail, file=sys.stderr)
                     if self.world.is_main:
                         marker.write_text(d.detail + "\n")
+                    ev = d.event or {}
+                    self.emit({"event": "diverged", "step": s.step,
+                               "start_step": ev.get("start_step"),
+                               "samples_seen": s.samples_seen + out["samples"],
+                               "rollbacks": len(s.rollbacks)})
                     return EXIT_DIVERGED
                 if d is not None and d.action != "ok" and d.event:
                     log.write({"kind": "event", **d.event})
@@ -390,7 +440,46 @@ class Trainer:
             self.finish(metrics_path)
         if self.remote is not None:
             self.remote.wait()  # the final checkpoint is in object storage before exit 0
+        self.emit({"event": "done", "step": s.step, "tokens_seen": s.tokens_seen})
         return EXIT_OK
+
+    def recover(self, r: Recovery, log: MetricsLog) -> None:
+        """The supervisor's restart after a divergence beyond the rollback budget: like a
+        rollback, but across processes, with a fresh budget (see Recovery)."""
+        s = self.state
+        key = {"rollback_to": r.rollback_to, "skip_to_sample": r.skip_to_sample}
+        if any(h.get("reason") == "supervisor_recovery" and h.get("request") == key
+               for h in s.rollbacks):
+            return  # applied before this process restarted (torchrun --max-restarts)
+        cap = s.step if r.rollback_to is None else min(r.rollback_to, s.step)
+        local = [c for c in ckpt.steps(self.ckpt_dir) if c <= cap]
+        target = max(local) if local else None
+        if target is None and self.remote is not None:
+            target = self.remote.restore_at_most(self.ckpt_dir, cap)
+        distributed.barrier(self.world)
+        if target is None:
+            target = max(c for c in ckpt.steps(self.ckpt_dir) if c <= s.step)
+        from_step = s.step
+        st = self.restore(target)
+        t = self.state
+        self.state = State(target, max(t.samples_seen, r.skip_to_sample or 0), t.tokens_seen,
+                           t.lr_scale * r.lr_scale,
+                           [*t.rollbacks, {"from_step": from_step, "to_step": target,
+                                           "reason": "supervisor_recovery", "request": key,
+                                           "detail": f"lr x {r.lr_scale}"}])
+        self.guard.reset_budget()
+        if self.world.is_main:  # the abandoned trajectory must never be resumed
+            for c in ckpt.steps(self.ckpt_dir):
+                if c > target:
+                    shutil.rmtree(self.ckpt_dir / ckpt.step_name(c), ignore_errors=True)
+        self._rewind_next = True
+        self.save()  # overwrites step `target` with the new position and LR scale
+        self.settle()
+        event = {"event": "recovered", "step": from_step, "to_step": target,
+                 "samples_skipped": f"{st['trainer']['samples_seen']}..{self.state.samples_seen}",
+                 "lr_scale": self.state.lr_scale}
+        log.write({"kind": "event", **event})
+        self.emit(event)
 
     def rollback(self, d: Any, log: MetricsLog) -> None:
         """Back to the newest checkpoint before the trouble began; the data window in
@@ -406,6 +495,7 @@ class Trainer:
         lr_scale = s.lr_scale * self.cfg.guards.rollback_lr_scale
         st = self.restore(target, modules_only=True)
         self.state = State(target, samples_seen, tokens_seen, lr_scale, history)
+        self._rewind_next = True
         # The guard keeps its counters and history (the budget must run out), but takes the
         # running statistics that match the restored weights.
         self.guard.rolled_back(to_step=target, from_step=s.step, stats_from=st["guard"])
@@ -455,13 +545,26 @@ def _main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dataset", help="override `dataset:`")
     ap.add_argument("--run-dir", help="override `run_dir:`")
     ap.add_argument("--steps", type=int, help="override `steps:`")
+    ap.add_argument("--recover", action="store_true",
+                    help="restart after exit 3 (the supervisor passes this): back to a "
+                         "checkpoint, skip data, scale the LR, fresh rollback budget")
+    ap.add_argument("--rollback-to", type=int, help="with --recover: newest checkpoint <= this")
+    ap.add_argument("--skip-to-sample", type=int,
+                    help="with --recover: resume the training order at this sample")
+    ap.add_argument("--lr-scale", type=float, default=0.5,
+                    help="with --recover: multiply the learning rate (default 0.5)")
     ap.add_argument("--fault", action="append", default=[],
-                    help="inject a fault (tests): nan@S[,S], spike@S[,S], lr_blowup@A-B")
+                    help="inject a fault (tests): nan@S[,S], spike@S[,S], kill@S, lr_blowup@A-B, "
+                         "lr_blowup_persistent@A-B")
     args = ap.parse_args(argv)
     try:
         cfg = load_train_config(args.config, {"dataset": args.dataset, "run_dir": args.run_dir,
                                               "steps": args.steps})
-        trainer = Trainer(cfg, Faults.parse(args.fault))
+        if not 0 < args.lr_scale <= 1:
+            raise ValueError(f"--lr-scale must be in (0, 1], got {args.lr_scale}")
+        recovery = (Recovery(args.rollback_to, args.skip_to_sample, args.lr_scale)
+                    if args.recover else None)
+        trainer = Trainer(cfg, Faults.parse(args.fault), recovery)
     except (TrainConfigError, DatasetError, ckpt.CheckpointError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR

@@ -1,0 +1,238 @@
+"""The supervisor: submits a training job, watches it, classifies how each attempt ended
+and decides what comes next (ARCHITECTURE.md, "Launch and supervision"). Plain Python over
+the JobBackend contract; the `train` flow (flows/train.py) runs it and reports to Prefect.
+
+| ending    | what happens next                                                          |
+|-----------|----------------------------------------------------------------------------|
+| done      | stop: success                                                              |
+| node_lost | restart, resuming from the latest checkpoint (own budget, like the Job's   |
+|           | podFailurePolicy `Ignore` on DisruptionTarget: not the run's fault)        |
+| crashed   | restart with resume, within `max_restarts`                                 |
+| oom       | restart with resume, within `max_restarts` (the message says what to lower) |
+| diverged  | restart with rollback settings (back before the divergence, skip its data, |
+|           | LR x `recovery_lr_scale`, fresh rollback budget), within `max_recoveries`   |
+| bad_input | stop: a bad config or dataset does not get better by retrying              |
+| cancelled | stop                                                                       |
+
+The trainer resumes by itself from the newest complete checkpoint (local or object
+storage), so "restart" is just another attempt with the same config. Progress is read from
+the `BALLAST_EVENT {json}` lines the trainer writes to its log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infra.jobs import JobBackend, JobHandle, JobSpec, JobStatus
+
+EVENT_PREFIX = "BALLAST_EVENT "  # training/train.py writes these
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    max_restarts: int = 3  # crashes and out-of-memory endings
+    max_node_losses: int = 10  # node lost / evicted / preempted
+    max_recoveries: int = 1  # divergence (exit 3) restarts with rollback settings
+    recovery_lr_scale: float = 0.5
+    poll_s: float = 2.0
+    backoff_s: float = 5.0  # before a restart after a crash; doubles, at most 5 min
+
+    def __post_init__(self) -> None:
+        if min(self.max_restarts, self.max_node_losses, self.max_recoveries) < 0:
+            raise ValueError("restart budgets must be >= 0")
+        if not 0 < self.recovery_lr_scale <= 1:
+            raise ValueError(f"recovery_lr_scale must be in (0, 1], got "
+                             f"{self.recovery_lr_scale}")
+
+
+@dataclass
+class Attempt:
+    number: int
+    job: str
+    args: list[str]
+    started_at: float
+    ended_at: float | None = None
+    ending: str | None = None
+    exit_code: int | None = None
+    detail: str = ""
+    resumed_from: str | None = None  # "fresh", or the checkpoint the trainer resumed from
+    step_reached: int | None = None
+    recovered: dict[str, Any] | None = None  # the trainer's "recovered" event, if any
+    next_action: str = ""
+
+    def row(self) -> dict[str, Any]:
+        """One row of the attempts table (Prefect artifact)."""
+        took = (self.ended_at or time.time()) - self.started_at
+        return {"attempt": self.number, "job": self.job, "ending": self.ending or "running",
+                "exit code": self.exit_code, "step reached": self.step_reached,
+                "resumed from": self.resumed_from or "", "detail": self.detail,
+                "then": self.next_action, "minutes": round(took / 60, 2)}
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    ending: str
+    message: str
+    attempts: list[Attempt] = field(default_factory=list)
+
+
+def parse_events(log_text: str) -> list[dict[str, Any]]:
+    out = []
+    for line in log_text.splitlines():
+        i = line.find(EVENT_PREFIX)
+        if i < 0:
+            continue
+        try:
+            ev = json.loads(line[i + len(EVENT_PREFIX):])
+        except json.JSONDecodeError:
+            continue  # a line cut by a log tail
+        if isinstance(ev, dict):
+            out.append(ev)
+    return out
+
+
+def _progress(attempt: Attempt, events: list[dict[str, Any]]) -> None:
+    for ev in events:
+        kind = ev.get("event")
+        if kind == "start" and attempt.resumed_from is None:
+            attempt.resumed_from = "fresh"
+        elif kind == "resume" and attempt.resumed_from is None:
+            attempt.resumed_from = str(ev.get("checkpoint"))
+        elif kind == "recovered":
+            attempt.recovered = ev
+        if isinstance(ev.get("step"), int):
+            attempt.step_reached = max(attempt.step_reached or 0, ev["step"])
+
+
+def recovery_args(diverged: dict[str, Any] | None, lr_scale: float) -> list[str]:
+    """training.train arguments for the restart after a divergence (exit 3)."""
+    args = ["--recover", f"--lr-scale={lr_scale:g}"]
+    if diverged:
+        to = diverged.get("start_step", diverged.get("step"))
+        if isinstance(to, int):
+            args.append(f"--rollback-to={to}")
+        if isinstance(diverged.get("samples_seen"), int):
+            args.append(f"--skip-to-sample={diverged['samples_seen']}")
+    return args
+
+
+def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None = None,
+              *, log: Callable[[str], None] = print,
+              on_attempt: Callable[[list[Attempt]], None] | None = None,
+              should_stop: Callable[[], bool] | None = None,
+              handle_file: Path | None = None,
+              sleep: Callable[[float], None] = time.sleep) -> Outcome:
+    """Run `spec` to an end, restarting within `policy`. `on_attempt` is called with every
+    attempt so far whenever one starts or ends; `should_stop` is polled (a cancelled flow):
+    when it turns true the running job is cancelled. `handle_file` holds the running job's
+    handle, so another process (a cancellation hook) can cancel it."""
+    policy = policy or RestartPolicy()
+    attempts: list[Attempt] = []
+    extra: list[str] = []  # recovery arguments, kept until a later divergence replaces them
+    crashes = node_losses = recoveries = 0
+    number = spec.attempt
+    while True:
+        run_spec = dataclasses.replace(spec, attempt=number, args=(*spec.args, *extra))
+        handle = backend.submit(run_spec)
+        if handle_file is not None:
+            handle_file.parent.mkdir(parents=True, exist_ok=True)
+            handle_file.write_text(json.dumps(handle.to_json()))
+        a = Attempt(number, handle.name, list(run_spec.args), time.time())
+        attempts.append(a)
+        log(f"attempt {number}: submitted {handle.name} ({backend.name})"
+            + (f" with {' '.join(extra)}" if extra else ""))
+        if on_attempt:
+            on_attempt(attempts)
+        status = _watch(backend, handle, a, policy, log, should_stop, sleep)
+        a.ended_at, a.ending, a.exit_code, a.detail = (time.time(), status.ending,
+                                                       status.exit_code, status.detail)
+        events = parse_events(backend.logs(handle))
+        _progress(a, events)
+        tail = backend.logs(handle, tail=15).strip()
+        log(f"attempt {number}: {a.ending} ({a.detail}); step reached {a.step_reached}, "
+            f"resumed from {a.resumed_from}" + (f"\n--- last log lines ---\n{tail}"
+                                                if a.ending != "done" and tail else ""))
+
+        outcome: Outcome | None = None
+        if a.ending == "done":
+            a.next_action = "stop: done"
+            outcome = Outcome(True, "done", f"training finished at step {a.step_reached}")
+        elif a.ending in ("bad_input", "cancelled"):
+            a.next_action = f"stop: {a.ending}"
+            outcome = Outcome(False, a.ending, {
+                "bad_input": "bad config or data (exit 1): not retried; see the log above",
+                "cancelled": "cancelled"}[a.ending])
+        elif a.ending == "node_lost":
+            node_losses += 1
+            if node_losses > policy.max_node_losses:
+                outcome = Outcome(False, "node_lost",
+                                  f"lost nodes {node_losses} times (max_node_losses="
+                                  f"{policy.max_node_losses})")
+        elif a.ending == "diverged":
+            recoveries += 1
+            if recoveries > policy.max_recoveries:
+                outcome = Outcome(False, "diverged",
+                                  f"diverged beyond the rollback budget {recoveries} times "
+                                  f"(max_recoveries={policy.max_recoveries})")
+            else:
+                diverged = next((e for e in reversed(events) if e.get("event") == "diverged"),
+                                None)
+                extra = recovery_args(diverged, policy.recovery_lr_scale)
+        else:  # crashed, oom
+            crashes += 1
+            if crashes > policy.max_restarts:
+                outcome = Outcome(False, a.ending or "crashed",
+                                  f"{a.ending} {crashes} times (max_restarts="
+                                  f"{policy.max_restarts})")
+        if outcome is not None:
+            a.next_action = a.next_action or "stop: budget exhausted"
+            outcome.attempts = attempts
+            if on_attempt:
+                on_attempt(attempts)
+            log(f"supervisor: {outcome.ending}: {outcome.message}")
+            return outcome
+
+        a.next_action = ("restart with rollback: " + " ".join(extra)
+                         if a.ending == "diverged" else "restart with resume")
+        if on_attempt:
+            on_attempt(attempts)
+        if a.ending in ("crashed", "oom"):
+            wait = min(policy.backoff_s * 2 ** (crashes - 1), 300.0)
+            log(f"supervisor: restarting in {wait:g} s ({crashes}/{policy.max_restarts} "
+                "restarts used)")
+            sleep(wait)
+        number += 1
+
+
+def _watch(backend: JobBackend, handle: JobHandle, a: Attempt, policy: RestartPolicy,
+           log: Callable[[str], None], should_stop: Callable[[], bool] | None,
+           sleep: Callable[[float], None]) -> JobStatus:
+    seen = 0
+    try:
+        while True:
+            if should_stop is not None and should_stop():
+                log(f"attempt {a.number}: stop requested, cancelling {handle.name}")
+                backend.cancel(handle)
+                return JobStatus("finished", "cancelled", None, "cancelled by the supervisor")
+            status = backend.status(handle)
+            events = parse_events(backend.logs(handle))
+            for ev in events[seen:]:
+                if ev.get("event") in ("start", "resume", "recovered", "diverged"):
+                    log(f"attempt {a.number}: {json.dumps(ev)}")
+            seen = len(events)
+            _progress(a, events)
+            if status.phase == "finished":
+                return status
+            sleep(policy.poll_s)
+    except BaseException:
+        # The supervisor itself is going away (flow cancelled, KeyboardInterrupt): a job
+        # nobody watches must not keep a GPU node busy.
+        backend.cancel(handle)
+        raise
