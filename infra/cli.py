@@ -158,6 +158,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     return train_main(argv)
 
 
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from flows.deployments import deploy_all
+
+    ids = deploy_all(args.prep_config, args.train_config, pool_type=args.pool_type,
+                     pool=args.pool, cron=args.cron or None, output=args.output,
+                     run_dir=args.run_dir, steps=args.steps, image=args.image)
+    out = Console()
+    for name, dep_id in ids.items():
+        out.print(f"deployment {name}: {dep_id}", markup=False)
+    pool = args.pool or {"process": "ballast-process", "kubernetes": "ballast-k8s"}[
+        args.pool_type]
+    out.print(f"start a worker: prefect worker start --pool {pool}", markup=False)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ballast", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -179,6 +194,19 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--run-dir", help="override `run_dir:`")
     tr.add_argument("--steps", type=int, help="override `steps:`")
     tr.set_defaults(func=cmd_train)
+    dep = sub.add_parser("deploy", help="register the Prefect deployments (pipeline on a "
+                                        "schedule, prep only, train only) on a work pool")
+    dep.add_argument("--prep-config", default="configs/demo.yaml")
+    dep.add_argument("--train-config", default="configs/train-demo.yaml")
+    dep.add_argument("--pool-type", choices=["process", "kubernetes"], default="process")
+    dep.add_argument("--pool", help="work pool name (default ballast-process / ballast-k8s)")
+    dep.add_argument("--cron", default="0 3 * * *", help="pipeline schedule ('' for none)")
+    dep.add_argument("--output", help="prep output override")
+    dep.add_argument("--run-dir", help="training run dir override")
+    dep.add_argument("--steps", type=int, help="training steps override")
+    dep.add_argument("--image", default="ghcr.io/ballast-lm/ballast:0.1.0",
+                     help="image for the kubernetes pool")
+    dep.set_defaults(func=cmd_deploy)
     return p
 
 

@@ -291,6 +291,28 @@ def lint_all(objs: Iterable[Mapping[str, Any]]) -> list[Finding]:
     return [f for obj in objs if isinstance(obj, Mapping) for f in lint(obj)]
 
 
+def jobset_child_jobs(jobset: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The JobSet's Job templates as the batch/v1 Jobs its controller creates (the first
+    replica of each replicatedJob, named `<jobset>-<replicatedJob>-0`), so tools that do not
+    know the JobSet CRD (kubernetes-validate, checkov) can check them. The JobSet's
+    annotations are carried over, so checkov's skip annotations still apply."""
+    meta = _dict(jobset.get("metadata"))
+    out: list[dict[str, Any]] = []
+    for rj in _dict(jobset.get("spec")).get("replicatedJobs") or []:
+        rj = _dict(rj)
+        template = _dict(rj.get("template"))
+        child_meta: dict[str, Any] = {"name": f"{meta.get('name')}-{rj.get('name')}-0"}
+        if "namespace" in meta:
+            child_meta["namespace"] = meta["namespace"]
+        for key in ("labels", "annotations"):
+            merged = {**_dict(meta.get(key)), **_dict(_dict(template.get("metadata")).get(key))}
+            if merged:
+                child_meta[key] = merged
+        out.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": child_meta,
+                    "spec": dict(_dict(template.get("spec")))})
+    return out
+
+
 def load_yaml_files(paths: Iterable[Path]) -> list[tuple[Path, dict[str, Any]]]:
     """(file, object) for every YAML document under `paths` (files or directories).
     kustomization.yaml files are skipped: they are kustomize's input, not API objects."""

@@ -158,3 +158,14 @@ def train_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
         "pack": {"seq_len": 64}, "dataset": {"validation_fraction": 0.1, "pack_partitions": 2},
     }), progress=False)
     return str(out / "dataset")
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    """A real temporary Prefect API (SQLite, a server subprocess on loopback); yields its
+    URL. One per session: it costs ~15 s to start."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield str(PREFECT_API_URL.value())

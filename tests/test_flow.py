@@ -13,15 +13,6 @@ from tasks.pipeline import run_prep
 from tests.test_pipeline import config, make_corpus
 
 
-@pytest.fixture(scope="session")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    # One harness per session: it costs ~15 s to start.
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     data = tmp_path_factory.mktemp("flow-data")

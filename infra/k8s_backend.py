@@ -1,0 +1,702 @@
+"""The kubernetes JobBackend: runs a training attempt as a batch/v1 Job (one node) or a JobSet
+(a multi-node gang) made by infra.k8s_manifests.render, and tells the supervisor how it ended.
+
+`classify` is the heart of it: a pure function from the raw API objects (the Job or JobSet and
+the attempt's pods, as the API server returns them in JSON) to a JobStatus. It is kept apart from
+the HTTP side so recorded objects (tests/fixtures/k8s/) can exercise every ending.
+
+How an ending is decided
+------------------------
+* Only a terminal condition finishes an attempt: Job `Complete`/`Failed`, JobSet
+  `Completed`/`Failed`. `FailureTarget`/`SuccessCriteriaMet` alone mean the controller is
+  still terminating pods: the attempt is reported running, with the verdict in `detail`, so the
+  supervisor never starts the next attempt while the old pods hold the GPUs.
+* A Job failed by its podFailurePolicy names the pod and exit code in its message; that pod
+  decides. Otherwise the deciding pods are the failures of the newest gang generation (the
+  JobSet `restart-attempt` label; a plain Job has one), keeping the newest failed pod of each
+  rank (child Job + completion index). In a plain one-pod Job that is simply the newest failed
+  pod: the one whose failure ended the Job.
+* Among those pods, and among the signals inside one pod, the most informative wins:
+
+      diverged (exit 3) > bad_input (exit 1) > oom > node_lost > crashed
+
+  Why this order: in a gang one root cause brings the other ranks down, and the ranks that
+  merely lost a peer always look like crashes (NCCL/rendezvous errors carry no trainer code, so
+  training.entrypoint reports 2; a lost node's peers die the same way). Exit 3 and 1 are codes
+  the trainer chose deliberately (all ranks agree on divergence; config/data errors happen at
+  start-up), so they are the most specific. An OOM comes next: it will happen again on any node,
+  so it must not hide behind a node loss that happened at the same time. A node loss beats a
+  crash because the crash is usually its consequence. Ties go to the pod that failed first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, TypeVar
+
+from infra.jobs import Ending, JobHandle, JobSpec, JobStatus, ending_from_exit_code
+from infra.k8s_manifests import LABEL_ATTEMPT, LABEL_RUN, KubeOptions
+
+log = logging.getLogger(__name__)
+
+TRAINER_CONTAINER = "trainer"  # the container podFailurePolicy rules and logs() look at
+
+JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL = "jobset.x-k8s.io", "v1alpha2", "jobsets"
+
+# Labels the Job and JobSet controllers put on pods.
+_JOB_NAME = "batch.kubernetes.io/job-name"
+_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+_JS_RESTART = "jobset.sigs.k8s.io/restart-attempt"
+_JS_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"
+_JS_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+
+# status.reason values the kubelet writes when the node, not the workload, ended the pod:
+# node-pressure eviction, graceful node shutdown (Terminated), admission refused during
+# shutdown (NodeShutdown), and the legacy node-controller NodeLost.
+_NODE_LOSS_POD_REASONS = frozenset({"Evicted", "Terminated", "NodeShutdown", "Shutdown",
+                                    "NodeLost"})
+
+# Most informative first (see the module docstring).
+_RANK: dict[str, int] = {"diverged": 0, "bad_input": 1, "oom": 2, "node_lost": 3, "crashed": 4}
+
+_PFP_EXIT = re.compile(r"for pod (?P<ns>[^/\s]+)/(?P<pod>\S+) failed with exit code "
+                       r"(?P<code>-?\d+)")
+_PFP_CONDITION = re.compile(r"Pod (?P<ns>[^/\s]+)/(?P<pod>\S+) has condition (?P<cond>\w+)")
+
+
+# ------------------------------------------------------------------------------------------
+# classify: raw API objects -> JobStatus
+
+
+@dataclass(frozen=True)
+class _PodEnd:
+    """How one pod ended, as far as its status tells."""
+
+    pod: Mapping[str, Any]
+    ending: Ending
+    exit_code: int | None
+    why: str
+    at: datetime | None  # when it failed (container finish, else the disruption)
+
+    def describe(self) -> str:
+        return f"pod {_pod_ref(self.pod)} on node {_node(self.pod)}: {self.why}"
+
+
+def classify(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> JobStatus:
+    """The state of one attempt from its Job or JobSet and all of its pods (every restart,
+    failed ones included), as plain dicts in the API's JSON shape."""
+    pods = list(pods)
+    is_jobset = job.get("kind") == "JobSet" or str(job.get("apiVersion", "")).startswith(
+        JOBSET_GROUP)
+    conds = _true_conditions(job)
+    status = job.get("status") or {}
+    restarts = int(status.get("restarts") or 0) if is_jobset else 0
+
+    done_type, failed_type = ("Completed", "Failed") if is_jobset else ("Complete", "Failed")
+    if done_type in conds:
+        return _finished_done(conds[done_type], pods)
+    if failed_type in conds:
+        return _finished_failed(conds[failed_type], pods, is_jobset, restarts)
+    return _in_progress(job, conds, pods, is_jobset, restarts)
+
+
+def _finished_done(cond: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> JobStatus:
+    succeeded = [p for p in pods if _phase(p) == "Succeeded"]
+    code = 0
+    for p in succeeded:
+        term = _trainer_terminated(p)
+        if term is not None and term.get("exitCode") is not None:
+            code = int(term["exitCode"])
+            break
+    detail = f"completed ({_cond_text(cond)}): {len(succeeded)} pods succeeded"
+    if succeeded:
+        names = ", ".join(f"{_pod_ref(p)} on {_node(p)}" for p in succeeded[:4])
+        detail += f" ({names})"
+    return JobStatus("finished", "done", code, detail)
+
+
+def _finished_failed(cond: Mapping[str, Any], pods: list[Mapping[str, Any]], is_jobset: bool,
+                     restarts: int) -> JobStatus:
+    reason = str(cond.get("reason") or "")
+    message = str(cond.get("message") or "")
+    owner = f"JobSet failed after {restarts} gang restarts" if is_jobset else "Job failed"
+    failure = f"{owner}: {reason}: {message}" if message else f"{owner}: {reason}"
+    ends = [e for e in (_pod_end(p) for p in pods) if e is not None]
+    seen = f"{len(ends)} failed pods listed" if len(ends) != 1 else "1 failed pod listed"
+
+    if reason == "DeadlineExceeded":
+        # The deadline, not any pod, ended the attempt; killed pods say nothing about why.
+        return JobStatus("finished", "crashed", None, f"{failure} ({seen})")
+
+    named = _pod_named_by_policy(message, pods) if reason == "PodFailurePolicy" else None
+    if named is not None:
+        decider: _PodEnd | None = named
+    else:
+        decider = _decide(ends)
+        if decider is None and reason == "PodFailurePolicy":
+            # The pod is gone (deleted or garbage-collected); the Job's message still has the
+            # container's exit code.
+            m = _PFP_EXIT.search(message)
+            if m:
+                code = int(m["code"])
+                return JobStatus("finished", ending_from_exit_code(code), code,
+                                 f"pod {m['ns']}/{m['pod']} (no longer listed) exited {code}; "
+                                 f"{failure}")
+    if decider is None:
+        return JobStatus("finished", "crashed", None,
+                         f"{failure}; no failed pod is listed any more (deleted?), so the cause "
+                         "is unknown")
+    return JobStatus("finished", decider.ending, decider.exit_code,
+                     f"{decider.ending}: {decider.describe()}; {failure} ({seen})")
+
+
+def _in_progress(job: Mapping[str, Any], conds: Mapping[str, Mapping[str, Any]],
+                 pods: list[Mapping[str, Any]], is_jobset: bool, restarts: int) -> JobStatus:
+    notes: list[str] = []
+    if "Suspended" in conds:
+        notes.append(f"suspended ({_cond_text(conds['Suspended'])})")
+    for c in ("FailureTarget", "SuccessCriteriaMet"):
+        if c in conds:
+            # The verdict is in, the pods are still terminating.
+            notes.append(f"finishing: {c} {_cond_text(conds[c])}; waiting for pods to terminate")
+    if is_jobset and restarts:
+        notes.append(f"gang restarts: {restarts}")
+
+    active = [p for p in pods if _phase(p) in ("Pending", "Running", "Unknown")
+              and not _disrupted(p)]
+    running = [p for p in active if _phase(p) == "Running"]
+    waiting = [p for p in active if _phase(p) != "Running"]
+    for p in running:
+        notes.append(f"pod {_pod_ref(p)} running on node {_node(p)}")
+    for p in waiting:
+        notes.append(f"pod {_pod_ref(p)} pending: {_pending_reason(p)}")
+
+    ends = sorted((e for e in (_pod_end(p) for p in pods) if e is not None),
+                  key=lambda e: _ts_key(e.at))
+    if ends:
+        count = "1 pod failed so far" if len(ends) == 1 else f"{len(ends)} pods failed so far"
+        counted = (job.get("status") or {}).get("failed")
+        if not is_jobset and counted is not None:
+            count += f" ({counted} counted toward backoffLimit)"
+        notes.append(f"{count}; last: {ends[-1].ending}: {ends[-1].describe()}")
+
+    # A gang trains only when every rank runs, so any rank still waiting keeps it pending.
+    phase = "running" if running and not waiting else "pending"
+    if "FailureTarget" in conds or "SuccessCriteriaMet" in conds:
+        phase = "running"
+    if not pods:
+        notes.append("no pod created yet")
+    return JobStatus(phase, None, None, "; ".join(notes))
+
+
+def _pod_named_by_policy(message: str, pods: list[Mapping[str, Any]]) -> _PodEnd | None:
+    """The pod a podFailurePolicy FailJob message names (the Job controller's own verdict)."""
+    m = _PFP_EXIT.search(message) or _PFP_CONDITION.search(message)
+    if not m:
+        return None
+    for p in pods:
+        if (p.get("metadata") or {}).get("name") == m["pod"]:
+            return _pod_end(p)
+    return None
+
+
+def _decide(ends: list[_PodEnd]) -> _PodEnd | None:
+    """The pod whose failure decides the attempt: newest gang generation, newest failure of
+    each rank, then the most informative ending, the first to fail on a tie."""
+    if not ends:
+        return None
+    newest_gen = max(_generation(e.pod) for e in ends)
+    latest_per_rank: dict[tuple[str, str], _PodEnd] = {}
+    for e in ends:
+        if _generation(e.pod) != newest_gen:
+            continue
+        key = _rank_key(e.pod)
+        cur = latest_per_rank.get(key)
+        if cur is None or _ts_key(e.at) > _ts_key(cur.at):
+            latest_per_rank[key] = e
+    return min(latest_per_rank.values(), key=lambda e: (_RANK[e.ending], _ts_key(e.at)))
+
+
+def _pod_end(pod: Mapping[str, Any]) -> _PodEnd | None:
+    """How a pod failed, or None when it has not. A pod counts as failed when its phase is
+    Failed, or when it carries a DisruptionTarget condition: a pod on an unreachable node stays
+    'Running' (terminating) forever, since no kubelet is left to say otherwise."""
+    phase = _phase(pod)
+    disruption = _disruption(pod)
+    if phase != "Failed" and not (disruption and phase != "Succeeded"):
+        return None
+    term = _trainer_terminated(pod)
+    code = _int_or_none(term.get("exitCode")) if term else None
+    at = _parse_ts(term.get("finishedAt")) if term else None
+
+    signals: list[tuple[Ending, int | None, str]] = []
+    if code == 3:
+        signals.append(("diverged", 3, "trainer exit 3 (diverged beyond the rollback budget)"))
+    elif code == 1:
+        signals.append(("bad_input", 1, "trainer exit 1 (bad config or data)"))
+    oom = _oom_container(pod)
+    if oom is not None:
+        name, oom_code = oom
+        signals.append(("oom", oom_code, f"container {name} OOMKilled (exit {oom_code})"))
+    if disruption:
+        where, since = disruption
+        signals.append(("node_lost", code, f"node lost: {where}"
+                        + (f" (trainer exit {code})" if code is not None else "")))
+        at = at or since
+    if code is not None and code not in (1, 3):
+        reason = term.get("reason") if term else None
+        signals.append(("crashed", code, f"trainer exit {code}" + (f" {reason}" if reason else "")))
+    if not signals:
+        status = pod.get("status") or {}
+        why = ": ".join(str(s) for s in (status.get("reason"), status.get("message")) if s)
+        signals.append(("crashed", code,
+                        f"pod failed without a trainer exit code ({why or 'no reason given'})"))
+    ending, exit_code, why = min(signals, key=lambda s: _RANK[s[0]])
+    if at is None:
+        at = _parse_ts((pod.get("metadata") or {}).get("deletionTimestamp")) or _parse_ts(
+            (pod.get("status") or {}).get("startTime")) or _parse_ts(
+            (pod.get("metadata") or {}).get("creationTimestamp"))
+    return _PodEnd(pod, ending, exit_code, why, at)
+
+
+def _disruption(pod: Mapping[str, Any]) -> tuple[str, datetime | None] | None:
+    """Evidence that the node went away or pushed the pod out, with its time."""
+    status = pod.get("status") or {}
+    for c in status.get("conditions") or []:
+        if c.get("type") == "DisruptionTarget" and c.get("status") == "True":
+            text = f"DisruptionTarget {c.get('reason', '')}: {c.get('message', '')}".rstrip(": ")
+            if status.get("reason") in _NODE_LOSS_POD_REASONS:
+                text = f"{status['reason']}, {text}"
+            return text.strip(), _parse_ts(c.get("lastTransitionTime"))
+    if status.get("reason") in _NODE_LOSS_POD_REASONS:
+        return f"{status['reason']}: {status.get('message', '')}".strip().rstrip(":"), None
+    return None
+
+
+def _disrupted(pod: Mapping[str, Any]) -> bool:
+    return _disruption(pod) is not None
+
+
+def _oom_container(pod: Mapping[str, Any]) -> tuple[str, int] | None:
+    status = pod.get("status") or {}
+    for cs in (status.get("containerStatuses") or []) + (status.get("initContainerStatuses")
+                                                          or []):
+        for state in ("state", "lastState"):
+            term = (cs.get(state) or {}).get("terminated") or {}
+            if term.get("reason") == "OOMKilled":
+                return str(cs.get("name")), int(term.get("exitCode", 137))
+    return None
+
+
+def _trainer_status(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    for cs in statuses:
+        if cs.get("name") == TRAINER_CONTAINER:
+            return cs
+    return statuses[0] if statuses else None
+
+
+def _trainer_terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    cs = _trainer_status(pod)
+    if cs is None:
+        return None
+    # restartPolicy Never: `state` holds the one run; `lastState` only matters under OnFailure.
+    return (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
+        "terminated")
+
+
+def _pending_reason(pod: Mapping[str, Any]) -> str:
+    status = pod.get("status") or {}
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return f"{c.get('reason', 'not scheduled')}: {c.get('message', '')}".rstrip(": ")
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses")
+                                                             or []):
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting:
+            text = f"container {cs.get('name')} waiting: {waiting.get('reason', '')}"
+            return f"{text}: {waiting['message']}" if waiting.get("message") else text
+    return status.get("reason") or f"phase {_phase(pod)}"
+
+
+def _true_conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    return {str(c.get("type")): c for c in (obj.get("status") or {}).get("conditions") or []
+            if c.get("status") == "True"}
+
+
+def _cond_text(c: Mapping[str, Any]) -> str:
+    return ": ".join(str(x) for x in (c.get("reason"), c.get("message")) if x)
+
+
+def _phase(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    return (pod.get("metadata") or {}).get("labels") or {}
+
+
+def _generation(pod: Mapping[str, Any]) -> int:
+    return _int_or_none(_labels(pod).get(_JS_RESTART)) or 0
+
+
+def _rank_key(pod: Mapping[str, Any]) -> tuple[str, str]:
+    labels = _labels(pod)
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    job = labels.get(_JOB_NAME) or labels.get("job-name") or ""
+    index = labels.get(_COMPLETION_INDEX) or ann.get(_COMPLETION_INDEX) or ""
+    return job, index
+
+
+def _is_rank0(pod: Mapping[str, Any]) -> bool:
+    labels = _labels(pod)
+    return all(labels.get(k, "0") == "0" for k in (_JS_GLOBAL_INDEX, _JS_JOB_INDEX,
+                                                   _COMPLETION_INDEX))
+
+
+def _pod_ref(pod: Mapping[str, Any]) -> str:
+    md = pod.get("metadata") or {}
+    return f"{md.get('namespace', '?')}/{md.get('name', '?')}"
+
+
+def _node(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "(none)")
+
+
+def _int_or_none(v: Any) -> int | None:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _parse_ts(v: Any) -> datetime | None:
+    if not v:
+        return None
+    try:
+        return datetime.fromisoformat(str(v).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _ts_key(t: datetime | None) -> float:
+    return t.timestamp() if t is not None else float("-inf")
+
+
+# ------------------------------------------------------------------------------------------
+# The backend
+
+T = TypeVar("T")
+
+
+class KubernetesBackendError(RuntimeError):
+    """A Kubernetes API problem the caller cannot fix by retrying: permissions, an unreachable
+    API server, a missing configuration, an object the API refuses."""
+
+
+class KubernetesBackend:
+    """JobBackend on a Kubernetes cluster through the official `kubernetes` client.
+
+    `api_client` is a configured kubernetes.client.ApiClient; without one the in-cluster
+    service account is tried, then the kubeconfig. Transient answers (429, 5xx) and dropped
+    connections are retried `retries` times with exponential backoff from `backoff_s`.
+    """
+
+    name = "kubernetes"
+
+    def __init__(self, opts: KubeOptions, api_client: Any = None, *, retries: int = 4,
+                 backoff_s: float = 0.5) -> None:
+        from kubernetes import client
+
+        self.opts = opts
+        self.api = api_client if api_client is not None else _load_api_client()
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._batch = client.BatchV1Api(self.api)
+        self._core = client.CoreV1Api(self.api)
+        self._custom = client.CustomObjectsApi(self.api)
+
+    @property
+    def host(self) -> str:
+        return str(getattr(self.api.configuration, "host", "?"))
+
+    # -- JobBackend --------------------------------------------------------------------------
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        from infra.k8s_manifests import render  # another module owns the manifests
+
+        objs = render(spec, self.opts)
+        mains = [o for o in objs if o.get("kind") in ("Job", "JobSet")]
+        if len(mains) != 1:
+            raise KubernetesBackendError(
+                f"render() must return exactly one Job or JobSet, got kinds "
+                f"{[o.get('kind') for o in objs]}")
+        main = mains[0]
+        namespace = str(main.get("metadata", {}).get("namespace") or self.opts.namespace)
+        for obj in objs:
+            self._create(obj, spec, is_main=obj is main)
+        return JobHandle(self.name, str(main["metadata"]["name"]), namespace,
+                         {"kind": main["kind"], "run": spec.name, "attempt": spec.attempt})
+
+    def status(self, handle: JobHandle) -> JobStatus:
+        from kubernetes.client import ApiException
+
+        ns, kind = self._ns(handle), self._kind(handle)
+        try:
+            job = self._read(kind, ns, handle.name)
+        except ApiException as e:
+            if e.status == 404:
+                return JobStatus("finished", "crashed", None,
+                                 f"job deleted: {kind} {ns}/{handle.name} no longer exists")
+            raise self._api_error("get", _resource(kind), ns, e) from e
+        return classify(job, self._pods(handle, job))
+
+    def logs(self, handle: JobHandle, tail: int | None = None) -> str:
+        """The trainer's log from the newest pod that has started; rank 0 first in a gang."""
+        from kubernetes.client import ApiException
+
+        ns = self._ns(handle)
+        pods = sorted(self._pods(handle), reverse=True, key=lambda p: (
+            _generation(p), _is_rank0(p),
+            _ts_key(_parse_ts((p.get("metadata") or {}).get("creationTimestamp")))))
+        for pod in pods:
+            if not _trainer_started(pod):
+                continue
+            name = str(pod["metadata"]["name"])
+            kwargs: dict[str, Any] = {"container": TRAINER_CONTAINER, "_preload_content": False}
+            if tail is not None:
+                kwargs["tail_lines"] = tail
+            try:
+                resp = self._call("get", "pods/log", ns, lambda n=name, k=kwargs: (
+                    self._core.read_namespaced_pod_log(n, ns, **k)))
+            except ApiException as e:
+                if e.status in (400, 404):  # not started after all, or deleted meanwhile
+                    continue
+                raise self._api_error("get", "pods/log", ns, e) from e
+            return bytes(resp.data).decode("utf-8", errors="replace")
+        return ""
+
+    def cancel(self, handle: JobHandle) -> None:
+        from kubernetes.client import ApiException
+
+        ns, kind = self._ns(handle), self._kind(handle)
+        # Foreground: the Job/JobSet disappears only after its pods, so GPUs are free when it is
+        # gone.
+        try:
+            if kind == "JobSet":
+                self._call("delete", "jobsets", ns, lambda: (
+                    self._custom.delete_namespaced_custom_object(
+                        JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, handle.name,
+                        propagation_policy="Foreground", _preload_content=False)))
+            else:
+                self._call("delete", "jobs", ns, lambda: self._batch.delete_namespaced_job(
+                    handle.name, ns, propagation_policy="Foreground", _preload_content=False))
+        except ApiException as e:
+            if e.status != 404:  # already gone is what we wanted
+                raise self._api_error("delete", _resource(kind), ns, e) from e
+
+    # -- API plumbing ------------------------------------------------------------------------
+
+    def _create(self, obj: Mapping[str, Any], spec: JobSpec, *, is_main: bool) -> None:
+        from kubernetes.client import ApiException
+        from pydantic import ValidationError
+
+        kind = str(obj.get("kind"))
+        md = obj.get("metadata") or {}
+        ns = str(md.get("namespace") or self.opts.namespace)
+        name = str(md.get("name"))
+        creators: dict[str, Callable[[], Any]] = {
+            "Job": lambda: self._batch.create_namespaced_job(ns, body=obj,
+                                                             _preload_content=False),
+            "JobSet": lambda: self._custom.create_namespaced_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, body=obj,
+                _preload_content=False),
+            "ConfigMap": lambda: self._core.create_namespaced_config_map(
+                ns, body=obj, _preload_content=False),
+            "Service": lambda: self._core.create_namespaced_service(ns, body=obj,
+                                                                    _preload_content=False),
+        }
+        if kind not in creators:
+            raise KubernetesBackendError(f"render() returned a {kind}, which this backend "
+                                         "does not know how to create")
+        resource = _resource(kind)
+        try:
+            self._call("create", resource, ns, creators[kind])
+        except ValidationError as e:
+            # kubernetes>=35 validates bodies against its models before sending them.
+            raise KubernetesBackendError(
+                f"the {kind} {ns}/{name} from render() does not fit the Kubernetes API schema "
+                f"(the client refused it before sending): {e}") from e
+        except ApiException as e:
+            if e.status != 409:
+                raise self._api_error("create", resource, ns, e) from e
+            # Already there: a supervisor restarted after submitting. Adopt our own attempt,
+            # refuse someone else's object of the same name.
+            if is_main:
+                existing = self._read(kind, ns, name)
+                labels = (existing.get("metadata") or {}).get("labels") or {}
+                if (labels.get(LABEL_RUN) != spec.name
+                        or labels.get(LABEL_ATTEMPT) != str(spec.attempt)):
+                    raise KubernetesBackendError(
+                        f"{kind} {ns}/{name} already exists but is not attempt {spec.attempt} "
+                        f"of run {spec.name} (labels {LABEL_RUN}={labels.get(LABEL_RUN)!r}, "
+                        f"{LABEL_ATTEMPT}={labels.get(LABEL_ATTEMPT)!r}); delete it or pick "
+                        "another run name") from e
+            log.info("%s %s/%s already exists; adopting it", kind, ns, name)
+
+    def _read(self, kind: str, ns: str, name: str) -> dict[str, Any]:
+        if kind == "JobSet":
+            resp = self._call("get", "jobsets", ns, lambda: (
+                self._custom.get_namespaced_custom_object(
+                    JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, name,
+                    _preload_content=False)))
+        else:
+            resp = self._call("get", "jobs", ns, lambda: self._batch.read_namespaced_job(
+                name, ns, _preload_content=False))
+        return dict(json.loads(resp.data))
+
+    def _pods(self, handle: JobHandle, job: Mapping[str, Any] | None = None
+              ) -> list[dict[str, Any]]:
+        from kubernetes.client import ApiException
+
+        ns = self._ns(handle)
+        run = handle.data.get("run")
+        attempt = handle.data.get("attempt")
+        if run is None or attempt is None:  # a handle written by hand: use the Job's labels
+            labels = ((job or self._read(self._kind(handle), ns, handle.name))
+                      .get("metadata") or {}).get("labels") or {}
+            run, attempt = labels.get(LABEL_RUN), labels.get(LABEL_ATTEMPT)
+        selector = f"{LABEL_RUN}={run},{LABEL_ATTEMPT}={attempt}"
+        try:
+            resp = self._call("list", "pods", ns, lambda: self._core.list_namespaced_pod(
+                ns, label_selector=selector, _preload_content=False))
+        except ApiException as e:
+            raise self._api_error("list", "pods", ns, e) from e
+        return list(json.loads(resp.data).get("items") or [])
+
+    def _call(self, verb: str, resource: str, ns: str, fn: Callable[[], T]) -> T:
+        """fn() with retries on transient failures. Permission and connection problems become
+        KubernetesBackendError; other ApiExceptions (404, 409, ...) go to the caller."""
+        import urllib3
+        from kubernetes.client import ApiException
+
+        delay = self.backoff_s
+        for attempt in range(self.retries + 1):
+            last = attempt == self.retries
+            try:
+                return fn()
+            except ApiException as e:
+                status = int(e.status or 0)
+                if status in (401, 403):
+                    raise self._api_error(verb, resource, ns, e) from e
+                # 0: the client gave up before an answer (TLS trouble): as good as unreachable
+                if not (status == 429 or status >= 500 or status == 0):
+                    raise
+                if last:
+                    raise self._api_error(verb, resource, ns, e) from e
+                wait = _retry_after(e) if status == 429 else None
+                log.warning("Kubernetes API %s %s answered %s; retrying", verb, resource, status)
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                if last:
+                    raise KubernetesBackendError(
+                        f"cannot reach the Kubernetes API server at {self.host} to {verb} "
+                        f"{resource} in namespace {ns}: {e}") from e
+                wait = None
+                log.warning("Kubernetes API server %s unreachable (%s); retrying", self.host, e)
+            time.sleep(wait if wait is not None else delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    def _api_error(self, verb: str, resource: str, ns: str, e: Any) -> KubernetesBackendError:
+        status = int(getattr(e, "status", 0) or 0)
+        said = _status_message(e)
+        if status == 401:
+            return KubernetesBackendError(
+                f"the Kubernetes API server at {self.host} rejected our credentials (401) when "
+                f"trying to {verb} {resource} in namespace {ns}: {said}. Check the kubeconfig "
+                "user or the pod's service-account token.")
+        if status == 403:
+            return KubernetesBackendError(
+                f"not allowed to {verb} {resource} in namespace {ns} (403 Forbidden: {said}). "
+                "Check the RBAC Role and RoleBinding of the identity ballast runs as: the Role "
+                "in k8s/base grants get/list/watch/create/delete on jobs (batch), jobsets "
+                "(jobset.x-k8s.io) and pods, and get on pods/log; it must be bound to that "
+                f"service account in namespace {ns}.")
+        if status == 0:
+            return KubernetesBackendError(
+                f"cannot talk to the Kubernetes API server at {self.host} to {verb} {resource} "
+                f"in namespace {ns}: {getattr(e, 'reason', e)}")
+        if status == 404 and resource == "jobsets":
+            said += " (is the JobSet controller and its CRD installed in the cluster?)"
+        return KubernetesBackendError(
+            f"the Kubernetes API server at {self.host} answered {status} to {verb} {resource} "
+            f"in namespace {ns}: {said}")
+
+    def _ns(self, handle: JobHandle) -> str:
+        return handle.namespace or self.opts.namespace
+
+    @staticmethod
+    def _kind(handle: JobHandle) -> str:
+        return str(handle.data.get("kind") or "Job")
+
+
+def _resource(kind: str) -> str:
+    return {"Job": "jobs", "JobSet": "jobsets", "ConfigMap": "configmaps",
+            "Service": "services"}.get(kind, kind.lower() + "s")
+
+
+def _trainer_started(pod: Mapping[str, Any]) -> bool:
+    cs = _trainer_status(pod)
+    if cs is None:
+        return False
+    return bool((cs.get("state") or {}).get("running") or (cs.get("state") or {}).get(
+        "terminated") or (cs.get("lastState") or {}).get("terminated"))
+
+
+def _status_message(e: Any) -> str:
+    """The message of the API's Status body, or the HTTP reason."""
+    body = getattr(e, "body", None)
+    if body:
+        try:
+            msg = json.loads(body).get("message")
+            if msg:
+                return str(msg)
+        except (ValueError, AttributeError):
+            pass
+    return str(getattr(e, "reason", "") or "no message")
+
+
+def _retry_after(e: Any) -> float | None:
+    headers = getattr(e, "headers", None) or {}
+    try:
+        return float(headers.get("Retry-After"))
+    except (TypeError, ValueError):
+        return None
+
+
+def _load_api_client() -> Any:
+    """An ApiClient from the pod's service account, else from the kubeconfig."""
+    from kubernetes import client, config
+
+    tried = []
+    cfg = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+    except config.ConfigException as e:
+        tried.append(f"in-cluster service account: {e}")
+    cfg = client.Configuration()
+    try:
+        config.load_kube_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+    except (config.ConfigException, OSError) as e:
+        tried.append(f"kubeconfig: {e}")
+    raise KubernetesBackendError(
+        "no Kubernetes configuration found (" + "; ".join(tried) + "). Run inside a pod with a "
+        "service account, or point KUBECONFIG (default ~/.kube/config) at the cluster.")

@@ -1,0 +1,133 @@
+"""The train flow and the deployments against a real temporary Prefect API: the attempts
+table as an artifact, and a deployment run triggered through the API (as the UI does)
+that a real `prefect worker` picks up and completes with the local backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.stdlib_corpus import topics
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
+
+
+def write_configs(tmp: Path, steps: int = 30) -> tuple[Path, Path]:
+    """A prep config over pydoc's topic pages (ships with Python: no shared data needed),
+    byte tokens packed to 64, and a tiny training config on its output."""
+    corpus = tmp / "topics.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in topics()))
+    prep = tmp / "prep.yaml"
+    prep.write_text(yaml.safe_dump({
+        "output": str(tmp / "prep-out"), "workers": 1,
+        "sources": [{"name": "pydoc", "paths": [str(corpus)]}],
+        "dedup": {"exact": True, "near": False}, "quality": [],
+        "pack": {"seq_len": 64}, "dataset": {"validation_fraction": 0.05},
+    }))
+    train = tmp / "train.yaml"
+    train.write_text(yaml.safe_dump({
+        "dataset": str(tmp / "prep-out" / "dataset"), "run_dir": str(tmp / "run"),
+        "steps": steps, "micro_batch": 4, "eval_every": 1000, "eval_batches": 2,
+        "model": TINY, "checkpoint": {"every": 10, "keep_last": 2},
+        "schedule": {"warmup_steps": 3},
+    }))
+    return prep, train
+
+
+async def _artifact(key: str) -> list[dict]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    async with get_client() as client:
+        arts = await client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    newest = max(arts, key=lambda a: a.created)
+    data = newest.data
+    return json.loads(data) if isinstance(data, str) else data
+
+
+def test_train_flow_reports_attempts(prefect_api, train_dataset, tmp_path):
+    """A divergence beyond the trainer's budget, then a recovery: the flow completes and
+    the `train-attempts` artifact has both attempts with what happened."""
+    import asyncio
+
+    from flows.train import train
+
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "dataset": train_dataset, "run_dir": str(tmp_path / "run"), "steps": 60,
+        "micro_batch": 4, "eval_every": 1000, "model": TINY,
+        "checkpoint": {"every": 10, "keep_last": 2}, "schedule": {"warmup_steps": 5},
+        "guards": {"warmup_steps": 10, "max_rollbacks": 1}}))
+    result = train(str(cfg), poll_s=0.3,
+                   extra_args=["--fault", "lr_blowup_persistent@30-200"])
+    assert result["ok"] and result["step"] == 60
+    assert Path(result["loss_curve"]).is_file() and Path(result["checkpoint"]).is_dir()
+    rows = asyncio.run(_artifact("train-attempts"))
+    assert [r["ending"] for r in rows] == ["diverged", "done"]
+    assert rows[0]["exit code"] == 3 and rows[0]["then"].startswith("restart with rollback")
+    assert rows[1]["resumed from"].startswith("step-") and rows[1]["step reached"] == 60
+
+
+def test_train_flow_fails_on_bad_config(prefect_api, tmp_path):
+    from flows.train import train
+
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(yaml.safe_dump({"dataset": str(tmp_path), "modle": {}}))
+    with pytest.raises(Exception, match="modle: unknown key"):
+        train(str(cfg))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    from flows.deployments import deploy_all
+
+    prep, train = write_configs(tmp_path)
+    ids = deploy_all(str(prep), str(train), pool_type="process", cron="0 3 * * *",
+                     poll_s=0.5)
+    assert set(ids) == {"pipeline/scheduled", "prep/prep-only", "train/train-only"}
+
+    async def deployment_info() -> tuple[list, str]:
+        async with get_client() as client:
+            dep = await client.read_deployment(ids["pipeline/scheduled"])
+            pool = await client.read_work_pool(dep.work_pool_name)
+            return [s.schedule.cron for s in dep.schedules], pool.type
+
+    crons, pool_type = asyncio.run(deployment_info())
+    assert crons == ["0 3 * * *"] and pool_type == "process"
+
+    # What the UI's "Run" button does: a flow run from the deployment, scheduled now.
+    run = run_deployment("pipeline/scheduled", timeout=0)
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    worker = subprocess.run(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "ballast-process",
+         "--run-once", "--type", "process"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+
+    async def final_state() -> str:
+        async with get_client() as client:
+            for _ in range(60):
+                fr = await client.read_flow_run(run.id)
+                if fr.state and fr.state.is_final():
+                    return fr.state.type.value
+                time.sleep(1)
+            return fr.state.type.value if fr.state else "none"
+
+    state = asyncio.run(final_state())
+    assert state == "COMPLETED", worker.stdout[-3000:] + worker.stderr[-3000:]
+    final = json.loads((tmp_path / "run" / "final.json").read_text())
+    assert final["step"] == 30
+    assert final["dataset"]["uri"] == str(tmp_path / "prep-out" / "dataset")
