@@ -19,15 +19,21 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# Prep (CLI, progress bars), then a couple of minutes of training under the supervisor
+# (the `train` flow on a temporary local Prefect API, local backend, checkpoints copied to
+# the local object store), then where the results are.
 demo: $(STAMP)
-	@if [ -d "$(SHARED)" ]; then \
+	@set -e; if [ -d "$(SHARED)" ]; then \
 	  echo "demo: real corpora from $(SHARED)"; \
 	  $(VENV)/bin/ballast prep configs/demo.yaml; \
+	  DATASET=runs/demo/dataset; \
 	else \
 	  echo "demo: $(SHARED) not found; using text that ships with Python (pydoc topics, docstrings)"; \
-	  $(PY) -m tasks.stdlib_corpus runs/stdlib-corpus && \
+	  $(PY) -m tasks.stdlib_corpus runs/stdlib-corpus; \
 	  $(VENV)/bin/ballast prep configs/demo-stdlib.yaml; \
-	fi
+	  DATASET=runs/demo-stdlib/dataset; \
+	fi; \
+	$(PY) -m flows.train configs/train-demo.yaml --dataset $$DATASET
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -143,7 +143,26 @@ def main() -> None:
     ap.add_argument("--nproc-per-node", type=int, default=1)
     a = ap.parse_args()
     r = train(a.config, a.dataset, a.run_dir, a.steps, a.backend, a.nproc_per_node)
-    print(json.dumps({k: r[k] for k in ("ending", "checkpoint", "loss_curve")}, indent=2))
+    print(summary_text(r))
+
+
+def summary_text(r: dict[str, Any]) -> str:
+    """The end-of-run summary for a terminal."""
+    from training.metrics import read
+
+    evals = [m for m in read(Path(r["metrics"])) if m.get("kind") == "eval"]
+    lines = ["", f"training {r['ending']}: {r['message']} "
+                 f"({len(r['attempts'])} attempt{'s' * (len(r['attempts']) != 1)})"]
+    if evals:
+        lines.append(f"  val loss:          {evals[-1]['val_loss']:.4f} at step "
+                     f"{evals[-1]['step']} (first eval: {evals[0]['val_loss']:.4f})")
+    lines += [f"  loss curve:        {r['loss_curve']}",
+              f"  metrics:           {r['metrics']}",
+              f"  final checkpoint:  {r['checkpoint']}"]
+    if r["remote"]:
+        lines.append(f"  object storage:    {r['remote']} (`latest` names the newest "
+                     "complete checkpoint)")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

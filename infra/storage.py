@@ -128,7 +128,17 @@ class LocalStore:
         return sorted(keys)
 
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        p = self._path(key)
+        p.unlink(missing_ok=True)
+        # Like S3, a "directory" exists only while it holds keys: drop emptied parents.
+        root = self._path("")
+        for parent in p.parents:
+            if parent == root or root not in parent.parents:
+                break
+            try:
+                parent.rmdir()
+            except OSError:
+                break  # not empty (or gone): the ones above are not empty either
 
     def iter_prefix(self, prefix: str = "") -> Iterator[str]:
         yield from self.list(prefix)

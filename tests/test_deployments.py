@@ -131,3 +131,29 @@ def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
     final = json.loads((tmp_path / "run" / "final.json").read_text())
     assert final["step"] == 30
     assert final["dataset"]["uri"] == str(tmp_path / "prep-out" / "dataset")
+
+
+def test_prefect_yaml_matches_the_flows():
+    """Every deployment in prefect.yaml names a flow that loads, passes only parameters
+    that flow takes, and uses one of the pools `ballast deploy` creates."""
+    import inspect
+
+    from prefect.flows import load_flow_from_entrypoint
+
+    from flows.deployments import POOLS
+
+    spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    names = set()
+    for d in spec["deployments"]:
+        flow_file = d["entrypoint"].split(":")[0]
+        assert (ROOT / flow_file).is_file(), d["entrypoint"]
+        f = load_flow_from_entrypoint(str(ROOT / d["entrypoint"]))
+        takes = set(inspect.signature(f.fn).parameters)
+        assert set(d["parameters"]) <= takes, (d["name"], set(d["parameters"]) - takes)
+        assert d["work_pool"]["name"] in POOLS.values()
+        backend = d["parameters"].get("backend")
+        if backend is not None:
+            assert backend == ("kubernetes" if d["work_pool"]["name"] == POOLS["kubernetes"]
+                               else "local"), d["name"]
+        names.add(f"{f.name}/{d['name']}")
+    assert {"pipeline/scheduled", "prep/prep-only", "train/train-only"} <= names

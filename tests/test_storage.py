@@ -457,3 +457,17 @@ def test_credentials_never_in_errors(
     assert "$BALLAST_S3_KEY" in str(errors[5])  # names the variable, not its value
     for record in caplog.records:
         assert key_id not in record.getMessage() and secret not in record.getMessage()
+
+
+def test_local_delete_drops_emptied_directories(tmp_path):
+    from infra.storage import LocalStore
+
+    s = LocalStore(tmp_path / "store")
+    s.put("step-1/a", b"1")
+    s.put("step-1/b", b"2")
+    s.put("keep", b"3")
+    s.delete("step-1/a")
+    assert (tmp_path / "store" / "step-1").is_dir()  # still holds b
+    s.delete("step-1/b")
+    assert not (tmp_path / "store" / "step-1").exists()
+    assert (tmp_path / "store").is_dir() and s.list("") == ["keep"]
