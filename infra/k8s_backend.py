@@ -11,11 +11,13 @@ How an ending is decided
   `Completed`/`Failed`. `FailureTarget`/`SuccessCriteriaMet` alone mean the controller is
   still terminating pods: the attempt is reported running, with the verdict in `detail`, so the
   supervisor never starts the next attempt while the old pods hold the GPUs.
-* A Job failed by its podFailurePolicy names the pod and exit code in its message; that pod
-  decides. Otherwise the deciding pods are the failures of the newest gang generation (the
-  JobSet `restart-attempt` label; a plain Job has one), keeping the newest failed pod of each
-  rank (child Job + completion index). In a plain one-pod Job that is simply the newest failed
-  pod: the one whose failure ended the Job.
+* A Job failed by its podFailurePolicy names the pod and the exit code (or the
+  DisruptionTarget condition) in its message; that pod decides, even when it is no longer
+  listed (evicted and PodGC'd pods are deleted). A JobSet's own message names only the first
+  failed child Job, so its child Jobs' messages are read instead. Otherwise the deciding pods
+  are the failures of the newest gang generation (the JobSet `restart-attempt` label; a plain
+  Job has one), keeping the newest failed pod of each rank (child Job + completion index). In
+  a plain one-pod Job that is simply the newest failed pod: the one whose failure ended it.
 * Among those pods, and among the signals inside one pod, the most informative wins:
 
       diverged (exit 3) > bad_input (exit 1) > oom > node_lost > crashed
@@ -33,12 +35,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from infra.jobs import Ending, JobHandle, JobSpec, JobStatus, ending_from_exit_code
 from infra.k8s_manifests import LABEL_ATTEMPT, LABEL_RUN, KubeOptions
@@ -76,21 +79,26 @@ _PFP_CONDITION = re.compile(r"Pod (?P<ns>[^/\s]+)/(?P<pod>\S+) has condition (?P
 
 @dataclass(frozen=True)
 class _PodEnd:
-    """How one pod ended, as far as its status tells."""
+    """How one pod ended, as far as its status (or a Job's failure message) tells."""
 
-    pod: Mapping[str, Any]
+    pod: Mapping[str, Any] | None  # None: known only from a Job's message
     ending: Ending
     exit_code: int | None
     why: str
     at: datetime | None  # when it failed (container finish, else the disruption)
+    ref: str = ""  # ns/name when `pod` is None
 
     def describe(self) -> str:
+        if self.pod is None:
+            return f"pod {self.ref} (no longer listed): {self.why}"
         return f"pod {_pod_ref(self.pod)} on node {_node(self.pod)}: {self.why}"
 
 
-def classify(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> JobStatus:
+def classify(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
+             child_jobs: Iterable[Mapping[str, Any]] = ()) -> JobStatus:
     """The state of one attempt from its Job or JobSet and all of its pods (every restart,
-    failed ones included), as plain dicts in the API's JSON shape."""
+    failed ones included), as plain dicts in the API's JSON shape. For a JobSet, `child_jobs`
+    (the batch/v1 Jobs it made) sharpen the verdict when the deciding pod is gone."""
     pods = list(pods)
     is_jobset = job.get("kind") == "JobSet" or str(job.get("apiVersion", "")).startswith(
         JOBSET_GROUP)
@@ -102,7 +110,8 @@ def classify(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]) -> JobSt
     if done_type in conds:
         return _finished_done(conds[done_type], pods)
     if failed_type in conds:
-        return _finished_failed(conds[failed_type], pods, is_jobset, restarts)
+        verdict_from = list(child_jobs) if is_jobset else [job]
+        return _finished_failed(conds[failed_type], pods, verdict_from, is_jobset, restarts)
     return _in_progress(job, conds, pods, is_jobset, restarts)
 
 
@@ -114,14 +123,16 @@ def _finished_done(cond: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> Jo
         if term is not None and term.get("exitCode") is not None:
             code = int(term["exitCode"])
             break
-    detail = f"completed ({_cond_text(cond)}): {len(succeeded)} pods succeeded"
+    n = len(succeeded)
+    detail = f"completed ({_cond_text(cond)}): {n} pod{'s' if n != 1 else ''} succeeded"
     if succeeded:
         names = ", ".join(f"{_pod_ref(p)} on {_node(p)}" for p in succeeded[:4])
         detail += f" ({names})"
     return JobStatus("finished", "done", code, detail)
 
 
-def _finished_failed(cond: Mapping[str, Any], pods: list[Mapping[str, Any]], is_jobset: bool,
+def _finished_failed(cond: Mapping[str, Any], pods: list[Mapping[str, Any]],
+                     verdict_from: list[Mapping[str, Any]], is_jobset: bool,
                      restarts: int) -> JobStatus:
     reason = str(cond.get("reason") or "")
     message = str(cond.get("message") or "")
@@ -134,20 +145,10 @@ def _finished_failed(cond: Mapping[str, Any], pods: list[Mapping[str, Any]], is_
         # The deadline, not any pod, ended the attempt; killed pods say nothing about why.
         return JobStatus("finished", "crashed", None, f"{failure} ({seen})")
 
-    named = _pod_named_by_policy(message, pods) if reason == "PodFailurePolicy" else None
-    if named is not None:
-        decider: _PodEnd | None = named
-    else:
-        decider = _decide(ends)
-        if decider is None and reason == "PodFailurePolicy":
-            # The pod is gone (deleted or garbage-collected); the Job's message still has the
-            # container's exit code.
-            m = _PFP_EXIT.search(message)
-            if m:
-                code = int(m["code"])
-                return JobStatus("finished", ending_from_exit_code(code), code,
-                                 f"pod {m['ns']}/{m['pod']} (no longer listed) exited {code}; "
-                                 f"{failure}")
+    named = _policy_verdicts(verdict_from, pods)
+    # A Job's own verdict on its pods stands; in a gang, the child Jobs' verdicts are weighed
+    # against what the pods of the other ranks show.
+    decider = named[0] if named and not is_jobset else _decide(ends, extra=named)
     if decider is None:
         return JobStatus("finished", "crashed", None,
                          f"{failure}; no failed pod is listed any more (deleted?), so the cause "
@@ -187,7 +188,7 @@ def _in_progress(job: Mapping[str, Any], conds: Mapping[str, Mapping[str, Any]],
         notes.append(f"{count}; last: {ends[-1].ending}: {ends[-1].describe()}")
 
     # A gang trains only when every rank runs, so any rank still waiting keeps it pending.
-    phase = "running" if running and not waiting else "pending"
+    phase: Literal["pending", "running"] = "running" if running and not waiting else "pending"
     if "FailureTarget" in conds or "SuccessCriteriaMet" in conds:
         phase = "running"
     if not pods:
@@ -195,32 +196,62 @@ def _in_progress(job: Mapping[str, Any], conds: Mapping[str, Mapping[str, Any]],
     return JobStatus(phase, None, None, "; ".join(notes))
 
 
-def _pod_named_by_policy(message: str, pods: list[Mapping[str, Any]]) -> _PodEnd | None:
-    """The pod a podFailurePolicy FailJob message names (the Job controller's own verdict)."""
-    m = _PFP_EXIT.search(message) or _PFP_CONDITION.search(message)
-    if not m:
-        return None
-    for p in pods:
-        if (p.get("metadata") or {}).get("name") == m["pod"]:
-            return _pod_end(p)
-    return None
-
-
-def _decide(ends: list[_PodEnd]) -> _PodEnd | None:
-    """The pod whose failure decides the attempt: newest gang generation, newest failure of
-    each rank, then the most informative ending, the first to fail on a tie."""
-    if not ends:
-        return None
-    newest_gen = max(_generation(e.pod) for e in ends)
-    latest_per_rank: dict[tuple[str, str], _PodEnd] = {}
-    for e in ends:
-        if _generation(e.pod) != newest_gen:
+def _policy_verdicts(jobs: list[Mapping[str, Any]], pods: list[Mapping[str, Any]]
+                     ) -> list[_PodEnd]:
+    """The pods that failed Jobs by a podFailurePolicy FailJob rule, as the Jobs' messages
+    name them; for JobSet child Jobs only those of the newest gang generation."""
+    failed = [(j, c) for j in jobs
+              if (c := _true_conditions(j).get("Failed") or _true_conditions(j).get(
+                  "FailureTarget")) is not None and c.get("reason") == "PodFailurePolicy"]
+    if not failed:
+        return []
+    newest = max(_generation(j) for j, _ in failed)
+    by_name = {(p.get("metadata") or {}).get("name"): p for p in pods}
+    out: list[_PodEnd] = []
+    for j, c in failed:
+        if _generation(j) != newest:
             continue
-        key = _rank_key(e.pod)
-        cur = latest_per_rank.get(key)
-        if cur is None or _ts_key(e.at) > _ts_key(cur.at):
-            latest_per_rank[key] = e
-    return min(latest_per_rank.values(), key=lambda e: (_RANK[e.ending], _ts_key(e.at)))
+        message = str(c.get("message") or "")
+        at = _parse_ts(c.get("lastTransitionTime"))
+        m_exit, m_cond = _PFP_EXIT.search(message), _PFP_CONDITION.search(message)
+        m = m_exit or m_cond
+        if m is None:
+            continue
+        pod = by_name.get(m["pod"])
+        seen = _pod_end(pod) if pod is not None else None
+        if seen is not None:
+            out.append(seen)
+        elif m_exit is not None:
+            code = int(m_exit["code"])
+            out.append(_PodEnd(None, ending_from_exit_code(code), code, f"trainer exit {code}",
+                               at, f"{m['ns']}/{m['pod']}"))
+        elif m_cond is not None and m_cond["cond"] == "DisruptionTarget":
+            out.append(_PodEnd(None, "node_lost", None, "node lost: DisruptionTarget", at,
+                               f"{m['ns']}/{m['pod']}"))
+    return sorted(out, key=lambda e: (_RANK[e.ending], _ts_key(e.at)))
+
+
+def _decide(ends: list[_PodEnd], extra: Iterable[_PodEnd] = ()) -> _PodEnd | None:
+    """The pod whose failure decides the attempt: newest gang generation, newest failure of
+    each rank, then the most informative ending, the first to fail on a tie. `extra` are
+    verdicts from Job messages, already of the newest generation."""
+    candidates = list(extra)
+    listed = [e for e in ends if e.pod is not None]
+    if listed:
+        newest_gen = max(_generation(e.pod) for e in listed if e.pod is not None)
+        latest_per_rank: dict[tuple[str, str], _PodEnd] = {}
+        for e in listed:
+            assert e.pod is not None
+            if _generation(e.pod) != newest_gen:
+                continue
+            key = _rank_key(e.pod)
+            cur = latest_per_rank.get(key)
+            if cur is None or _ts_key(e.at) > _ts_key(cur.at):
+                latest_per_rank[key] = e
+        candidates += latest_per_rank.values()
+    if not candidates:
+        return None
+    return min(candidates, key=lambda e: (_RANK[e.ending], _ts_key(e.at)))
 
 
 def _pod_end(pod: Mapping[str, Any]) -> _PodEnd | None:
@@ -342,8 +373,9 @@ def _labels(pod: Mapping[str, Any]) -> Mapping[str, str]:
     return (pod.get("metadata") or {}).get("labels") or {}
 
 
-def _generation(pod: Mapping[str, Any]) -> int:
-    return _int_or_none(_labels(pod).get(_JS_RESTART)) or 0
+def _generation(obj: Mapping[str, Any]) -> int:
+    """The JobSet gang restart a pod or child Job belongs to (0 outside a JobSet)."""
+    return _int_or_none(_labels(obj).get(_JS_RESTART)) or 0
 
 
 def _rank_key(pod: Mapping[str, Any]) -> tuple[str, str]:
@@ -455,7 +487,13 @@ class KubernetesBackend:
                 return JobStatus("finished", "crashed", None,
                                  f"job deleted: {kind} {ns}/{handle.name} no longer exists")
             raise self._api_error("get", _resource(kind), ns, e) from e
-        return classify(job, self._pods(handle, job))
+        pods = self._pods(handle, job)
+        children: list[dict[str, Any]] = []
+        if kind == "JobSet" and "Failed" in _true_conditions(job):
+            # Only the child Jobs' messages name the pod and exit code that failed the gang.
+            children = self._list("jobs", ns, self._selector(handle, job), lambda sel: (
+                self._batch.list_namespaced_job(ns, label_selector=sel, _preload_content=False)))
+        return classify(job, pods, children)
 
     def logs(self, handle: JobHandle, tail: int | None = None) -> str:
         """The trainer's log from the newest pod that has started; rank 0 first in a gang."""
@@ -508,6 +546,9 @@ class KubernetesBackend:
         from pydantic import ValidationError
 
         kind = str(obj.get("kind"))
+        # kubernetes>=35 validates bodies against its pydantic models, which take resource
+        # quantities only as strings; the API server (and kubectl) also take numbers.
+        obj = _quantities_as_strings(obj)
         md = obj.get("metadata") or {}
         ns = str(md.get("namespace") or self.opts.namespace)
         name = str(md.get("name"))
@@ -563,21 +604,27 @@ class KubernetesBackend:
 
     def _pods(self, handle: JobHandle, job: Mapping[str, Any] | None = None
               ) -> list[dict[str, Any]]:
+        """Every pod of the attempt, all restarts and gang ranks, failed ones included."""
+        ns = self._ns(handle)
+        return self._list("pods", ns, self._selector(handle, job), lambda sel: (
+            self._core.list_namespaced_pod(ns, label_selector=sel, _preload_content=False)))
+
+    def _selector(self, handle: JobHandle, job: Mapping[str, Any] | None) -> str:
+        run, attempt = handle.data.get("run"), handle.data.get("attempt")
+        if run is None or attempt is None:  # a handle written by hand: use the Job's labels
+            job = job or self._read(self._kind(handle), self._ns(handle), handle.name)
+            labels = (job.get("metadata") or {}).get("labels") or {}
+            run, attempt = labels.get(LABEL_RUN), labels.get(LABEL_ATTEMPT)
+        return f"{LABEL_RUN}={run},{LABEL_ATTEMPT}={attempt}"
+
+    def _list(self, resource: str, ns: str, selector: str, fn: Callable[[str], Any]
+              ) -> list[dict[str, Any]]:
         from kubernetes.client import ApiException
 
-        ns = self._ns(handle)
-        run = handle.data.get("run")
-        attempt = handle.data.get("attempt")
-        if run is None or attempt is None:  # a handle written by hand: use the Job's labels
-            labels = ((job or self._read(self._kind(handle), ns, handle.name))
-                      .get("metadata") or {}).get("labels") or {}
-            run, attempt = labels.get(LABEL_RUN), labels.get(LABEL_ATTEMPT)
-        selector = f"{LABEL_RUN}={run},{LABEL_ATTEMPT}={attempt}"
         try:
-            resp = self._call("list", "pods", ns, lambda: self._core.list_namespaced_pod(
-                ns, label_selector=selector, _preload_content=False))
+            resp = self._call("list", resource, ns, lambda: fn(selector))
         except ApiException as e:
-            raise self._api_error("list", "pods", ns, e) from e
+            raise self._api_error("list", resource, ns, e) from e
         return list(json.loads(resp.data).get("items") or [])
 
     def _call(self, verb: str, resource: str, ns: str, fn: Callable[[], T]) -> T:
@@ -651,6 +698,25 @@ def _resource(kind: str) -> str:
             "Service": "services"}.get(kind, kind.lower() + "s")
 
 
+def _quantities_as_strings(obj: Any) -> Any:
+    """A copy of `obj` with numbers in resources.limits/requests written as strings ("8"),
+    the form the API server stores them in anyway."""
+    if isinstance(obj, Mapping):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            if k == "resources" and isinstance(v, Mapping):
+                out[k] = {rk: ({q: str(x) if isinstance(x, int | float) and not isinstance(
+                    x, bool) else x for q, x in rv.items()}
+                    if rk in ("limits", "requests") and isinstance(rv, Mapping)
+                    else _quantities_as_strings(rv)) for rk, rv in v.items()}
+            else:
+                out[k] = _quantities_as_strings(v)
+        return out
+    if isinstance(obj, list):
+        return [_quantities_as_strings(x) for x in obj]
+    return obj
+
+
 def _trainer_started(pod: Mapping[str, Any]) -> bool:
     cs = _trainer_status(pod)
     if cs is None:
@@ -693,7 +759,9 @@ def _load_api_client() -> Any:
         tried.append(f"in-cluster service account: {e}")
     cfg = client.Configuration()
     try:
-        config.load_kube_config(client_configuration=cfg)
+        # The library reads KUBECONFIG once, at import; read it now (a list of paths is fine).
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
+                                client_configuration=cfg)
         return client.ApiClient(cfg)
     except (config.ConfigException, OSError) as e:
         tried.append(f"kubeconfig: {e}")

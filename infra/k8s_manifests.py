@@ -103,8 +103,10 @@ class KubeOptions:
     s3_secret: str = "ballast-s3"  # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / endpoint
     config_map: str = "ballast-train-config"  # holds train.yaml, mounted at /etc/ballast
     config_mount: str = "/etc/ballast"
-    backoff_limit: int = 3  # crashes other than node loss, exit 1 and exit 3
-    jobset_max_restarts: int = 3  # gang restarts of a multi-node JobSet
+    # One node (Job): pod retries after a crash. Node disruption is not counted; exit 1 and 3
+    # are final. A JobSet's inner Job always has 0: the JobSet restarts the whole gang.
+    backoff_limit: int = 3
+    jobset_max_restarts: int = 3  # counted gang restarts of a multi-node JobSet (crashes)
     run_as_user: int = 1000
     rdzv_port: int = 29500
 
@@ -204,13 +206,13 @@ def volumes(opts: KubeOptions, config: bool = True) -> tuple[list[dict[str, Any]
     return vols, mounts
 
 
-def resources(opts: KubeOptions, gpus: int | str | None = None) -> dict[str, Any]:
+def resources(opts: KubeOptions) -> dict[str, Any]:
     """Requests equal limits (Guaranteed QoS: the last to be evicted under memory pressure);
     GPUs only in limits, where Kubernetes wants extended resources (requests follow)."""
-    gpus = opts.gpus_per_node if gpus is None else gpus
     limits: dict[str, Any] = {"cpu": opts.cpu, "memory": opts.memory}
-    if gpus:
-        limits[opts.gpu_resource] = gpus
+    if opts.gpus_per_node:
+        # A string, as the API stores quantities (the kubernetes client rejects ints here).
+        limits[opts.gpu_resource] = str(opts.gpus_per_node)
     return {"requests": {"cpu": opts.cpu, "memory": opts.memory}, "limits": limits}
 
 
@@ -398,7 +400,6 @@ def work_pool_template(opts: KubeOptions) -> dict[str, Any]:
     prefect-kubernetes' (KubernetesWorker.get_default_base_job_template()):
     {"job_configuration": {..., "job_manifest": {...}}, "variables": <JSON schema>}."""
     vols, mounts = volumes(opts, config=False)
-    limits_gpu = "{{ gpus }}"
     container: dict[str, Any] = {
         "name": PREFECT_CONTAINER,
         "image": "{{ image }}",
@@ -414,7 +415,7 @@ def work_pool_template(opts: KubeOptions) -> dict[str, Any]:
         "resources": {
             "requests": {"cpu": "{{ cpu_request }}", "memory": "{{ memory_request }}"},
             "limits": {"cpu": "{{ cpu_limit }}", "memory": "{{ memory_limit }}",
-                       opts.gpu_resource: limits_gpu},
+                       opts.gpu_resource: "{{ gpus }}"},
         },
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
@@ -440,7 +441,9 @@ def work_pool_template(opts: KubeOptions) -> dict[str, Any]:
         "spec": {
             "backoffLimit": "{{ backoff_limit }}",
             "ttlSecondsAfterFinished": "{{ finished_job_ttl }}",
-            "template": {"metadata": {"labels": {LABEL_APP: APP}}, "spec": pod},
+            # No pod labels here: the worker labels the pod itself (prefect.io/flow-run-id,
+            # and app.kubernetes.io/name = the flow's name, which would override ours).
+            "template": {"spec": pod},
         },
     }
     job_configuration = {

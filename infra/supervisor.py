@@ -42,6 +42,9 @@ class RestartPolicy:
     recovery_lr_scale: float = 0.5
     poll_s: float = 2.0
     backoff_s: float = 5.0  # before a restart after a crash; doubles, at most 5 min
+    # An attempt that never starts (image pull errors, a missing Secret, no GPU node fits)
+    # stays "pending" on Kubernetes forever: give up on it after this long (a crash).
+    pending_timeout_s: float | None = 1800.0
 
     def __post_init__(self) -> None:
         if min(self.max_restarts, self.max_node_losses, self.max_recoveries) < 0:
@@ -215,6 +218,7 @@ def _watch(backend: JobBackend, handle: JobHandle, a: Attempt, policy: RestartPo
            log: Callable[[str], None], should_stop: Callable[[], bool] | None,
            sleep: Callable[[float], None]) -> JobStatus:
     seen = 0
+    pending_since: float | None = None
     try:
         while True:
             if should_stop is not None and should_stop():
@@ -230,6 +234,18 @@ def _watch(backend: JobBackend, handle: JobHandle, a: Attempt, policy: RestartPo
             _progress(a, events)
             if status.phase == "finished":
                 return status
+            if status.phase == "pending":
+                pending_since = pending_since or time.monotonic()
+                waited = time.monotonic() - pending_since
+                if policy.pending_timeout_s is not None and waited > policy.pending_timeout_s:
+                    log(f"attempt {a.number}: pending for {waited:.0f} s, cancelling "
+                        f"{handle.name}: {status.detail}")
+                    backend.cancel(handle)
+                    return JobStatus("finished", "crashed", None,
+                                     f"never started: pending for {waited:.0f} s "
+                                     f"({status.detail})")
+            else:
+                pending_since = None
             sleep(policy.poll_s)
     except BaseException:
         # The supervisor itself is going away (flow cancelled, KeyboardInterrupt): a job

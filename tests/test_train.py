@@ -267,3 +267,29 @@ def test_storage_outage_during_training(dataset, tmp_path, s3_bucket, s3_client,
     assert not [s for s in seen if s.startswith("PARTIAL")], seen
     body = s3_client.get_object(Bucket=s3_bucket, Key="runs/outage/latest")["Body"].read()
     assert body.decode().strip() == ckpt.step_name(150)
+
+
+def test_dataset_in_object_storage(dataset, tmp_path, s3_bucket, s3_client, moto_endpoint,
+                                   monkeypatch):
+    """A dataset in S3 (what prep writes on a cluster) is fetched into the dataset cache,
+    verified, and trained on; a tampered remote copy is refused."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("BALLAST_DATASET_CACHE", str(tmp_path / "cache"))
+    for p in Path(dataset).rglob("*"):
+        if p.is_file():
+            s3_client.upload_file(str(p), s3_bucket, f"ds/{p.relative_to(dataset)}")
+    uri = f"s3://{s3_bucket}/ds"
+    assert train(uri, tmp_path / "run", steps=2) == 0
+    assert len(list((tmp_path / "cache").iterdir())) == 1
+    a, b = _params(tmp_path / "run", 2), None
+    assert train(dataset, tmp_path / "local", steps=2) == 0
+    b = _params(tmp_path / "local", 2)
+    assert all(torch.equal(a[k], b[k]) for k in a)  # the same data, the same training
+
+    arrow = sorted(p for p in Path(dataset).glob("train/*.arrow"))[0]
+    data = arrow.read_bytes()
+    s3_client.put_object(Bucket=s3_bucket, Key=f"ds/train/{arrow.name}",
+                         Body=data[:-10] + b"0123456789")
+    monkeypatch.setenv("BALLAST_DATASET_CACHE", str(tmp_path / "cache2"))
+    with pytest.raises(Exception, match="does not match its manifest"):
+        train(uri, tmp_path / "run2", steps=2)

@@ -13,6 +13,7 @@ import json
 import os
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -207,13 +208,34 @@ class AsyncSaver:
         self._thread.start()
 
 
+@dataclass
+class PendingSharded:
+    """A DCP save whose files are still being written in the background (async_save)."""
+
+    future: Any
+    root: Path
+    step: int
+    extra: dict[str, Any]
+    with_optim: bool
+
+
+def _sharded_dirs(root: Path, step: int) -> tuple[Path, Path]:
+    return root / step_name(step), root / f".{step_name(step)}.tmp-dcp"
+
+
 def save_sharded(root: str | Path, step: int, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer, extra: dict[str, Any], is_main: bool,
-                 barrier: Any) -> None:
+                 barrier: Any, async_pg: Any = None) -> PendingSharded | None:
     """An FSDP2 checkpoint with torch.distributed.checkpoint: every rank writes its shards
     into one temporary directory; rank 0 adds the trainer state (`state.pt`), checksums
     every file into meta.json, renames the directory into place and moves `latest`.
-    DCP reshards on load, so a run can resume at another world size."""
+    DCP reshards on load, so a run can resume at another world size.
+
+    With `async_pg` (a gloo process group of its own, so DCP's collectives in the writer
+    thread never interleave with training's), the shards are staged to CPU memory and
+    written by dcp.async_save in the background; the returned PendingSharded is completed
+    by finish_sharded() at the next checkpoint or at the end: until then `latest` still
+    names the previous checkpoint."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -221,7 +243,7 @@ def save_sharded(root: str | Path, step: int, model: torch.nn.Module,
     )
 
     root = Path(root)
-    final, tmp = root / step_name(step), root / f".{step_name(step)}.tmp-dcp"
+    _final, tmp = _sharded_dirs(root, step)
     if is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -232,20 +254,34 @@ def save_sharded(root: str | Path, step: int, model: torch.nn.Module,
     # saved at step 0 would then train differently from one that did not.
     if optimizer.state:
         state["optim"] = get_optimizer_state_dict(model, optimizer)
+    if async_pg is not None:
+        future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=async_pg)
+        return PendingSharded(future, root, step, extra, "optim" in state)
     dcp.save(state, checkpoint_id=str(tmp))
+    finish_sharded(PendingSharded(None, root, step, extra, "optim" in state), is_main,
+                   barrier)
+    return None
+
+
+def finish_sharded(p: PendingSharded, is_main: bool, barrier: Any) -> None:
+    """Wait for the shards of `p` on every rank, then (rank 0) checksum, rename into place
+    and move `latest`. Called by every rank, from the training thread."""
+    if p.future is not None:
+        p.future.result()
     barrier()
+    final, tmp = _sharded_dirs(p.root, p.step)
     if is_main:
-        torch.save(extra, tmp / STATE)
-        files = {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-                 for p in sorted(tmp.iterdir()) if p.is_file()}
-        (tmp / META).write_text(json.dumps({"step": step, "format": "dcp",
-                                            "optimizer": "optim" in state, "files": files},
+        torch.save(p.extra, tmp / STATE)
+        files = {f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+                 for f in sorted(tmp.iterdir()) if f.is_file()}
+        (tmp / META).write_text(json.dumps({"step": p.step, "format": "dcp",
+                                            "optimizer": p.with_optim, "files": files},
                                            indent=2))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-        fsync_dir(root)
-        write_latest(root, step)
+        fsync_dir(p.root)
+        write_latest(p.root, p.step)
     barrier()
 
 

@@ -9,6 +9,11 @@ counter forward.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +22,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from training.manifest import read_manifest, verify
+from infra.storage import StorageError, StorageOptions, open_store
+from training.manifest import MANIFEST, read_manifest, verify
 
 COLUMNS = ("input_ids", "position_ids", "segment_ids", "loss_mask")
 
@@ -65,15 +71,51 @@ class TrainData:
         return int(self.manifest["seq_len"])
 
 
-def load_data(uri: str, check: bool = True) -> TrainData:
-    """Open a prepared dataset. With `check`, refuse it unless every file matches the
-    manifest (sha256 of every shard): training on silently altered data is worse than
-    not training."""
+def fetch_dataset(uri: str, cache_root: Path, options: StorageOptions | None = None) -> Path:
+    """A local copy of the dataset at `uri` (s3://...): every file its manifest lists,
+    downloaded into `cache_root/<hash of uri + manifest>/` (a temporary directory renamed
+    into place, so a killed download is never mistaken for a dataset). A copy that is
+    already there is reused; load_data verifies it either way."""
+    store = open_store(uri, options)
+    try:
+        manifest_bytes = store.get(MANIFEST)
+        listed = sorted(json.loads(manifest_bytes).get("files", {}))
+    except StorageError as e:
+        raise DatasetError(f"{uri}: cannot read {MANIFEST}: {e}") from None
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{uri}/{MANIFEST} is not valid JSON: {e}") from None
+    key = hashlib.sha256(uri.encode() + b"\0" + manifest_bytes).hexdigest()[:16]
+    final = cache_root / key
+    if (final / MANIFEST).is_file():
+        return final
+    cache_root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_root))
+    try:
+        for rel in listed:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            store.get_file(rel, tmp / rel)
+        (tmp / MANIFEST).write_bytes(manifest_bytes)  # last: its presence means complete
+        os.replace(tmp, final)
+    except StorageError as e:
+        raise DatasetError(f"{uri}: download failed: {e}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def dataset_cache() -> Path:
+    return Path(os.environ.get("BALLAST_DATASET_CACHE")
+                or Path.home() / ".cache" / "ballast" / "datasets")
+
+
+def load_data(uri: str, check: bool = True, options: StorageOptions | None = None) -> TrainData:
+    """Open a prepared dataset (a local directory, or s3://... fetched into the dataset
+    cache first). With `check`, refuse it unless every file matches the manifest (sha256
+    of every shard): training on silently altered data is worse than not training."""
     from datasets import load_from_disk
 
     if "://" in uri:
-        raise DatasetError(f"{uri}: the trainer reads a local dataset; download it first "
-                           f"(object-storage datasets arrive with the launch work)")
+        uri = str(fetch_dataset(uri, dataset_cache(), options))
     if not (Path(uri) / "manifest.json").is_file():
         raise DatasetError(f"{uri}: no manifest.json (not a prepared dataset, or incomplete)")
     if check:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import math
 import os
@@ -130,7 +131,7 @@ class Trainer:
         np.random.seed(cfg.seed)
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=self.device.type == "cuda")
-        self.data: TrainData = load_data(cfg.dataset)
+        self.data: TrainData = load_data(cfg.dataset, options=cfg.storage)
         self.model = GPT(cfg.model, self.data.vocab_size, self.data.seq_len).to(self.device)
         self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
         self.fsdp = self.world.active and cfg.parallel == "fsdp2"
@@ -150,6 +151,14 @@ class Trainer:
                 else None)
             wrapped = self.ddp
         self.forward = torch.compile(wrapped) if cfg.model.compile else wrapped
+        # FSDP2 async checkpoints: DCP writes in a background thread and runs collectives
+        # there, so it gets a gloo group of its own (never interleaved with training's).
+        self._pending_dcp: ckpt.PendingSharded | None = None
+        self._dcp_pg = None
+        if self.fsdp and cfg.checkpoint.async_save:
+            import torch.distributed as dist
+
+            self._dcp_pg = dist.new_group(backend="gloo")
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.scaler = torch.amp.GradScaler(self.device.type,
                                            enabled=cfg.precision.dtype == "fp16")
@@ -181,10 +190,12 @@ class Trainer:
 
     def save(self) -> None:
         if self.fsdp:  # every rank holds a shard: all of them write (DCP)
-            snap = self.snapshot(modules=False)
-            ckpt.save_sharded(self.ckpt_dir, self.state.step, self.model, self.optimizer, snap,
-                              self.world.is_main, lambda: distributed.barrier(self.world))
-            if self.world.is_main:
+            self._finish_dcp()  # the previous async save is complete before the next starts
+            snap = copy.deepcopy(self.snapshot(modules=False))
+            self._pending_dcp = ckpt.save_sharded(
+                self.ckpt_dir, self.state.step, self.model, self.optimizer, snap,
+                self.world.is_main, lambda: distributed.barrier(self.world), self._dcp_pg)
+            if self._pending_dcp is None and self.world.is_main:
                 self._after_save(self.state.step)
             return
         if self.world.is_main:  # DDP: every rank holds the same state
@@ -212,10 +223,18 @@ class Trainer:
         if self.world.is_main:
             print(EVENT_PREFIX + json.dumps(event, default=str), file=sys.stderr, flush=True)
 
+    def _finish_dcp(self) -> None:
+        p, self._pending_dcp = self._pending_dcp, None
+        if p is not None:
+            ckpt.finish_sharded(p, self.world.is_main, lambda: distributed.barrier(self.world))
+            if self.world.is_main:
+                self._after_save(p.step)
+
     def settle(self) -> None:
         """Wait for the checkpoint being written (before anything reads checkpoints)."""
         if self.world.is_main:
             self.saver.wait()
+        self._finish_dcp()
         distributed.barrier(self.world)  # nobody reads a checkpoint before it exists
 
     def restore(self, step: int, modules_only: bool = False) -> dict[str, Any]:
