@@ -5,9 +5,12 @@ PY         := $(VENV)/bin/python
 #   make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.installed
+# checkov (the manifests' security scan) in a venv of its own: its pins clash with ours.
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV    := $(CHECKOV_VENV)/bin/checkov
 SHARED     ?= ../shared/data
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test scan lint bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -18,6 +21,14 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(CHECKOV):
+	python3 -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/pip install -q --upgrade pip
+	$(CHECKOV_VENV)/bin/pip install -q checkov==3.3.30
+
+scan: $(STAMP) $(CHECKOV)
+	CHECKOV=$(CHECKOV) bash infra/scan.sh
 
 # Prep (CLI, progress bars), then a couple of minutes of training under the supervisor
 # (the `train` flow on a temporary local Prefect API, local backend, checkpoints copied to
@@ -35,9 +46,9 @@ demo: $(STAMP)
 	fi; \
 	$(PY) -m flows.train configs/train-demo.yaml --dataset $$DATASET
 
-test: $(STAMP)
+test: $(STAMP) $(CHECKOV)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/pytest -q
+	CHECKOV_VENV=$(CHECKOV_VENV) $(VENV)/bin/pytest -q
 
 bench: $(STAMP)
 	$(PY) benchmarks/dedup.py
