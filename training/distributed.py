@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,3 +74,14 @@ def all_sum(value: float | int, world: World, device: torch.device) -> float:
 def barrier(world: World) -> None:
     if world.active:
         dist.barrier()
+
+
+def broadcast_object(obj: Any, world: World, device: torch.device) -> Any:
+    """Rank 0's `obj` on every rank (pickled; tensors come back on `device`). For restores:
+    under DDP only rank 0 reads a checkpoint, so nodes with their own local disks (pods
+    with an emptyDir) start from the same state."""
+    if not world.active:
+        return obj
+    box = [obj if world.rank == 0 else None]
+    dist.broadcast_object_list(box, src=0, device=device if device.type == "cuda" else None)
+    return box[0]

@@ -241,7 +241,9 @@ class Trainer:
         if ckpt.is_sharded(self.ckpt_dir, step):  # DCP: any world size, resharded on load
             st = ckpt.load_sharded(self.ckpt_dir, step, self.model, self.optimizer, self.device)
         else:
-            st = ckpt.load(self.ckpt_dir, step, map_location=self.device)
+            st = (ckpt.load(self.ckpt_dir, step, map_location=self.device)
+                  if self.world.is_main else None)
+            st = distributed.broadcast_object(st, self.world, self.device)
             self.model.load_state_dict(st["model"])
             self.optimizer.load_state_dict(st["optimizer"])
         self.scaler.load_state_dict(st["scaler"])
@@ -389,7 +391,10 @@ class Trainer:
             # A fresh machine: the newest complete checkpoint in object storage.
             latest = self.remote.restore_latest(self.ckpt_dir)
         distributed.barrier(self.world)
-        latest = ckpt.latest_step(self.ckpt_dir)
+        # Rank 0's view decides: under DDP on several nodes the other ranks' local disks
+        # hold no checkpoints (only rank 0 writes them); restore() broadcasts the state.
+        latest = distributed.broadcast_object(ckpt.latest_step(self.ckpt_dir), self.world,
+                                              self.device)
         metrics_path = self.run_dir / "metrics.jsonl"
         if latest is not None:
             self.restore(latest)
@@ -471,13 +476,15 @@ class Trainer:
                for h in s.rollbacks):
             return  # applied before this process restarted (torchrun --max-restarts)
         cap = s.step if r.rollback_to is None else min(r.rollback_to, s.step)
-        local = [c for c in ckpt.steps(self.ckpt_dir) if c <= cap]
-        target = max(local) if local else None
-        if target is None and self.remote is not None:
-            target = self.remote.restore_at_most(self.ckpt_dir, cap)
-        distributed.barrier(self.world)
-        if target is None:
-            target = max(c for c in ckpt.steps(self.ckpt_dir) if c <= s.step)
+        target = None
+        if self.world.is_main:  # rank 0 decides (its disk holds the checkpoints under DDP)
+            local = [c for c in ckpt.steps(self.ckpt_dir) if c <= cap]
+            target = max(local) if local else None
+            if target is None and self.remote is not None:
+                target = self.remote.restore_at_most(self.ckpt_dir, cap)
+            if target is None:
+                target = max(c for c in ckpt.steps(self.ckpt_dir) if c <= s.step)
+        target = int(distributed.broadcast_object(target, self.world, self.device))
         from_step = s.step
         st = self.restore(target)
         t = self.state
@@ -507,7 +514,8 @@ class Trainer:
         self.settle()
         start = int((d.event or {}).get("start_step", s.step))
         candidates = [c for c in ckpt.steps(self.ckpt_dir) if c <= start]
-        target = max(candidates) if candidates else 0
+        target = int(distributed.broadcast_object(max(candidates) if candidates else 0,
+                                                  self.world, self.device))
         samples_seen, tokens_seen = s.samples_seen, s.tokens_seen
         history = [*s.rollbacks, {"from_step": s.step, "to_step": target,
                                   "reason": d.reason, "detail": d.detail}]
