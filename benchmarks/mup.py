@@ -27,18 +27,19 @@ WIDTHS = (64, 128, 256)
 LRS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 
 
-def final_loss(dataset: str, work: Path, width: int, lr: float, mup: bool, steps: int) -> float:
+def final_loss(dataset: str, work: Path, width: int, lr: float, mup: bool, steps: int,
+               seed: int = 0) -> float:
     from training.config import parse_train_config
     from training.metrics import read
     from training.train import Trainer
 
-    run = work / f"{'mup' if mup else 'sp'}-{width}-{lr:g}"
+    run = work / f"{'mup' if mup else 'sp'}-{width}-{lr:g}-s{seed}"
     shutil.rmtree(run, ignore_errors=True)
     model = {"d_model": width, "n_layer": 2, "n_head": width // 32}
     if mup:
         model["mup_base_d_model"] = WIDTHS[0]
     cfg = parse_train_config({
-        "dataset": dataset, "run_dir": str(run), "seed": 0, "steps": steps, "micro_batch": 16,
+        "dataset": dataset, "run_dir": str(run), "seed": seed, "steps": steps, "micro_batch": 16,
         "eval_every": steps, "eval_batches": 40, "log_every": 1, "model": model,
         "optim": {"lr": lr, "betas": [0.9, 0.95]},
         "schedule": {"kind": "cosine", "warmup_steps": steps // 10, "min_lr_ratio": 0.1},
@@ -55,6 +56,10 @@ def final_loss(dataset: str, work: Path, width: int, lr: float, mup: bool, steps
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--lrs", default=",".join(f"{x:g}" for x in LRS),
+                    help="comma-separated learning rates")
+    ap.add_argument("--widths", default=",".join(str(w) for w in WIDTHS))
+    ap.add_argument("--seeds", type=int, default=1, help="runs per point; the mean is used")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "mup.json"))
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-mup"))
     args = ap.parse_args()
@@ -70,13 +75,17 @@ def main() -> None:
         # The train_cpu benchmark's prep (one training step is the cheapest way to it).
         text = text_path.read_text(encoding="utf-8")
         ballast_run(text, int(0.9 * len(text)), 1, ROOT / "runs" / "bench-train", 1e-3)
+    lrs = [float(x) for x in args.lrs.split(",")]
+    widths = [int(x) for x in args.widths.split(",")]
     result: dict = {"machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
-                    "steps": args.steps, "widths": WIDTHS, "lrs": LRS, "runs": {}}
+                    "steps": args.steps, "widths": widths, "lrs": lrs, "seeds": args.seeds,
+                    "runs": {}}
     for mode in ("sp", "mup"):
         table = {}
-        for w in WIDTHS:
-            table[w] = {lr: final_loss(str(dataset), work, w, lr, mode == "mup", args.steps)
-                        for lr in LRS}
+        for w in widths:
+            table[w] = {lr: sum(final_loss(str(dataset), work, w, lr, mode == "mup",
+                                           args.steps, seed) for seed in range(args.seeds))
+                        / args.seeds for lr in lrs}
             best = min(table[w], key=table[w].get)
             print(f"{mode} width {w}: " + "  ".join(f"lr {lr:g}: {v:.3f}"
                                                    for lr, v in table[w].items())

@@ -134,17 +134,17 @@ def test_optimizer_groups_keep_decay(name: str) -> None:
     assert n_params == len(list(_model().parameters()))
 
 
-def test_mup_lr_scale_hidden_and_output_only() -> None:
+def test_mup_lr_scale_hidden_only() -> None:
     model = _model(width_mult=4.0)
     cfg = OptimConfig(lr=1e-3)
     for g in param_groups(model, cfg):
-        want = 0.25 if g["kind"] in ("hidden", "output") else 1.0
+        want = 0.25 if g["kind"] == "hidden" else 1.0
         assert g["lr_scale"] == want
         assert g["initial_lr"] == pytest.approx(1e-3 * want)
     # Muon's hidden matrices keep scale 1 (width-independent spectral update); the untied
-    # head, in the AdamW part, is still scaled.
+    # head keeps 1 too (its width dependence is the model's logit multiplier).
     scales = {g["name"]: g["lr_scale"] for g in param_groups(model, OptimConfig(name="muon"))}
-    assert scales["hidden_muon"] == 1.0 and scales["output"] == 0.25
+    assert scales["hidden_muon"] == 1.0 and scales["output"] == 1.0
     assert scales["embedding"] == scales["norm"] == scales["bias"] == 1.0
     # The schedule applies the scale: lr = base * lr_scale * multiplier.
     opt = build_optimizer(model, cfg)

@@ -30,8 +30,11 @@ Learning-rate semantics per optimizer (`cfg.lr` is passed as is; nothing is resc
   for 2-D "hidden" matrices; AdamW at `cfg.lr` for everything else (embeddings, norms, biases,
   the output head), as Muon's authors prescribe. See `MuonWithAdamW`.
 
-muP (Yang et al. 2022, Table 3, Adam column): "hidden" and "output" matrices get
-lr_scale = 1 / width_mult (LR proportional to 1/fan_in); embeddings, norms and biases keep 1.
+muP (Yang et al. 2022, Adam): "hidden" matrices get lr_scale = 1 / width_mult (LR
+proportional to 1/fan_in); embeddings, norms, biases and the output head keep 1. The head's
+width dependence is carried by the model's 1/width_mult logit multiplier (the MuReadout form
+of the paper's Table 3 row for output weights); scaling its LR as well would count the width
+twice.
 Applied to every Adam-like (per-coordinate normalised) optimizer: AdamW, Lion and Adafactor
 (for Adafactor, whose step is relative to RMS(param), this is the Adam rule used as an
 approximation). Muon's hidden groups keep lr_scale 1: its orthogonalised update already has a
@@ -55,7 +58,7 @@ KINDS = ("embedding", "norm", "bias", "output", "hidden")
 # Kinds whose weights decay; gains, biases and embeddings do not (see the module docstring).
 _DECAY_KINDS = frozenset({"hidden", "output"})
 # Kinds whose Adam-family lr muP scales by 1/width_mult.
-_MUP_KINDS = frozenset({"hidden", "output"})
+_MUP_KINDS = frozenset({"hidden"})
 # Lion's defaults from Chen et al. 2023 (Algorithm 2 / the authors' reference code).
 LION_BETAS = (0.9, 0.99)
 
