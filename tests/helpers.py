@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import random
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,3 +46,27 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
         for r in rows:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     return path
+
+
+def watch_latest(s3_client: Any, bucket: str, prefix: str, seen: list[str],
+                 stop: threading.Event) -> threading.Thread:
+    """A thread that reads `<prefix>/latest` straight from the S3 server every 50 ms and
+    records the checkpoint it names, or "PARTIAL ..." when that checkpoint has no
+    meta.json (a reader would then see a partial checkpoint)."""
+
+    def watch() -> None:
+        while not stop.is_set():
+            try:
+                name = s3_client.get_object(Bucket=bucket, Key=f"{prefix}/latest")[
+                    "Body"].read().decode().strip()
+                s3_client.head_object(Bucket=bucket, Key=f"{prefix}/{name}/meta.json")
+                seen.append(name)
+            except s3_client.exceptions.NoSuchKey:
+                pass
+            except Exception as e:  # a latest naming a checkpoint without meta.json
+                seen.append(f"PARTIAL {e}")
+            time.sleep(0.05)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
+    return t

@@ -20,6 +20,7 @@ import yaml
 from infra.jobs import JobHandle, JobSpec
 from infra.local_backend import LocalBackend
 from infra.supervisor import Outcome, RestartPolicy, parse_events, recovery_args, supervise
+from tests.helpers import watch_latest
 from training import checkpoint as ckpt
 from training.metrics import read
 
@@ -209,19 +210,6 @@ def test_storage_outage_under_supervision(train_dataset, tmp_path, s3_bucket, s3
     seen: list[str] = []
     stop = threading.Event()
 
-    def watch() -> None:  # reads moto directly, not through the proxy
-        while not stop.is_set():
-            try:
-                name = s3_client.get_object(Bucket=s3_bucket, Key=f"{prefix}/latest")[
-                    "Body"].read().decode().strip()
-                s3_client.head_object(Bucket=s3_bucket, Key=f"{prefix}/{name}/meta.json")
-                seen.append(name)
-            except s3_client.exceptions.NoSuchKey:
-                pass
-            except Exception as e:
-                seen.append(f"PARTIAL {e}")
-            time.sleep(0.05)
-
     def outage() -> None:
         while not stop.is_set() and last_step(tmp_path / "run") < 20:
             time.sleep(0.02)
@@ -229,7 +217,7 @@ def test_storage_outage_under_supervision(train_dataset, tmp_path, s3_bucket, s3
         time.sleep(3.0)
         proxy.resume()
 
-    threading.Thread(target=watch, daemon=True).start()
+    watch_latest(s3_client, s3_bucket, prefix, seen, stop)  # reads moto, not the proxy
     threading.Thread(target=outage, daemon=True).start()
     try:
         out = run(tmp_path, cfg, "outage")

@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from tests.helpers import watch_latest
 from training import checkpoint as ckpt
 from training.config import parse_train_config
 from training.metrics import read
@@ -232,26 +233,13 @@ def test_storage_outage_during_training(dataset, tmp_path, s3_bucket, s3_client,
     seen: list[str] = []
     stop = threading.Event()
 
-    def watch() -> None:  # reads moto directly, not through the proxy
-        while not stop.is_set():
-            try:
-                name = s3_client.get_object(Bucket=s3_bucket, Key="runs/outage/latest")[
-                    "Body"].read().decode().strip()
-                meta = s3_client.head_object(Bucket=s3_bucket, Key=f"runs/outage/{name}/meta.json")
-                seen.append(name if meta else "?")
-            except s3_client.exceptions.NoSuchKey:
-                pass
-            except Exception as e:  # a latest naming a checkpoint without meta.json
-                seen.append(f"PARTIAL {e}")
-            time.sleep(0.05)
-
     def outage() -> None:
         time.sleep(1.0)
         proxy.pause()
         time.sleep(3.0)
         proxy.resume()
 
-    threading.Thread(target=watch, daemon=True).start()
+    watch_latest(s3_client, s3_bucket, "runs/outage", seen, stop)  # moto, not the proxy
     threading.Thread(target=outage, daemon=True).start()
     try:
         code = train(dataset, tmp_path, steps=150, eval_every=150,
