@@ -66,6 +66,10 @@ class OptimConfig(Strict):
     muon_lr: float = Field(default=0.02, gt=0)
     muon_momentum: float = 0.95
     grad_clip: float | None = Field(default=1.0, gt=0)
+    # torch's fused AdamW kernel (CPU and CUDA): one kernel for the whole update instead of
+    # a handful of multi-tensor ops; its rounding differs from the default foreach path, so
+    # switching it in the middle of a run changes the trajectory (resume stays exact).
+    fused: bool = False
 
 
 class ScheduleConfig(Strict):
