@@ -121,7 +121,13 @@ def classic_run(data: np.ndarray, split: int, iters: int, seed: int = 1337) -> d
 
 
 # ---- ballast --------------------------------------------------------------------------
-def ballast_run(text: str, split: int, iters: int, work: Path, lr: float) -> dict:
+# The classic run's architecture in ballast's model (LayerNorm with bias, learned positions,
+# GELU): the trainer's overhead measured on the same FLOPs as the classic loop.
+CLASSIC_ARCH = {"norm": "layernorm", "position": "learned", "mlp": "gelu", "bias": True}
+
+
+def ballast_run(text: str, split: int, iters: int, work: Path, lr: float,
+                arch: dict | None = None, fused: bool = False) -> dict:
     from tasks.config import parse_config
     from tasks.pipeline import run_prep
     from training.config import parse_train_config
@@ -150,8 +156,9 @@ def ballast_run(text: str, split: int, iters: int, work: Path, lr: float) -> dic
     cfg = parse_train_config({
         "dataset": str(out / "dataset"), "run_dir": str(run_dir), "seed": 1337,
         "steps": iters, "micro_batch": 12, "eval_every": iters, "log_every": 50,
-        "model": {"d_model": 128, "n_layer": 4, "n_head": 4},
-        "optim": {"name": "adamw", "lr": lr, "betas": [0.9, 0.99], "weight_decay": 0.1},
+        "model": {"d_model": 128, "n_layer": 4, "n_head": 4, **(arch or {})},
+        "optim": {"name": "adamw", "lr": lr, "betas": [0.9, 0.99], "weight_decay": 0.1,
+                  "fused": fused},
         "schedule": {"kind": "cosine", "warmup_steps": 100, "min_lr_ratio": 0.1},
         "checkpoint": {"every": iters, "keep_last": 1},
     })
@@ -166,7 +173,8 @@ def ballast_run(text: str, split: int, iters: int, work: Path, lr: float) -> dic
     tokens = [r["tokens_seen"] for r in recs if r.get("kind") == "train"][-1]
     return {"exit_code": code, "val_loss": round(val, 4), "seconds": round(secs, 2),
             "setup_seconds": round(setup, 2), "ms_per_iter": round(1000 * secs / iters, 2),
-            "tokens_per_s": round(tokens / secs), "lr": lr,
+            "tokens_per_s": round(tokens / secs), "lr": lr, "arch": arch or "recipe",
+            "fused_adamw": fused,
             "train_rows": trainer.data.train.rows, "val_rows": trainer.data.validation.rows}
 
 
@@ -175,6 +183,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--skip-classic", action="store_true")
+    ap.add_argument("--arch", choices=["recipe", "classic"], default="recipe",
+                    help="ballast's default model (RMSNorm, RoPE, SwiGLU) or the classic one")
+    ap.add_argument("--fused", action="store_true", help="torch's fused AdamW kernel")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "train_cpu.json"))
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-train"))
     args = ap.parse_args()
@@ -187,7 +198,9 @@ def main() -> None:
     split = int(0.9 * len(text))
     result: dict = {"machine": {"cpus": os.cpu_count(), "load_avg_start": os.getloadavg(),
                                 "torch_threads": torch.get_num_threads()}, "iters": args.iters}
-    result["ballast"] = ballast_run(text, split, args.iters, Path(args.workdir), args.lr)
+    result["ballast"] = ballast_run(text, split, args.iters, Path(args.workdir), args.lr,
+                                    CLASSIC_ARCH if args.arch == "classic" else None,
+                                    args.fused)
     print(json.dumps({"ballast": result["ballast"]}, indent=2))
     if not args.skip_classic:
         result["classic"] = classic_run(data, split, args.iters)
