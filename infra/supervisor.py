@@ -32,6 +32,7 @@ from typing import Any
 from infra.jobs import JobBackend, JobHandle, JobSpec, JobStatus
 
 EVENT_PREFIX = "BALLAST_EVENT "  # training/train.py writes these
+LOG_TAIL = 500  # log lines read per poll
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,7 @@ def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None =
 def _watch(backend: JobBackend, handle: JobHandle, a: Attempt, policy: RestartPolicy,
            log: Callable[[str], None], should_stop: Callable[[], bool] | None,
            sleep: Callable[[float], None]) -> JobStatus:
-    seen = 0
+    seen: set[str] = set()
     pending_since: float | None = None
     try:
         while True:
@@ -226,11 +227,15 @@ def _watch(backend: JobBackend, handle: JobHandle, a: Attempt, policy: RestartPo
                 backend.cancel(handle)
                 return JobStatus("finished", "cancelled", None, "cancelled by the supervisor")
             status = backend.status(handle)
-            events = parse_events(backend.logs(handle))
-            for ev in events[seen:]:
-                if ev.get("event") in ("start", "resume", "recovered", "diverged"):
-                    log(f"attempt {a.number}: {json.dumps(ev)}")
-            seen = len(events)
+            # The log's tail only: a pod's whole log grows with the run, and polls come every
+            # few seconds. The whole log is read once, when the attempt ends.
+            events = parse_events(backend.logs(handle, tail=LOG_TAIL))
+            for ev in events:
+                key = json.dumps(ev, sort_keys=True)
+                if key not in seen and ev.get("event") in ("start", "resume", "recovered",
+                                                           "diverged"):
+                    log(f"attempt {a.number}: {key}")
+                seen.add(key)
             _progress(a, events)
             if status.phase == "finished":
                 return status
