@@ -23,7 +23,7 @@ from infra.jobs import JobBackend, JobHandle, JobSpec
 from infra.supervisor import Attempt, RestartPolicy, supervise
 from training.config import TrainConfig, load_train_config
 
-CONFIG_IN_POD = "/etc/ballast/train.yaml"  # the ConfigMap mount (k8s/base)
+CONFIG_ENV = "BALLAST_TRAIN_CONFIG"  # the config, inline in the pod's environment
 HANDLE = "supervisor/current-job.json"
 
 
@@ -50,6 +50,20 @@ def make_backend(kind: str, run_dir: Path, kube: dict[str, Any] | None = None) -
 
         return KubernetesBackend(KubeOptions(**(kube or {})))
     raise ValueError(f"unknown backend {kind!r}: use local or kubernetes")
+
+
+def job_spec(config_path: str, backend: str, name: str, args: list[str], nnodes: int = 1,
+             nproc_per_node: int = 1) -> JobSpec:
+    """The attempt's JobSpec. On Kubernetes the pod gets the very config file this flow
+    validated, inline in its environment (`--config env:BALLAST_TRAIN_CONFIG`), so each run
+    trains on its own config without a ConfigMap per run (the supervisor's Role creates
+    only jobs and jobsets)."""
+    if backend == "local":
+        return JobSpec(name, str(Path(config_path).resolve()), tuple(args), nnodes=nnodes,
+                       nproc_per_node=nproc_per_node)
+    text = Path(config_path).read_text(encoding="utf-8")
+    return JobSpec(name, f"env:{CONFIG_ENV}", tuple(args), nnodes=nnodes,
+                   nproc_per_node=nproc_per_node, env={CONFIG_ENV: text})
 
 
 def _resolve(config_path: str, dataset: str | None, run_dir: str | None,
@@ -91,9 +105,8 @@ def train(config_path: str, dataset: str | None = None, run_dir: str | None = No
         if value is not None:
             args += [flag, str(value)]
     args += list(extra_args or [])
-    spec = JobSpec(job_name(str(rd.resolve())),
-                   str(Path(config_path).resolve()) if backend == "local" else CONFIG_IN_POD,
-                   tuple(args), nnodes=nnodes, nproc_per_node=nproc_per_node)
+    spec = job_spec(config_path, backend, job_name(str(rd.resolve())), args, nnodes,
+                    nproc_per_node)
     policy = RestartPolicy(max_restarts, max_node_losses, max_recoveries, recovery_lr_scale,
                            poll_s=poll_s)
 

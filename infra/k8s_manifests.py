@@ -399,7 +399,9 @@ def work_pool_template(opts: KubeOptions) -> dict[str, Any]:
     memory /dev/shm and security settings as the trainer pods. The format is
     prefect-kubernetes' (KubernetesWorker.get_default_base_job_template()):
     {"job_configuration": {..., "job_manifest": {...}}, "variables": <JSON schema>}."""
-    vols, mounts = volumes(opts, config=False)
+    # The run configs (train.yaml, prep.yaml) at /etc/ballast, as in the trainer pods: the
+    # deployments in prefect.yaml name them there.
+    vols, mounts = volumes(opts, config=True)
     container: dict[str, Any] = {
         "name": PREFECT_CONTAINER,
         "image": "{{ image }}",

@@ -143,6 +143,7 @@ def test_prefect_yaml_matches_the_flows():
     from flows.deployments import POOLS
 
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    template = json.loads((ROOT / "k8s" / "base" / "work-pool-template.json").read_text())
     names = set()
     for d in spec["deployments"]:
         flow_file = d["entrypoint"].split(":")[0]
@@ -151,9 +152,37 @@ def test_prefect_yaml_matches_the_flows():
         takes = set(inspect.signature(f.fn).parameters)
         assert set(d["parameters"]) <= takes, (d["name"], set(d["parameters"]) - takes)
         assert d["work_pool"]["name"] in POOLS.values()
+        # Job variables exist in the kubernetes pool's template (a typo would be ignored).
+        if d["work_pool"]["name"] == POOLS["kubernetes"]:
+            assert set(d["work_pool"]["job_variables"]) <= set(
+                template["variables"]["properties"]), d["name"]
         backend = d["parameters"].get("backend")
         if backend is not None:
             assert backend == ("kubernetes" if d["work_pool"]["name"] == POOLS["kubernetes"]
                                else "local"), d["name"]
         names.add(f"{f.name}/{d['name']}")
     assert {"pipeline/scheduled", "prep/prep-only", "train/train-only"} <= names
+
+
+def test_kubernetes_attempts_carry_the_flows_config(tmp_path, monkeypatch):
+    """On Kubernetes the trainer pod gets the config file the flow validated, inline in its
+    environment, and the trainer reads the same config from there."""
+    from flows.train import CONFIG_ENV, job_spec
+    from infra.k8s_manifests import KubeOptions, render
+    from training.config import load_train_config
+
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(yaml.safe_dump({"dataset": "s3://b/ds", "steps": 7, "model": TINY}))
+    spec = job_spec(str(cfg), "kubernetes", "run-1", ["--steps", "5"])
+    (job,) = render(spec, KubeOptions(gpus_per_node=0))
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env[CONFIG_ENV] == cfg.read_text()
+    assert container["args"][-4:] == ["--config", f"env:{CONFIG_ENV}", "--steps", "5"]
+    monkeypatch.setenv(CONFIG_ENV, env[CONFIG_ENV])
+    assert load_train_config(f"env:{CONFIG_ENV}") == load_train_config(cfg)
+    monkeypatch.delenv(CONFIG_ENV)
+    with pytest.raises(Exception, match=f"environment variable {CONFIG_ENV} is not set"):
+        load_train_config(f"env:{CONFIG_ENV}")
+    local = job_spec(str(cfg), "local", "run-1", [])
+    assert local.config == str(cfg.resolve()) and not local.env

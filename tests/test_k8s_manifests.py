@@ -364,15 +364,20 @@ def test_kustomize_output_contains_the_launchers_objects(overlay: str) -> None:
     # The Job refers to this fixed name (no kustomize hash suffix).
     train = yaml.safe_load(cms[KubeOptions().config_map]["data"][CONFIG_KEY])
     parse_train_config(train, "k8s/base/train.yaml")
+    # The prep config the kubernetes work pool's flow runs read (prefect.yaml) is there too.
+    from tasks.config import parse_config
+
+    prep = parse_config(yaml.safe_load(cms[KubeOptions().config_map]["data"]["prep.yaml"]))
+    assert train["dataset"] == f"{prep.output}/dataset"
     assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {
         "ballast"}
 
 
 def test_every_k8s_yaml_validates_strict() -> None:
     # No YAML file is skipped by accident: each document of each file is an API object,
-    # except kustomize's own files and the training config.
+    # except kustomize's own files and the run configs.
     for f in sorted(K8S.rglob("*.y*ml")):
-        if f.name in ("kustomization.yaml", CONFIG_KEY):
+        if f.name in ("kustomization.yaml", CONFIG_KEY, "prep.yaml"):
             continue
         for d in yaml.safe_load_all(f.read_text()):
             assert isinstance(d, dict) and "kind" in d and "apiVersion" in d, f

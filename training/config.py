@@ -3,6 +3,7 @@ key. `training` imports neither Prefect nor `tasks` (see the architecture)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -173,14 +174,27 @@ def _format(err: ValidationError, where: str) -> str:
     return "\n".join(lines)
 
 
+ENV_PREFIX = "env:"  # --config env:NAME reads the YAML from $NAME
+
+
 def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read a YAML training config. A prep config with a `train:` section is accepted
     too (the section is used), so one file can describe a whole pipeline run."""
+    if str(path).startswith(ENV_PREFIX):
+        # The config carried inline by the job (the kubernetes backend puts the file the
+        # flow validated into the pod's environment: no ConfigMap per run needed).
+        name = str(path)[len(ENV_PREFIX):]
+        text = os.environ.get(name)
+        if text is None:
+            raise TrainConfigError(f"config {path}: environment variable {name} is not set")
+    else:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise TrainConfigError(f"config file {path} does not exist") from None
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise TrainConfigError(f"config file {path} does not exist") from None
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise TrainConfigError(f"config file {path} is not valid YAML: {e}") from None
     if isinstance(data, dict) and "train" in data and "sources" in data:
