@@ -186,3 +186,61 @@ def test_kubernetes_attempts_carry_the_flows_config(tmp_path, monkeypatch):
         load_train_config(f"env:{CONFIG_ENV}")
     local = job_spec(str(cfg), "local", "run-1", [])
     assert local.config == str(cfg.resolve()) and not local.env
+
+
+def test_cancelling_the_flow_run_cancels_the_job(prefect_api, tmp_path):
+    """Cancel a running `train` flow run through the API (the UI's Cancel): the worker stops
+    the flow-run process, the flow's on_cancellation hook cancels the training job (its own
+    process group, which would otherwise outlive the flow), and the run ends Cancelled."""
+    import asyncio
+
+    import psutil
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.states import Cancelling
+
+    from flows.deployments import deploy_all
+
+    prep, train = write_configs(tmp_path, steps=100_000)
+    # A dataset first (the train-only deployment trains on an existing one).
+    from tasks.config import load_config
+    from tasks.pipeline import run_prep
+
+    run_prep(load_config(str(prep)), progress=False)
+    deploy_all(str(prep), str(train), pool_type="process", pool="ballast-cancel", cron=None,
+               poll_s=0.5)
+    run = run_deployment("train/train-only", timeout=0)
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "ballast-cancel",
+         "--type", "process"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    handle_file = tmp_path / "run" / "supervisor" / "current-job.json"
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and not (tmp_path / "run" / "metrics.jsonl").is_file():
+            time.sleep(0.5)
+        assert handle_file.is_file(), "training never started"
+        handle = json.loads(handle_file.read_text())["data"]
+        job = psutil.Process(int(handle["pid"]))
+        assert job.is_running()
+
+        async def cancel_and_wait() -> str:
+            async with get_client() as client:
+                await client.set_flow_run_state(run.id, Cancelling(), force=True)
+                for _ in range(120):
+                    fr = await client.read_flow_run(run.id)
+                    if fr.state and fr.state.is_final():
+                        return fr.state.type.value
+                    await asyncio.sleep(1)
+                return fr.state.type.value if fr.state else "none"
+
+        state = asyncio.run(cancel_and_wait())
+        gone = psutil.wait_procs([job], timeout=60)[0]
+    finally:
+        worker.terminate()
+        out, _ = worker.communicate(timeout=60)
+    assert state == "CANCELLED", out[-3000:]
+    assert gone, "the training job outlived its cancelled flow run:\n" + out[-3000:]
+    # ... and it was the hook that stopped it (LocalBackend.cancel leaves this marker).
+    assert (Path(handle["dir"]) / "cancelled").is_file()
