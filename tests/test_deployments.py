@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -244,3 +245,29 @@ def test_cancelling_the_flow_run_cancels_the_job(prefect_api, tmp_path):
     assert gone, "the training job outlived its cancelled flow run:\n" + out[-3000:]
     # ... and it was the hook that stopped it (LocalBackend.cancel leaves this marker).
     assert (Path(handle["dir"]) / "cancelled").is_file()
+
+
+def test_kubernetes_pool_deployments_register(prefect_api, tmp_path):
+    """`ballast deploy --pool-type kubernetes`: the pool gets k8s/'s base job template
+    (GPU limit, toleration, memory /dev/shm) and the deployments run the trainer through
+    the kubernetes backend, in the trainer image."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    from flows.deployments import IMAGE, deploy_all
+
+    prep, train = write_configs(tmp_path)
+    ids = deploy_all(str(prep), str(train), pool_type="kubernetes", pool="ballast-k8s-test")
+
+    async def read() -> tuple[Any, Any]:
+        async with get_client() as client:
+            pool = await client.read_work_pool("ballast-k8s-test")
+            dep = await client.read_deployment(ids["pipeline/scheduled"])
+            return pool, dep
+
+    pool, dep = asyncio.run(read())
+    template = json.loads((ROOT / "k8s" / "base" / "work-pool-template.json").read_text())
+    assert pool.type == "kubernetes" and pool.base_job_template == template
+    assert dep.parameters["backend"] == "kubernetes"
+    assert dep.job_variables.get("image") == IMAGE
