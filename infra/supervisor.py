@@ -87,6 +87,11 @@ class Outcome:
     attempts: list[Attempt] = field(default_factory=list)
 
 
+# Which RestartPolicy budget each restartable ending draws on.
+_BUDGET = {"node_lost": "max_node_losses", "diverged": "max_recoveries",
+           "crashed": "max_restarts", "oom": "max_restarts"}
+
+
 def parse_events(log_text: str) -> list[dict[str, Any]]:
     out = []
     for line in log_text.splitlines():
@@ -140,7 +145,7 @@ def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None =
     policy = policy or RestartPolicy()
     attempts: list[Attempt] = []
     extra: list[str] = []  # recovery arguments, kept until a later divergence replaces them
-    crashes = node_losses = recoveries = 0
+    used: dict[str, int] = dict.fromkeys(_BUDGET.values(), 0)  # restarts per budget
     number = spec.attempt
     while True:
         run_spec = dataclasses.replace(spec, attempt=number, args=(*spec.args, *extra))
@@ -157,9 +162,10 @@ def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None =
         status = _watch(backend, handle, a, policy, log, should_stop, sleep)
         a.ended_at, a.ending, a.exit_code, a.detail = (time.time(), status.ending,
                                                        status.exit_code, status.detail)
-        events = parse_events(backend.logs(handle))
+        text = backend.logs(handle)  # once, whole: the events, then the last lines
+        events = parse_events(text)
         _progress(a, events)
-        tail = backend.logs(handle, tail=15).strip()
+        tail = "\n".join(text.strip().splitlines()[-15:])
         log(f"attempt {number}: {a.ending} ({a.detail}); step reached {a.step_reached}, "
             f"resumed from {a.resumed_from}" + (f"\n--- last log lines ---\n{tail}"
                                                 if a.ending != "done" and tail else ""))
@@ -173,28 +179,17 @@ def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None =
             outcome = Outcome(False, a.ending, {
                 "bad_input": "bad config or data (exit 1): not retried; see the log above",
                 "cancelled": "cancelled"}[a.ending])
-        elif a.ending == "node_lost":
-            node_losses += 1
-            if node_losses > policy.max_node_losses:
-                outcome = Outcome(False, "node_lost",
-                                  f"lost nodes {node_losses} times (max_node_losses="
-                                  f"{policy.max_node_losses})")
-        elif a.ending == "diverged":
-            recoveries += 1
-            if recoveries > policy.max_recoveries:
-                outcome = Outcome(False, "diverged",
-                                  f"diverged beyond the rollback budget {recoveries} times "
-                                  f"(max_recoveries={policy.max_recoveries})")
-            else:
+        else:  # node_lost, diverged, crashed, oom: a restart, if its budget allows
+            budget = _BUDGET[a.ending or "crashed"]
+            used[budget] += 1
+            if used[budget] > getattr(policy, budget):
+                outcome = Outcome(False, a.ending or "crashed",
+                                  f"{a.ending} {used[budget]} times ({budget}="
+                                  f"{getattr(policy, budget)})")
+            elif a.ending == "diverged":
                 diverged = next((e for e in reversed(events) if e.get("event") == "diverged"),
                                 None)
                 extra = recovery_args(diverged, policy.recovery_lr_scale)
-        else:  # crashed, oom
-            crashes += 1
-            if crashes > policy.max_restarts:
-                outcome = Outcome(False, a.ending or "crashed",
-                                  f"{a.ending} {crashes} times (max_restarts="
-                                  f"{policy.max_restarts})")
         if outcome is not None:
             a.next_action = a.next_action or "stop: budget exhausted"
             outcome.attempts = attempts
@@ -208,6 +203,7 @@ def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None =
         if on_attempt:
             on_attempt(attempts)
         if a.ending in ("crashed", "oom"):
+            crashes = used["max_restarts"]
             wait = min(policy.backoff_s * 2 ** (crashes - 1), 300.0)
             log(f"supervisor: restarting in {wait:g} s ({crashes}/{policy.max_restarts} "
                 "restarts used)")

@@ -169,3 +169,15 @@ def prefect_api() -> Iterator[str]:
 
     with prefect_test_harness(server_startup_timeout=120):
         yield str(PREFECT_API_URL.value())
+
+
+@pytest.fixture
+def kube() -> Iterator[Any]:
+    """A loopback Kubernetes API serving recorded objects (tests/test_k8s_backend.py)."""
+    from tests.test_k8s_backend import FakeKubeAPI
+
+    api = FakeKubeAPI()
+    try:
+        yield api
+    finally:
+        api.close()

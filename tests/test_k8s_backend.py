@@ -469,15 +469,6 @@ class FakeKubeAPI:
         return 405, status_body(405, "MethodNotAllowed", "method not allowed"), {}
 
 
-@pytest.fixture
-def kube() -> Iterator[FakeKubeAPI]:
-    api = FakeKubeAPI()
-    try:
-        yield api
-    finally:
-        api.close()
-
-
 def api_client(host: str) -> client.ApiClient:
     cfg = client.Configuration()
     cfg.host = host

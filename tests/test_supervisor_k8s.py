@@ -7,10 +7,7 @@ runs the same supervisor for real with the local backend.)"""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from infra.jobs import JobHandle, JobSpec
 from infra.k8s_backend import KubernetesBackend
@@ -50,15 +47,6 @@ class Scripted(KubernetesBackend):
         for pod in doc["pods"]:
             self.kube.logs[pod["metadata"]["name"]] = log
         return handle
-
-
-@pytest.fixture
-def kube() -> Iterator[FakeKubeAPI]:
-    api = FakeKubeAPI()
-    try:
-        yield api
-    finally:
-        api.close()
 
 
 def test_node_loss_divergence_oom_then_done(kube: FakeKubeAPI) -> None:
