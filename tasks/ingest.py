@@ -9,13 +9,15 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from tasks.config import PrepConfig, SourceConfig
-from tasks.readers import BadRecord, InputFile, read_file, resolve_inputs
+from tasks.readers import BadRecord, InputFile, read_file, resolve_inputs, split_input
 from tasks.records import DOC_SCHEMA, table_to_parquet_bytes
 from tasks.stage import DroppedRows, ShardStats, docs_key, output_store, write_shard
 
 STAGE = "ingest"
 # Small files are grouped into one unit of work up to this many bytes, so a source of
-# many tiny files does not become thousands of tasks.
+# many tiny files does not become thousands of tasks; a bigger file is split into parts
+# of about this size where it can be (see plan_units). Not a config field: a new field
+# would change the fingerprint of every existing config.
 UNIT_BYTES = 256 * 1024 * 1024
 
 
@@ -30,17 +32,36 @@ class Unit:
         return f"u{self.index:05d}"
 
 
-def plan_units(cfg: PrepConfig) -> list[Unit]:
+def plan_units(cfg: PrepConfig, unit_bytes: int | None = None) -> list[Unit]:
     """Resolve every input of every source (raising IngestError before any work starts)
     and group them into units in a deterministic order: sources as configured, files
-    sorted within each source."""
+    sorted within each source. The plan depends on the inputs and `unit_bytes` (default
+    UNIT_BYTES) only, never on the worker count.
+
+    Files up to `unit_bytes` are grouped into units of up to `unit_bytes`. A bigger local
+    file is split so that several workers read it (`split_input`): uncompressed jsonl into
+    byte ranges aligned to line starts (a newline-counting pass over the file numbers their
+    first lines), parquet into runs of row groups; each part is a unit of its own. A
+    compressed file (.gz, .zst: no random access), a txt file, an hf dataset, an s3 object
+    and a parquet file of one row group stay one unit, read by one worker."""
+    limit = UNIT_BYTES if unit_bytes is None else unit_bytes
+    if limit < 1:
+        raise ValueError(f"unit_bytes must be at least 1, got {limit}")
     units: list[Unit] = []
     for src in cfg.sources:
         files = resolve_inputs(src, cfg.storage)
         group: list[InputFile] = []
         size = 0
         for f in files:
-            if group and (size + f.size > UNIT_BYTES or f.format == "hf"):
+            parts = split_input(f, limit)
+            if len(parts) > 1:
+                if group:
+                    units.append(Unit(len(units), src.name, tuple(group)))
+                    group, size = [], 0
+                for p in parts:
+                    units.append(Unit(len(units), src.name, (p,)))
+                continue
+            if group and (size + f.size > limit or f.format == "hf"):
                 units.append(Unit(len(units), src.name, tuple(group)))
                 group, size = [], 0
             group.append(f)
