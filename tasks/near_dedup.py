@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import io
 import json
-from collections import OrderedDict
+import os
+import tempfile
+from array import array
+from typing import Any
 
 import numpy as np
 
@@ -131,32 +134,86 @@ def bucket_bands(cfg: PrepConfig, shards: list[str], bands: list[int]) -> int:
     return groups
 
 
-class _Shingles:
-    """Shingle sets of documents by global index, loaded shard by shard on demand and
-    kept in a small LRU, so clustering never holds every shard at once."""
+def _group_hashes(members: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Two independent 64-bit hashes per bucket group (members are in input order, so a
+    group's member list is canonical): equal hashes mean the same group of documents."""
+    if len(offsets) < 2:
+        return np.zeros((0, 2), np.uint64)
+    m = members.astype(np.uint64)
+    starts = offsets[:-1]
+    with np.errstate(over="ignore"):
+        h1 = np.add.reduceat(minhash._splitmix64(m), starts)
+        h2 = np.add.reduceat(minhash._splitmix64(m ^ np.uint64(0x5BD1E9955BD1E995)), starts)
+    h2 ^= np.diff(offsets).astype(np.uint64)
+    return np.stack([h1, h2], axis=1)
 
-    def __init__(self, cfg: PrepConfig, shards: list[str], offsets: np.ndarray,
-                 capacity: int = 64):
-        self.store = output_store(cfg)
-        self.shards = shards
-        self.offsets = offsets
-        self.cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
-        self.capacity = capacity
+
+def _new_groups(store: Any, bands: int) -> tuple[list[tuple[np.ndarray, np.ndarray]],
+                                                np.ndarray]:
+    """Bucket groups in band order, each kept only at its first occurrence, as (members,
+    offsets) per band. A group seen in an earlier band changes nothing when seen again
+    (each of its links was tried, or found already made, in a state that has only merged
+    since), and true duplicates share most of their bands, so this removes most of
+    clustering's work without changing its result."""
+    seen = np.zeros(0, dtype=np.dtype((np.void, 16)))
+    out: list[tuple[np.ndarray, np.ndarray]] = []
+    for band in range(bands):
+        z = _load_npz(store.get(bucket_key(band)))
+        members, goff = z["members"], z["offsets"]
+        h = np.ascontiguousarray(_group_hashes(members, goff)).view(
+            np.dtype((np.void, 16))).ravel()
+        fresh = np.flatnonzero(~np.isin(h, seen))
+        seen = np.union1d(seen, h[fresh])
+        sizes = np.diff(goff)[fresh]
+        keep = np.zeros(len(members), dtype=bool)
+        starts = goff[:-1][fresh]
+        # mark each fresh group's member range
+        idx = np.repeat(starts - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes) + \
+            np.arange(int(sizes.sum()))
+        keep[idx] = True
+        out.append((members[keep], np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)))
+    docs = (np.unique(np.concatenate([m for m, _ in out])) if out
+            else np.zeros(0, np.int64))
+    return out, docs
+
+
+class _ShingleScratch:
+    """Shingle sets of the candidate documents, copied once into a local scratch file
+    laid out for random access (each shard's file is read once, whatever the order of
+    the pairs), and read back by pread: memory stays at one shard's sets."""
+
+    def __init__(self, store: Any, shards: list[str], offsets: np.ndarray, docs: np.ndarray,
+                 path: str):
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        n = int(offsets[-1])
+        # rank of each candidate document in the scratch file (-1: not a candidate)
+        self.rank = np.full(n, -1, dtype=np.int64)
+        self.rank[docs] = np.arange(len(docs), dtype=np.int64)
+        bounds = np.zeros(len(docs) + 1, dtype=np.int64)
+        pos = 0
+        shard_of = np.searchsorted(offsets, docs, side="right") - 1
+        for si in np.unique(shard_of).tolist():
+            sel = docs[shard_of == si] - offsets[si]
+            z = _load_npz(store.get(shingles_key(shards[si])))
+            sh, off = z["shingles"], z["offsets"]
+            lens = off[sel + 1] - off[sel]
+            parts = [sh[off[r] : off[r + 1]] for r in sel.tolist()]
+            chunk = np.concatenate(parts).astype(np.uint32) if parts else np.zeros(0, np.uint32)
+            os.pwrite(self.fd, chunk.tobytes(), pos * 4)
+            r0 = int(self.rank[docs[shard_of == si][0]])
+            bounds[r0 + 1 : r0 + 1 + len(sel)] = pos + np.cumsum(lens)
+            pos += len(chunk)
+        # array.array: its scalar reads return Python ints, several times faster than numpy's
+        self.bounds = array("q", bounds.tobytes())
+        self.rank = array("q", self.rank.tobytes())
 
     def get(self, doc: int) -> np.ndarray:
-        si = int(np.searchsorted(self.offsets, doc, side="right") - 1)
-        entry = self.cache.get(si)
-        if entry is None:
-            z = _load_npz(self.store.get(shingles_key(self.shards[si])))
-            entry = (z["shingles"], z["offsets"])
-            self.cache[si] = entry
-            if len(self.cache) > self.capacity:
-                self.cache.popitem(last=False)
-        else:
-            self.cache.move_to_end(si)
-        sh, off = entry
-        r = doc - int(self.offsets[si])
-        return sh[off[r] : off[r + 1]]
+        r = int(self.rank[doc])
+        a, b = int(self.bounds[r]), int(self.bounds[r + 1])
+        return np.frombuffer(os.pread(self.fd, (b - a) * 4, a * 4), dtype=np.uint32)
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 def cluster(cfg: PrepConfig, shards: list[str], max_checks: int = 8) -> dict:
@@ -173,36 +230,50 @@ def cluster(cfg: PrepConfig, shards: list[str], max_checks: int = 8) -> dict:
         counts.append(len(z["empty"]))
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     n = int(offsets[-1])
-    uf = minhash.UnionFind.of(n)
-    sets = _Shingles(cfg, shards, offsets)
-    checked: dict[tuple[int, int], bool] = {}
     bands, rows = bands_rows(near)
-    candidates = verified = 0
-    def confirm(i: int, j: int) -> bool:
-        nonlocal candidates, verified
-        ok = checked.get((i, j))
-        if ok is None:
-            candidates += 1
-            ok = not near.verify or (
-                minhash.jaccard(sets.get(i), sets.get(j)) >= near.threshold)
-            checked[(i, j)] = ok
-            verified += ok
-        return ok
+    groups, docs = _new_groups(store, bands)
+    parent = array("q", np.arange(n, dtype=np.int64).tobytes())
+    queried = array("q")  # every pair confirmed (i * n + j), to count distinct candidates
+    verified = 0
 
-    for band in range(bands):
-        z = _load_npz(store.get(bucket_key(band)))
-        members, goff = z["members"].tolist(), z["offsets"].tolist()
-        for g in range(len(goff) - 1):
-            grp = members[goff[g] : goff[g + 1]]
-            for i in range(1, len(grp)):
-                m = grp[i]
-                for other in grp[: min(i, max_checks)]:
-                    if uf.find(m) == uf.find(other):
-                        break
-                    if confirm(other, m):
-                        uf.union(other, m)
-                        break
-    roots = uf.roots()
+    def find(i: int) -> int:
+        root = i
+        while parent[root] != root:
+            root = parent[root]
+        while parent[i] != root:  # path compression
+            parent[i], i = root, parent[i]
+        return root
+
+    with tempfile.TemporaryDirectory(prefix="ballast-near-") as tmp:
+        sets = (_ShingleScratch(store, shards, offsets, docs, os.path.join(tmp, "shingles"))
+                if near.verify else None)
+        threshold = near.threshold
+        jaccard = minhash.jaccard
+        try:
+            for band_members, band_offsets in groups:
+                ml, ol = band_members.tolist(), band_offsets.tolist()
+                for g in range(len(ol) - 1):
+                    grp = ml[ol[g] : ol[g + 1]]
+                    for i in range(1, len(grp)):
+                        m = grp[i]
+                        for other in grp[: min(i, max_checks)]:
+                            rm, ro = find(m), find(other)
+                            if rm == ro:
+                                break
+                            # A pair that confirms is merged, so only failed pairs are
+                            # asked again: recomputing those beats a memo of every pair.
+                            queried.append(other * n + m)
+                            if sets is None or jaccard(sets.get(other),
+                                                       sets.get(m)) >= threshold:
+                                verified += 1
+                                parent[max(rm, ro)] = min(rm, ro)
+                                break
+        finally:
+            if sets is not None:
+                sets.close()
+    roots = _roots(np.frombuffer(parent, dtype=np.int64))
+    candidates = len(np.unique(np.frombuffer(queried, dtype=np.int64)))
+    del queried
     dup = np.flatnonzero(roots != np.arange(n))
     kept_of = roots[dup]
     write_dups(store, _input_stage(cfg), shards, offsets, dup, kept_of, DUPS_KEY)
@@ -216,6 +287,17 @@ def cluster(cfg: PrepConfig, shards: list[str], max_checks: int = 8) -> dict:
     # The summary is written after the duplicates: its presence means clustering is done.
     store.put(CLUSTER_KEY, json.dumps(summary, sort_keys=True).encode())
     return summary
+
+
+def _roots(parent: np.ndarray) -> np.ndarray:
+    """Every element's root by pointer jumping (vectorised; roots are the smallest index
+    of their set, since a union always hangs the larger root under the smaller)."""
+    p = parent.copy()
+    while True:
+        pp = p[p]
+        if np.array_equal(pp, p):
+            return p
+        p = pp
 
 
 def _input_stage(cfg: PrepConfig) -> str:
