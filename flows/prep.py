@@ -87,7 +87,7 @@ def prep(config_path: str, output: str | None = None, until: str | None = None) 
 
     dataset = None
     if "pack" in stages:
-        parts = train_partitions(cfg)
+        parts = train_partitions(cfg, extra["mixture"])
         packed = pack_task.map(c, unmapped(shards), [*parts, "validation"]).result()
         extra["packing"] = {"strategy": cfg.pack.strategy, "seq_len": cfg.pack.seq_len,
                             "train": packing_summary(packed[:-1]),

@@ -26,6 +26,8 @@ from tasks.tokenize_stage import read_tokens, tokens_key
 STAGE = "mixture"
 PLAN_KEY = "mixture/plan.json"
 _MASK56 = np.uint64((1 << 56) - 1)
+# Training tokens per pack partition (expected; the split is by hash): 32 MiB of int32.
+PARTITION_TOKENS = 1 << 23
 
 MIX_SCHEMA = pa.schema([("key", pa.uint64()), ("source", pa.string()),
                         ("tokens", pa.list_(pa.int32()))])
@@ -46,10 +48,22 @@ def groups(cfg: PrepConfig) -> dict[str, int]:
             for s in cfg.sources}
 
 
-def train_partitions(cfg: PrepConfig) -> list[str]:
+def partition_count(cfg: PrepConfig, train_tokens: int) -> int:
+    """Partitions of the training order: at least `dataset.pack_partitions`, and enough
+    that none holds much more than PARTITION_TOKENS tokens, so packing's memory is set by
+    that bound, not by the corpus."""
+    return max(cfg.dataset.pack_partitions, -(-train_tokens // PARTITION_TOKENS))
+
+
+def train_partitions(cfg: PrepConfig, plan: dict[str, Any]) -> list[str]:
+    """The training order's partitions, named by curriculum group and partition."""
     n_groups = len(cfg.mixture.order or []) + 1 if cfg.mixture.order else 1
-    return [f"train/g{g:02d}-p{p:04d}" for g in range(n_groups)
-            for p in range(cfg.dataset.pack_partitions)]
+    n_parts = plan.get("train_partitions", cfg.dataset.pack_partitions)
+    return [f"train/g{g:02d}-p{p:04d}" for g in range(n_groups) for p in range(n_parts)]
+
+
+def read_plan(cfg: PrepConfig) -> dict[str, Any]:
+    return json.loads(output_store(cfg).get(PLAN_KEY))
 
 
 def _npy(a: np.ndarray) -> bytes:
@@ -115,6 +129,7 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
         store.put(repeats_key(shard), _npy(r))
     result = {"sources": sources, "total_planned_tokens": planned_total,
               "total_realised_tokens": total,
+              "train_partitions": partition_count(cfg, total),
               "warnings": [s["warning"] for s in sources.values() if s["warning"]]}
     store.put(PLAN_KEY, json.dumps(result, indent=2, sort_keys=True).encode())
     return result
@@ -124,6 +139,7 @@ def scatter_shard(cfg: PrepConfig, shard: str) -> dict:
     """Send each chosen (document, repeat) of a shard to its partition of the training
     order; validation documents go to one partition of their own."""
     store = output_store(cfg)
+    plan = json.loads(store.get(PLAN_KEY))
     t = read_tokens(store, shard)
     counts = np.load(io.BytesIO(store.get(repeats_key(shard))))
     ids, sources, splits = (t[c].to_pylist() for c in ("id", "source", "split"))
@@ -134,12 +150,12 @@ def scatter_shard(cfg: PrepConfig, shard: str) -> dict:
     train_counts = np.where(val, 0, counts).astype(np.int64)
     doc_idx, rep_idx = expand_repeats(train_counts)
     okeys = order_keys(keys[doc_idx], rep_idx, group[doc_idx], cfg.seed)
-    n_parts = cfg.dataset.pack_partitions
+    n_parts = plan.get("train_partitions", cfg.dataset.pack_partitions)
     # Partition by the hash bits of the key, inside the curriculum group (top 8 bits).
     p = (((okeys & _MASK56) >> np.uint64(24)) * np.uint64(n_parts)) >> np.uint64(32)
     g = okeys >> np.uint64(56)
     tokens = t["tokens"]
-    for part in train_partitions(cfg):
+    for part in train_partitions(cfg, plan):
         gi, pi = int(part[7:9]), int(part[11:])
         sel = np.flatnonzero((g == gi) & (p == pi))
         table = pa.table({"key": pa.array(okeys[sel], pa.uint64()),

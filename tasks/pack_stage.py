@@ -6,6 +6,8 @@ loss mask for padding."""
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Iterator
 
 import numpy as np
@@ -16,12 +18,13 @@ import pyarrow.parquet as pq
 from tasks.config import PrepConfig
 from tasks.mixture_stage import part_key
 from tasks.pack import Rows, pack_bfd, pack_concat
-from tasks.records import table_to_parquet_bytes
+from tasks.records import PARQUET_OPTIONS
 from tasks.stage import output_store
 from tasks.tokenize_stage import run_tokenizer
 
 STAGE = "pack"
 ROW_COLUMNS = ("input_ids", "position_ids", "segment_ids", "loss_mask")
+ROW_GROUP = 1024  # packed rows per Parquet row group (one packer batch)
 
 
 def packed_key(part: str) -> str:
@@ -55,36 +58,41 @@ def _fixed(a: np.ndarray, dtype: pa.DataType, seq_len: int) -> pa.Array:
     return pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1), dtype), seq_len)
 
 
-def rows_table(batches: list[Rows], seq_len: int) -> pa.Table:
-    cols = {}
-    for name, dtype in zip(ROW_COLUMNS, (pa.int32(), pa.int32(), pa.int32(), pa.int8()),
-                           strict=True):
-        arrs = [getattr(b, name) for b in batches]
-        a = np.concatenate(arrs) if arrs else np.zeros((0, seq_len), np.int32)
-        cols[name] = _fixed(a.astype(np.int8 if name == "loss_mask" else np.int32), dtype,
-                            seq_len)
-    return pa.table(cols, schema=row_schema(seq_len))
+def rows_batch(rows: Rows, seq_len: int) -> pa.RecordBatch:
+    cols = [_fixed(getattr(rows, name).astype(np.int8 if name == "loss_mask" else np.int32),
+                   dtype, seq_len)
+            for name, dtype in zip(ROW_COLUMNS, (pa.int32(), pa.int32(), pa.int32(), pa.int8()),
+                                   strict=True)]
+    return pa.RecordBatch.from_arrays(cols, schema=row_schema(seq_len))
 
 
 def pack_partition(cfg: PrepConfig, shards: list[str], part: str) -> dict:
-    """Gather a partition's documents from every token shard, order them by key, pack."""
+    """Gather a partition's documents from every token shard, order them by key, pack.
+    Rows are written as they are packed: memory holds the partition's documents (bounded
+    by the mixture's PARTITION_TOKENS) and one batch of rows, never all its rows."""
     store = output_store(cfg)
     tables = [pq.read_table(pa.BufferReader(store.get(part_key(part, s)))) for s in shards]
     table = pa.concat_tables(tables) if tables else pa.table({"key": [], "tokens": []})
+    del tables
     table = table.take(pc.sort_indices(table, sort_keys=[("key", "ascending")]))
     tok = run_tokenizer(cfg)
     seq_len = cfg.pack.seq_len
     if cfg.pack.strategy == "bfd":
-        batches = list(pack_bfd(_docs(table), seq_len, tok.pad_id, cfg.pack.window))
+        batches = pack_bfd(_docs(table), seq_len, tok.pad_id, cfg.pack.window)
     else:
-        batches = list(pack_concat(_docs(table), seq_len, tok.pad_id))
-    out = rows_table(batches, seq_len)
-    store.put(packed_key(part), table_to_parquet_bytes(out))
-    stats = {
-        "part": part, "rows": out.num_rows, "docs": table.num_rows,
-        "real_tokens": sum(b.n_real for b in batches), "pad_tokens": sum(b.n_pad for b in batches),
-        "split_docs": sum(b.n_split_docs for b in batches),
-    }
+        batches = pack_concat(_docs(table), seq_len, tok.pad_id)
+    stats = {"part": part, "rows": 0, "docs": table.num_rows, "real_tokens": 0,
+             "pad_tokens": 0, "split_docs": 0}
+    with tempfile.TemporaryDirectory(prefix="ballast-pack-") as tmp:
+        path = os.path.join(tmp, "rows.parquet")
+        with pq.ParquetWriter(path, row_schema(seq_len), **PARQUET_OPTIONS) as writer:
+            for b in batches:
+                writer.write_batch(rows_batch(b, seq_len), row_group_size=ROW_GROUP)
+                stats["rows"] += len(b)
+                stats["real_tokens"] += b.n_real
+                stats["pad_tokens"] += b.n_pad
+                stats["split_docs"] += b.n_split_docs
+        store.put_file(packed_key(part), path)
     store.put(packed_done_key(part), json.dumps(stats, sort_keys=True).encode())
     return stats
 

@@ -61,6 +61,8 @@ class LocalRunner:
         self.console = console or Console(stderr=True)
         self._pool: Executor | None = None
         self.seconds: dict[str, float] = {}  # wall time per step, for the report
+        # (start, end) epoch seconds per step: lets a benchmark attribute memory to steps
+        self.times: dict[str, tuple[float, float]] = {}
 
     def __enter__(self) -> LocalRunner:
         return self
@@ -85,11 +87,12 @@ class LocalRunner:
 
     def map(self, fn: Callable[[Any], T], items: Sequence[Any], desc: str,
             done: int = 0) -> list[T]:
-        t0 = time.perf_counter()
+        t0, start = time.perf_counter(), time.time()
         try:
             return self._map(fn, items, desc, done)
         finally:
             self.seconds[desc] = round(time.perf_counter() - t0, 3)
+            self.times[desc] = (round(start, 3), round(time.time(), 3))
 
     def _map(self, fn: Callable[[Any], T], items: Sequence[Any], desc: str,
              done: int) -> list[T]:
@@ -198,16 +201,19 @@ def run_prep(cfg: PrepConfig, until: str | None = None, runner: LocalRunner | No
         # add up raises here and never produces a dataset.
         report = build_report(store, accounted, extra)
         if "pack" in stages:
-            t0 = time.perf_counter()
-            manifest = dataset.write_dataset(cfg, mixture_stage.train_partitions(cfg), {
+            t0, start = time.perf_counter(), time.time()
+            parts = mixture_stage.train_partitions(cfg, extra["mixture"])
+            manifest = dataset.write_dataset(cfg, parts, {
                 "mixture": extra["mixture"], "packing": extra["packing"],
                 "accounting": report["stages"]})
             timings["dataset"] = time.perf_counter() - t0
+            runner.times["dataset"] = (round(start, 3), round(time.time(), 3))
             report["dataset"] = {"uri": dataset.dataset_uri(cfg),
                                  "splits": {k: {"rows": v["rows"], "real_tokens": v["real_tokens"]}
                                             for k, v in manifest["splits"].items()}}
         report["stage_seconds"] = {k: round(v, 3) for k, v in timings.items()}
         report["step_seconds"] = dict(runner.seconds)
+        report["step_epoch_seconds"] = {k: list(v) for k, v in runner.times.items()}
         write_report(store, report)
         return report
     finally:
@@ -268,7 +274,7 @@ def run_mixture(cfg: PrepConfig, store: Store, runner: LocalRunner,
 
 def run_pack(cfg: PrepConfig, store: Store, runner: LocalRunner,
              shards: list[str]) -> dict[str, Any]:
-    parts = [*mixture_stage.train_partitions(cfg), "validation"]
+    parts = [*mixture_stage.train_partitions(cfg, mixture_stage.read_plan(cfg)), "validation"]
     todo = [p for p in parts if not store.exists(pack_stage.packed_done_key(p))]
     runner.map(partial(pack_stage.pack_partition, cfg, shards), todo,
                f"pack: {cfg.pack.strategy}", done=len(parts) - len(todo))

@@ -33,18 +33,14 @@ DROPPED_SCHEMA = pa.schema(
 )
 
 
+# Fixed writer settings: same rows in, same bytes out (resume and reruns rely on it).
+PARQUET_OPTIONS: dict = {"compression": "zstd", "compression_level": 3,
+                         "write_statistics": False, "use_dictionary": ["source", "reason"]}
+
+
 def table_to_parquet_bytes(table: pa.Table) -> bytes:
-    # Fixed writer settings: same rows in, same bytes out (resume and reruns rely on it).
     buf = io.BytesIO()
-    pq.write_table(
-        table,
-        buf,
-        compression="zstd",
-        compression_level=3,
-        row_group_size=10_000,
-        write_statistics=False,
-        use_dictionary=["source", "reason"],
-    )
+    pq.write_table(table, buf, row_group_size=10_000, **PARQUET_OPTIONS)
     return buf.getvalue()
 
 

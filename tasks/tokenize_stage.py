@@ -79,20 +79,39 @@ def run_tokenizer(cfg: PrepConfig) -> Tokenizer:
     return _tokenizer(output_store(cfg).get(TOKENIZER_KEY).decode())
 
 
+# Documents encoded per call: HF Encoding objects carry strings and offsets per token
+# (tens of bytes each), so a whole shard at once would cost GBs; ids are kept as int32.
+ENCODE_BATCH = 1000
+
+
+def _encode_column(tok: Tokenizer, texts: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids of every text with EOS after each, flat, and the document offsets."""
+    chunks: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
+    for start in range(0, len(texts), ENCODE_BATCH):
+        enc = tok.encode_batch(texts.slice(start, ENCODE_BATCH).to_pylist())
+        n = np.fromiter((len(e) + 1 for e in enc), dtype=np.int64, count=len(enc))
+        flat = np.empty(int(n.sum()), dtype=np.int32)
+        ends = np.cumsum(n)
+        for e, end, k in zip(enc, ends.tolist(), n.tolist(), strict=True):
+            flat[end - k : end - 1] = e
+        flat[ends - 1] = tok.eos_id
+        chunks.append(flat)
+        lengths.append(n)
+    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
+    if lengths:
+        np.cumsum(np.concatenate(lengths), out=offsets[1:])
+    return (np.concatenate(chunks) if chunks else np.zeros(0, np.int32)), offsets
+
+
 def tokenize_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
     store = output_store(cfg)
     tok = run_tokenizer(cfg)
     docs = pq.read_table(pa.BufferReader(store.get(docs_key(input_stage, shard))),
                          columns=["id", "text", "source"])
-    ids, texts, sources = (docs[c].to_pylist() for c in ("id", "text", "source"))
-    enc = tok.encode_batch(texts)
-    lengths = np.fromiter((len(e) + 1 for e in enc), dtype=np.int32, count=len(enc))
-    offsets = np.zeros(len(enc) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    values = np.empty(int(offsets[-1]), dtype=np.int32)
-    for i, e in enumerate(enc):  # tokens, then EOS after every document
-        values[offsets[i] : offsets[i + 1] - 1] = e
-        values[offsets[i + 1] - 1] = tok.eos_id
+    ids, sources = (docs[c].to_pylist() for c in ("id", "source"))
+    values, offsets = _encode_column(tok, docs["text"])
+    lengths = np.diff(offsets).astype(np.int32)
     val = is_validation(ids, cfg.dataset.validation_fraction)
     fixed = {s.name: s.split for s in cfg.sources if s.split != "auto"}
     if fixed:
@@ -104,7 +123,7 @@ def tokenize_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
     table = pa.table({
         "id": ids, "source": sources, "split": split, "n_tokens": pa.array(lengths),
         "n_bytes": nbytes.cast(pa.int64()),
-        "tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(values)),
+        "tokens": pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values)),
     }, schema=TOKENS_SCHEMA)
     store.put(tokens_key(shard), table_to_parquet_bytes(table))
     stats = ShardStats()
