@@ -5,6 +5,7 @@ then lines), so the result does not depend on how the work was scheduled."""
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +27,7 @@ from tasks.stage import (
 )
 
 STAGE = "exact"
-DUPS_KEY = "exact/dups.parquet"
+DUPS_KEY = "exact/dups.json"  # written last: select is done
 
 
 def hashes_key(shard: str) -> str:
@@ -44,56 +45,104 @@ def hash_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
     return len(texts)
 
 
+# Documents whose hashes one pass of `select` sorts at once (40 bytes each with the sort's
+# index arrays): more than this and the hashes are split into passes by hash value.
+PASS_DOCS = 1 << 24
+
+
 def select(cfg: PrepConfig, input_stage: str, shards: list[str]) -> int:
-    """Find every duplicate and the first copy it duplicates. Holds 16 bytes per
-    document (not text); a corpus too big for that would partition by hash prefix."""
+    """Find every duplicate and the first copy it duplicates. Holds 16 bytes per document
+    (not text), and at most PASS_DOCS documents' hashes at once: a larger corpus is
+    handled in passes, each over the hashes that fall in one range of values, so memory
+    stays bounded and each pass's duplicates are complete (equal hashes share a pass)."""
     store = output_store(cfg)
-    parts = [np.load(io.BytesIO(store.get(hashes_key(s)))) for s in shards]
-    counts = np.array([len(p) for p in parts], dtype=np.int64)
+    counts = np.array([_load_hashes(store, s).shape[0] for s in shards], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)])
-    allh = np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.uint64)
-    keys = np.ascontiguousarray(allh).view(np.dtype((np.void, 16))).ravel()
-    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-    keeper = first[inverse]  # np.unique's return_index is the first occurrence
-    dup = np.flatnonzero(keeper != np.arange(len(keys)))
-    write_dups(store, input_stage, shards, offsets, dup, keeper[dup], DUPS_KEY)
-    return len(dup)
+    n_pass = max(1, -(-int(offsets[-1]) // PASS_DOCS))
+    dups, keepers = [], []
+    for p in range(n_pass):
+        his, los, idx = [], [], []
+        for si, s in enumerate(shards):
+            h = _load_hashes(store, s)
+            rows = np.flatnonzero(h[:, 0] % np.uint64(n_pass) == p) if n_pass > 1 else \
+                np.arange(len(h))
+            his.append(h[rows, 0])
+            los.append(h[rows, 1])
+            idx.append(rows + offsets[si])
+        hi = np.concatenate(his) if his else np.zeros(0, np.uint64)
+        lo = np.concatenate(los) if los else np.zeros(0, np.uint64)
+        gi = np.concatenate(idx) if idx else np.zeros(0, np.int64)
+        del his, los, idx
+        order = np.lexsort((gi, lo, hi))  # by hash, then input order: a run's first stays
+        hi, lo, gi = hi[order], lo[order], gi[order]
+        del order
+        new = np.ones(len(gi), dtype=bool)
+        new[1:] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
+        first = gi[new][np.cumsum(new) - 1]  # each document's run's first index
+        dup = ~new
+        dups.append(gi[dup])
+        keepers.append(first[dup])
+    dup_all = np.concatenate(dups) if dups else np.zeros(0, np.int64)
+    kept_all = np.concatenate(keepers) if keepers else np.zeros(0, np.int64)
+    order = np.argsort(dup_all, kind="stable")
+    write_dups(store, input_stage, shards, offsets, dup_all[order], kept_all[order], STAGE)
+    store.put(DUPS_KEY, json.dumps({"removed": len(dup_all)}).encode())
+    return len(dup_all)
+
+
+def _load_hashes(store: Store, shard: str) -> np.ndarray:
+    return np.load(io.BytesIO(store.get(hashes_key(shard))))
+
+
+def dups_key(prefix: str, shard: str) -> str:
+    return f"{prefix}/dups/{shard}.parquet"
 
 
 def write_dups(store: Store, input_stage: str, shards: list[str], offsets: np.ndarray,
-               dup: np.ndarray, kept_of: np.ndarray, key: str) -> None:
-    """Write (shard, row) of every removed document with the id of the copy that stays.
-    `dup` and `kept_of` are global indices (offsets[i] = first index of shards[i]); ids
-    are read only from the shards that hold a kept copy."""
-    need = np.unique(np.searchsorted(offsets, kept_of, side="right") - 1)
-    ids: dict[int, list[str]] = {}
-    for si in need:
-        data = store.get(docs_key(input_stage, shards[si]))
-        ids[int(si)] = pq.read_table(pa.BufferReader(data), columns=["id"])["id"].to_pylist()
-    dup_shard = np.searchsorted(offsets, dup, side="right") - 1
+               dup: np.ndarray, kept_of: np.ndarray, prefix: str) -> None:
+    """Write, per shard, the rows it loses with the id of the copy that stays, so each
+    shard's apply reads only its own list. `dup` (sorted) and `kept_of` are global
+    indices (offsets[i] = first index of shards[i]). Ids are read one kept shard at a
+    time and held as Arrow strings for the duplicates only."""
     kept_shard = np.searchsorted(offsets, kept_of, side="right") - 1
-    table = pa.table({
-        "shard": pa.array([shards[i] for i in dup_shard], pa.string()),
-        "row": pa.array(dup - offsets[dup_shard], pa.int64()),
-        "kept_id": pa.array([ids[int(s)][int(k - offsets[s])]
-                             for s, k in zip(kept_shard, kept_of, strict=True)], pa.string()),
-    })
-    store.put(key, table_to_parquet_bytes(table))
+    by_kept = np.argsort(kept_shard, kind="stable")
+    pieces: list[pa.Array] = []
+    bounds = np.searchsorted(kept_shard[by_kept], np.arange(len(shards) + 1))
+    for si in range(len(shards)):
+        sel = by_kept[bounds[si] : bounds[si + 1]]
+        if len(sel) == 0:
+            continue
+        data = store.get(docs_key(input_stage, shards[si]))
+        ids = pq.read_table(pa.BufferReader(data), columns=["id"])["id"].combine_chunks()
+        pieces.append(ids.take(pa.array(kept_of[sel] - offsets[si])))
+    kept_ids = (pa.concat_arrays(pieces).take(pa.array(np.argsort(by_kept, kind="stable")))
+                if pieces else pa.array([], pa.string()))
+    dup_shard = np.searchsorted(offsets, dup, side="right") - 1
+    cuts = np.searchsorted(dup_shard, np.arange(len(shards) + 1))
+    for si in range(len(shards)):
+        a, b = int(cuts[si]), int(cuts[si + 1])
+        if a == b:
+            continue
+        table = pa.table({"row": pa.array(dup[a:b] - offsets[si], pa.int64()),
+                          "kept_id": kept_ids.slice(a, b - a)})
+        store.put(dups_key(prefix, shards[si]), table_to_parquet_bytes(table))
 
 
-def load_dups(store: Store, key: str, shard: str) -> dict[int, str]:
+def load_dups(store: Store, prefix: str, shard: str) -> dict[int, str]:
     """Rows of `shard` that a dedup step removes, and the id of the document kept."""
+    key = dups_key(prefix, shard)
+    if not store.exists(key):
+        return {}
     t = parquet_bytes_to_table(store.get(key))
-    t = t.filter(pc.equal(t["shard"], shard))
     return dict(zip(t["row"].to_pylist(), t["kept_id"].to_pylist(), strict=True))
 
 
-def apply_dups(cfg: PrepConfig, input_stage: str, stage: str, shard: str, dups_key: str,
+def apply_dups(cfg: PrepConfig, input_stage: str, stage: str, shard: str, prefix: str,
                reason: str) -> dict:
     """Split a shard into kept documents and duplicates dropped with `reason`."""
     store = output_store(cfg)
     docs = read_docs(store, input_stage, shard)
-    dups = load_dups(store, dups_key, shard)
+    dups = load_dups(store, prefix, shard)
     nbytes = pc.binary_length(docs["text"]).to_pylist()
     ids, sources, texts = (docs[c].to_pylist() for c in ("id", "source", "text"))
     metas = docs["meta"].to_pylist()
@@ -115,4 +164,4 @@ def apply_dups(cfg: PrepConfig, input_stage: str, stage: str, shard: str, dups_k
 
 
 def apply_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
-    return apply_dups(cfg, input_stage, STAGE, shard, DUPS_KEY, "exact_dup")
+    return apply_dups(cfg, input_stage, STAGE, shard, STAGE, "exact_dup")

@@ -5,7 +5,7 @@ band, exchanging files:
                near/shingles/<shard>.npz
     buckets    (per band group)  documents sharing a band key -> near/buckets/band-XXX.npz
     cluster    (once)  union-find over bucket members, each link confirmed by the exact
-               Jaccard of the two shingle sets -> near/dups.parquet
+               Jaccard of the two shingle sets -> near/dups/<shard>.parquet
     apply      (per shard)  drop every document that is not its cluster's first one
 
 No step compares all pairs, and none holds the corpus text: buckets hold 16 bytes per
@@ -29,7 +29,6 @@ from tasks.exact_dedup import apply_dups, write_dups
 from tasks.stage import output_store, read_docs
 
 STAGE = "near"
-DUPS_KEY = "near/dups.parquet"
 CLUSTER_KEY = "near/cluster.json"
 BATCH_DOCS = 1000
 # Texts are shingled from their first MAX_CHARS characters: enough to judge
@@ -276,7 +275,7 @@ def cluster(cfg: PrepConfig, shards: list[str], max_checks: int = 8) -> dict:
     del queried
     dup = np.flatnonzero(roots != np.arange(n))
     kept_of = roots[dup]
-    write_dups(store, _input_stage(cfg), shards, offsets, dup, kept_of, DUPS_KEY)
+    write_dups(store, _input_stage(cfg), shards, offsets, dup, kept_of, STAGE)
     summary = {
         "bands": bands, "rows": rows, "num_perm": near.num_perm, "threshold": near.threshold,
         "p_candidate_at_threshold": round(
@@ -305,4 +304,4 @@ def _input_stage(cfg: PrepConfig) -> str:
 
 
 def apply_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
-    return apply_dups(cfg, input_stage, STAGE, shard, DUPS_KEY, "near_dup")
+    return apply_dups(cfg, input_stage, STAGE, shard, STAGE, "near_dup")

@@ -82,3 +82,29 @@ def test_exact_duplicates_across_sources_keep_the_first_source(tmp_path):
     # Sources in config order: every copy in "first" duplicates one in "second".
     assert sorted(removed) == sorted(f"a{i}" for i in range(10))
     assert all(removed[f"a{i}"] == f"b{9 - i}" for i in range(10))
+
+
+def test_exact_select_in_passes_gives_the_same_duplicates(tmp_path, monkeypatch):
+    """A corpus larger than one pass of exact select is split by hash value into passes;
+    the duplicates and the copies kept are those of a single pass."""
+    from tasks import exact_dedup
+
+    rng = random.Random(2)
+    web = [r["text"] for r in read_jsonl(shared_file("web_openwebtext_1k.jsonl"), 60)]
+    rows = [{"id": f"d{i}", "text": rng.choice(web)} for i in range(400)]
+    path = write_jsonl(tmp_path / "docs.jsonl", rows)
+    results = []
+    for pass_docs in (1 << 24, 37):
+        monkeypatch.setattr(exact_dedup, "PASS_DOCS", pass_docs)
+        out = tmp_path / f"out-{pass_docs}"
+        cfg = parse_config({"output": str(out), "workers": 1, "quality": [],
+                            "ingest": {"shard_docs": 29},
+                            "sources": [{"name": "w", "paths": [str(path)], "id_field": "id"}]})
+        run_prep(cfg, until="exact", progress=False)
+        results.append(_removed(out))
+    first_of = {}
+    for r in rows:
+        first_of.setdefault(r["text"], r["id"])
+    want = {r["id"]: first_of[r["text"]] for r in rows if first_of[r["text"]] != r["id"]}
+    assert results[0] == want
+    assert results[1] == want

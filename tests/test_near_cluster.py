@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tasks import minhash, near_dedup
+from tasks import exact_dedup, minhash, near_dedup
 from tasks.config import parse_config
 from tasks.pipeline import run_prep
 from tests.helpers import edit_words, read_jsonl, shared_file
@@ -88,7 +88,9 @@ def test_cluster_matches_the_plain_algorithm(tmp_path: Path, threshold: float) -
     assert summary["removed"] > 20  # the corpus does exercise clustering
     assert summary["candidate_pairs"] == candidates
     assert summary["confirmed_pairs"] == confirmed
-    dups = pq.read_table(out / near_dedup.DUPS_KEY).to_pylist()
+    dups = [{"shard": s, **d} for s in shards
+            if (out / exact_dedup.dups_key("near", s)).exists()
+            for d in pq.read_table(out / exact_dedup.dups_key("near", s)).to_pylist()]
     n_per = [pq.read_metadata(out / "docs" / "exact" / f"{s}.parquet").num_rows for s in shards]
     offsets = np.concatenate([[0], np.cumsum(n_per)])
     ids = [i for s in shards
