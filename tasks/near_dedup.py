@@ -19,10 +19,10 @@ import json
 import os
 import tempfile
 from array import array
-from typing import Any
 
 import numpy as np
 
+from infra.storage import Store
 from tasks import minhash
 from tasks.config import NearDedupConfig, PrepConfig
 from tasks.exact_dedup import apply_dups, write_dups
@@ -91,7 +91,9 @@ def signature_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
     # A document with no words gets no band keys: an empty set is nobody's near-duplicate.
     empty = np.diff(np.concatenate(off_parts)) == 0
     store.put(shingles_key(shard), _npz(shingles=shingles, offsets=np.concatenate(off_parts)))
-    store.put(sig_key(shard), _npz(keys=keys, empty=empty))
+    # One member per band: bucketing reads one band of every shard at a time.
+    store.put(sig_key(shard), _npz(empty=empty, **{_band_name(b): np.ascontiguousarray(keys[:, b])
+                                                  for b in range(bands)}))
     return len(texts)
 
 
@@ -101,32 +103,49 @@ def band_groups(cfg: PrepConfig, per_task: int = 5) -> list[list[int]]:
     return [list(range(i, min(i + per_task, bands))) for i in range(0, bands, per_task)]
 
 
+def _band_name(band: int) -> str:
+    return f"b{band:03d}"
+
+
+def _npz_member(store: Store, key: str, name: str) -> np.ndarray:
+    """One array of an .npz in the store; read alone from disk when the store is local
+    (a zip member is read by itself), else from the object's bytes."""
+    local = store.local_path(key)
+    with np.load(local if local is not None else io.BytesIO(store.get(key))) as z:
+        return z[name]
+
+
 def bucket_bands(cfg: PrepConfig, shards: list[str], bands: list[int]) -> int:
-    """Group documents by band key for the given bands; keep groups of two or more."""
+    """Group documents by band key for the given bands, one band at a time; keep groups
+    of two or more. Memory: one band's keys for the corpus (8 bytes a document) and
+    their sort, not the signatures."""
     store = output_store(cfg)
-    cols: list[list[np.ndarray]] = [[] for _ in bands]
-    idx: list[np.ndarray] = []
+    live: list[np.ndarray] = []  # rows with band keys (not empty), per shard
+    docs: list[np.ndarray] = []
     base = 0
     for s in shards:
-        z = _load_npz(store.get(sig_key(s)))
-        live = np.flatnonzero(~z["empty"])
-        idx.append(live + base)
-        base += len(z["empty"])
-        for k, band in enumerate(bands):
-            cols[k].append(z["keys"][live, band])
-    doc = np.concatenate(idx) if idx else np.zeros(0, np.int64)
+        empty = _npz_member(store, sig_key(s), "empty")
+        live.append(np.flatnonzero(~empty))
+        docs.append(live[-1] + base)
+        base += len(empty)
+    doc = np.concatenate(docs) if docs else np.zeros(0, np.int64)
+    del docs
     groups = 0
-    for k, band in enumerate(bands):
-        key = np.concatenate(cols[k]) if cols[k] else np.zeros(0, np.uint64)
-        order = np.lexsort((doc, key))  # by key, then input order inside a bucket
+    for band in bands:
+        key = (np.concatenate([_npz_member(store, sig_key(s), _band_name(band))[rows]
+                               for s, rows in zip(shards, live, strict=True)])
+               if shards else np.zeros(0, np.uint64))
+        # by key, then input order inside a bucket (doc ascends: a stable sort keeps it)
+        order = np.argsort(key, kind="stable")
         key, members = key[order], doc[order]
+        del order
         new = np.ones(len(key), dtype=bool)
         new[1:] = key[1:] != key[:-1]
+        del key
         starts = np.flatnonzero(new)
-        sizes = np.diff(np.append(starts, len(key)))
+        sizes = np.diff(np.append(starts, len(new)))
         multi = sizes >= 2
-        keep = np.repeat(multi, sizes)
-        members = members[keep]
+        members = members[np.repeat(multi, sizes)]
         offsets = np.concatenate([[0], np.cumsum(sizes[multi])])
         groups += int(multi.sum())
         store.put(bucket_key(band), _npz(members=members, offsets=offsets))
@@ -147,7 +166,7 @@ def _group_hashes(members: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.stack([h1, h2], axis=1)
 
 
-def _new_groups(store: Any, bands: int) -> tuple[list[tuple[np.ndarray, np.ndarray]],
+def _new_groups(store: Store, bands: int) -> tuple[list[tuple[np.ndarray, np.ndarray]],
                                                 np.ndarray]:
     """Bucket groups in band order, each kept only at its first occurrence, as (members,
     offsets) per band. A group seen in an earlier band changes nothing when seen again
@@ -181,7 +200,7 @@ class _ShingleScratch:
     laid out for random access (each shard's file is read once, whatever the order of
     the pairs), and read back by pread: memory stays at one shard's sets."""
 
-    def __init__(self, store: Any, shards: list[str], offsets: np.ndarray, docs: np.ndarray,
+    def __init__(self, store: Store, shards: list[str], offsets: np.ndarray, docs: np.ndarray,
                  path: str):
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         n = int(offsets[-1])
@@ -223,10 +242,7 @@ def cluster(cfg: PrepConfig, shards: list[str], max_checks: int = 8) -> dict:
     near = cfg.dedup.near
     assert near is not None
     store = output_store(cfg)
-    counts = []
-    for s in shards:
-        z = _load_npz(store.get(sig_key(s)))
-        counts.append(len(z["empty"]))
+    counts = [len(_npz_member(store, sig_key(s), "empty")) for s in shards]
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     n = int(offsets[-1])
     bands, rows = bands_rows(near)
