@@ -1,55 +1,233 @@
 """The output dataset (the contract between prep and training): a HF `datasets`
-DatasetDict (train / validation) saved as Arrow shards with `save_to_disk`, the tokenizer
-next to it, and manifest.json with the sha256 of every file. The check of a dataset
-against its manifest lives with its reader, in training/manifest.py."""
+DatasetDict (train / validation) saved as Arrow shards in `save_to_disk`'s layout, the
+tokenizer next to it, and manifest.json with the sha256 of every file. The check of a
+dataset against its manifest lives with its reader, in training/manifest.py.
+
+The shards are written streaming, one at a time, with `datasets`' own ArrowWriter: the
+files are byte for byte what `DatasetDict.save_to_disk(num_shards=...)` writes from the
+same rows, but no copy of a whole split is ever staged or memory-mapped."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from infra.storage import Store, open_store
 from tasks.config import PrepConfig
-from tasks.pack_stage import packed_key, row_schema
+from tasks.pack_stage import packed_done_key, packed_key, row_schema
 from tasks.stage import output_store
 from tasks.tokenize_stage import TOKENIZER_KEY, run_tokenizer
 from training.files import sha256_file
 from training.manifest import FORMAT, MANIFEST, arrow_stats
 
+if TYPE_CHECKING:
+    from datasets import Features
+
 DATASET_DIR = "dataset"
+READ_BATCH_BYTES = 8 << 20
 
 
 def dataset_uri(cfg: PrepConfig) -> str:
     return f"{cfg.output.rstrip('/')}/{DATASET_DIR}"
 
 
-def _stream_split(store: Store, parts: list[str], seq_len: int, path: Path) -> int:
-    """Append the packed rows of `parts`, in order, to one Arrow file; returns rows.
-    Streaming keeps memory at one partition, however large the dataset."""
-    schema = row_schema(seq_len)
-    rows = 0
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
-        for p in parts:
-            table = pq.read_table(pa.BufferReader(store.get(packed_key(p))))
-            for batch in table.cast(schema).to_batches(max_chunksize=1000):
-                writer.write_batch(batch)
-            rows += table.num_rows
-    return rows
+def shard_bounds(rows: int, num_shards: int) -> list[tuple[int, int]]:
+    """[start, end) of each shard, as `Dataset.shard(num_shards, i, contiguous=True)`
+    cuts them: the first rows % num_shards shards get one row more."""
+    div, mod = divmod(rows, num_shards)
+    bounds = []
+    for i in range(num_shards):
+        start = div * i + min(i, mod)
+        bounds.append((start, start + div + (1 if i < mod else 0)))
+    return bounds
+
+
+def save_batch_size(rows: int, nbytes: int) -> int:
+    """Rows per table that `Dataset.save_to_disk` hands its writer; each becomes one
+    record batch of the shard file, so the bytes depend on it."""
+    from datasets import config
+    from datasets.arrow_writer import get_writer_batch_size_from_data_size
+
+    size = config.DEFAULT_MAX_BATCH_SIZE
+    if nbytes > 0:
+        size = min(size, get_writer_batch_size_from_data_size(rows, nbytes))
+    return size
+
+
+def read_batch_rows(schema: pa.Schema) -> int:
+    """Rows per batch read from a packed partition. Parquet's reader needs about four
+    times a batch of these nested columns while decoding it (levels, growing buffers),
+    so batches are kept at a few MB; the writer joins them again."""
+    return max(1, READ_BATCH_BYTES // row_nbytes(schema))
+
+
+def row_nbytes(schema: pa.Schema) -> int:
+    """Bytes of one row in a memory-mapped Arrow table of `schema` (fixed-size lists of
+    fixed-width values, no nulls): what `Dataset._estimate_nbytes` counts per row."""
+    return sum(f.type.list_size * f.type.value_type.bit_width // 8 for f in schema)
+
+
+def _json_bytes(obj: Any, sort_keys: bool) -> bytes:
+    return json.dumps(obj, indent=2, sort_keys=sort_keys).encode("utf-8")
+
+
+def split_state(fingerprint: str, num_shards: int) -> bytes:
+    """state.json as `Dataset.save_to_disk` writes it for an unformatted dataset."""
+    state = {
+        "_fingerprint": fingerprint, "_format_columns": None, "_format_kwargs": {},
+        "_format_type": None, "_output_all_columns": False, "_split": None,
+        "_data_files": [{"filename": f"data-{i:05d}-of-{num_shards:05d}.arrow"}
+                        for i in range(num_shards)],
+    }
+    return _json_bytes(state, sort_keys=True)
+
+
+def split_info(features: Features) -> bytes:
+    """dataset_info.json as `Dataset.save_to_disk` writes it: only the top-level keys
+    sorted, so that the order of nested feature fields is kept."""
+    from datasets import DatasetInfo
+    from datasets.utils.py_utils import asdict
+
+    info = asdict(DatasetInfo(features=features))
+    return _json_bytes({k: info[k] for k in sorted(info)}, sort_keys=False)
+
+
+def packed_rows(store: Store, parts: list[str]) -> int:
+    return sum(int(json.loads(store.get(packed_done_key(p)))["rows"]) for p in parts)
+
+
+def packed_batches(store: Store, parts: list[str], batch_rows: int,
+                   scratch: Path) -> Iterator[pa.RecordBatch]:
+    """The packed rows of `parts`, in order, a record batch at a time. A partition in a
+    remote store is downloaded to `scratch` first (one on disk at a time) rather than
+    held in memory."""
+    for p in parts:
+        key = packed_key(p)
+        path = store.local_path(key)
+        fetched = path is None
+        if path is None:
+            path = scratch / "part.parquet"
+            store.get_file(key, path)
+        try:
+            with pq.ParquetFile(path) as pf:
+                yield from pf.iter_batches(batch_size=batch_rows)
+        finally:
+            if fetched:
+                path.unlink(missing_ok=True)
+
+
+class _RowReader:
+    """Takes consecutive runs of rows, of any length, from a stream of record batches."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch], schema: pa.Schema):
+        self._batches = batches
+        self._schema = schema
+        self._head: pa.RecordBatch | None = None
+
+    def take(self, n: int) -> pa.Table:
+        """The next `n` rows (n >= 1), cast to the row schema."""
+        pieces: list[pa.RecordBatch] = []
+        while n > 0:
+            if self._head is None or self._head.num_rows == 0:
+                self._head = next(self._batches, None)
+                if self._head is None:
+                    raise RuntimeError("the packed partitions hold fewer rows than their "
+                                       "done markers say")
+            piece = self._head.slice(0, n)
+            pieces.append(piece)
+            self._head = self._head.slice(piece.num_rows)
+            n -= piece.num_rows
+        return pa.Table.from_batches(pieces).cast(self._schema)
+
+    def exhausted(self) -> bool:
+        if self._head is not None and self._head.num_rows:
+            return False
+        return all(b.num_rows == 0 for b in self._batches)
+
+
+@contextmanager
+def _staged(target: Store, key: str, scratch: Path) -> Iterator[Path]:
+    """A local file to write `key` into; when the block ends without error it becomes
+    `key` in `target`. A local target gets it written next to the key under a hidden
+    temporary name and renamed into place (LocalStore's own convention, so a crash never
+    leaves a half-written key and no copy is made); any other target gets it uploaded
+    from `scratch`."""
+    dest = target.local_path(key)
+    if dest is not None:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+        os.close(fd)
+        path = Path(name)
+    else:
+        path = scratch / Path(key).name
+    try:
+        yield path
+        if dest is not None:
+            os.replace(path, dest)
+        else:
+            target.put_file(key, path)
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def _arrow_entry(path: Path, seq_len: int) -> dict[str, Any]:
+    rows, real = arrow_stats(path)
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size, "rows": rows,
+            "real_tokens": real, "tokens": rows * seq_len}
+
+
+def _put(target: Store, key: str, data: bytes) -> dict[str, Any]:
+    target.put(key, data)
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def write_split(target: Store, name: str, batches: Iterator[pa.RecordBatch], rows: int,
+                num_shards: int, fingerprint: str, schema: pa.Schema,
+                scratch: Path) -> dict[str, dict[str, Any]]:
+    """Write `rows` rows from `batches` as the split `name` (shards, state.json,
+    dataset_info.json) in `Dataset.save_to_disk`'s layout and bytes; returns the
+    manifest entries of its files."""
+    from datasets import Features
+    from datasets.arrow_writer import ArrowWriter
+
+    features = Features.from_arrow_schema(schema)
+    seq_len = schema.field(0).type.list_size
+    batch_rows = save_batch_size(rows, rows * row_nbytes(schema))
+    reader = _RowReader(batches, schema)
+    files: dict[str, dict[str, Any]] = {}
+    for i, (start, end) in enumerate(shard_bounds(rows, num_shards)):
+        rel = f"{name}/data-{i:05d}-of-{num_shards:05d}.arrow"
+        with _staged(target, rel, scratch) as path:
+            writer = ArrowWriter(features=features, path=str(path), embed_local_files=True)
+            try:
+                for off in range(start, end, batch_rows):
+                    writer.write_table(reader.take(min(batch_rows, end - off)))
+                writer.finalize()
+            finally:
+                writer.close()
+            files[rel] = _arrow_entry(path, seq_len)
+    if not reader.exhausted():
+        raise RuntimeError(f"the packed partitions of {name} hold more rows than their done "
+                           "markers say")
+    files[f"{name}/state.json"] = _put(target, f"{name}/state.json",
+                                       split_state(fingerprint, num_shards))
+    files[f"{name}/dataset_info.json"] = _put(target, f"{name}/dataset_info.json",
+                                              split_info(features))
+    return files
 
 
 def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]) -> dict:
     """Save the packed rows as a DatasetDict under <output>/dataset and write the
     manifest last (a dataset without a manifest is incomplete)."""
-    from datasets import Dataset, DatasetDict, disable_progress_bars
-    from datasets.table import MemoryMappedTable
-
-    disable_progress_bars()  # the caller shows progress; datasets' bars would interleave
-
     store = output_store(cfg)
     target = open_store(dataset_uri(cfg), cfg.storage)
     if target.exists(MANIFEST):  # finished by an earlier run of the same config
@@ -57,60 +235,51 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
         if manifest.get("config_fingerprint") == cfg.fingerprint():
             return manifest
     seq_len = cfg.pack.seq_len
+    schema = row_schema(seq_len)
     tok = run_tokenizer(cfg)
     fp = cfg.fingerprint()
+    parts = {"train": train_parts, "validation": ["validation"]}
+    max_shards = {"train": cfg.dataset.train_shards,
+                  "validation": cfg.dataset.validation_shards}
+    # Known before any shard is written: the shard boundaries depend on the totals.
+    rows = {name: packed_rows(store, ps) for name, ps in parts.items()}
+    files: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ballast-dataset-") as tmp:
-        parts = {"train": train_parts, "validation": ["validation"]}
-        rows = {name: _stream_split(store, ps, seq_len, Path(tmp) / f"{name}.arrow")
-                for name, ps in parts.items()}
-        # Memory-mapped, with a fixed fingerprint: `datasets` would otherwise draw one
-        # from the temporary path into state.json, and the bytes would differ per run.
-        dd = DatasetDict({
-            name: Dataset(MemoryMappedTable.from_file(str(Path(tmp) / f"{name}.arrow")),
-                          fingerprint=f"{fp}-{name}")
-            for name in parts})
-        shards = {"train": max(1, min(cfg.dataset.train_shards, rows["train"])),
-                  "validation": max(1, min(cfg.dataset.validation_shards, rows["validation"]))}
-        root = Path(tmp) / DATASET_DIR
-        dd.save_to_disk(str(root), num_shards=shards)
-        del dd
-        (root / "tokenizer.json").write_bytes(store.get(TOKENIZER_KEY))
-        files: dict[str, Any] = {}
-        for path in sorted(p for p in root.rglob("*") if p.is_file()):
-            rel = path.relative_to(root).as_posix()
-            entry: dict[str, Any] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
-            if rel.endswith(".arrow"):
-                entry["rows"], entry["real_tokens"] = arrow_stats(path)
-                entry["tokens"] = entry["rows"] * seq_len
-            files[rel] = entry
-        manifest = {
-            "format": FORMAT,
-            "config_fingerprint": fp,
-            "seed": cfg.seed,
-            "seq_len": seq_len,
-            "pack": cfg.pack.model_dump(),
-            "columns": {"input_ids": "int32[seq_len]", "position_ids": "int32[seq_len], "
-                        "restart at 0 at every document", "segment_ids": "int32[seq_len], "
-                        "1..k per document in the row, 0 on padding",
-                        "loss_mask": "int8[seq_len], 0 on padding"},
-            "tokenizer": {"kind": cfg.tokenizer.kind, "vocab_size": tok.vocab_size,
-                          "eos_id": tok.eos_id, "pad_id": tok.pad_id, "file": "tokenizer.json",
-                          "sha256": files["tokenizer.json"]["sha256"]},
-            "splits": {
-                name: {
-                    "rows": n, "tokens": n * seq_len,
-                    "real_tokens": sum(f.get("real_tokens", 0) for r, f in files.items()
-                                       if r.startswith(f"{name}/")),
-                    "files": sorted(r for r in files if r.startswith(f"{name}/")
-                                    and r.endswith(".arrow")),
-                } for name, n in rows.items()
-            },
-            "files": files,
-            **extra,
-        }
-        for rel in files:
-            target.put_file(rel, root / rel)
-        target.put(MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
+        scratch = Path(tmp)
+        files["dataset_dict.json"] = _put(
+            target, "dataset_dict.json", json.dumps({"splits": list(parts)}).encode("utf-8"))
+        for name, ps in parts.items():
+            n = rows[name]
+            batches = packed_batches(store, ps, read_batch_rows(schema), scratch)
+            # A fixed fingerprint: `datasets` would otherwise draw one from a path, and
+            # state.json would differ per run.
+            files.update(write_split(target, name, batches, n, max(1, min(max_shards[name], n)),
+                                     f"{fp}-{name}", schema, scratch))
+    files["tokenizer.json"] = _put(target, "tokenizer.json", store.get(TOKENIZER_KEY))
+    manifest = {
+        "format": FORMAT,
+        "config_fingerprint": fp,
+        "seed": cfg.seed,
+        "seq_len": seq_len,
+        "pack": cfg.pack.model_dump(),
+        "columns": {"input_ids": "int32[seq_len]", "position_ids": "int32[seq_len], "
+                    "restart at 0 at every document", "segment_ids": "int32[seq_len], "
+                    "1..k per document in the row, 0 on padding",
+                    "loss_mask": "int8[seq_len], 0 on padding"},
+        "tokenizer": {"kind": cfg.tokenizer.kind, "vocab_size": tok.vocab_size,
+                      "eos_id": tok.eos_id, "pad_id": tok.pad_id, "file": "tokenizer.json",
+                      "sha256": files["tokenizer.json"]["sha256"]},
+        "splits": {
+            name: {
+                "rows": n, "tokens": n * seq_len,
+                "real_tokens": sum(f.get("real_tokens", 0) for r, f in files.items()
+                                   if r.startswith(f"{name}/")),
+                "files": sorted(r for r in files if r.startswith(f"{name}/")
+                                and r.endswith(".arrow")),
+            } for name, n in rows.items()
+        },
+        "files": files,
+        **extra,
+    }
+    target.put(MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
     return manifest
-
-
