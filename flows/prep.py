@@ -14,7 +14,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from tasks.config import load_config
 from tasks.dataset import dataset_uri
-from tasks.mixture_stage import train_partitions
+from tasks.mixture_stage import train_partitions, validation_partitions
 from tasks.near_dedup import band_groups
 from tasks.pack_stage import packing_summary
 from tasks.pipeline import enabled_stages
@@ -88,17 +88,18 @@ def prep(config_path: str, output: str | None = None, until: str | None = None) 
     dataset = None
     if "pack" in stages:
         parts = train_partitions(cfg, extra["mixture"])
-        packed = pack_task.map(c, unmapped(shards), [*parts, "validation"]).result()
+        vparts = validation_partitions(extra["mixture"])
+        packed = pack_task.map(c, unmapped(shards), [*parts, *vparts]).result()
         extra["packing"] = {"strategy": cfg.pack.strategy, "seq_len": cfg.pack.seq_len,
-                            "train": packing_summary(packed[:-1]),
-                            "validation": packing_summary(packed[-1:])}
+                            "train": packing_summary(packed[:len(parts)]),
+                            "validation": packing_summary(packed[len(parts):])}
 
     extra.update(final_stage=prev.value, shards=shards)
     report = report_task(cfg, accounted, extra)
     if "pack" in stages:
         manifest = dataset_task(cfg, parts, {"mixture": extra["mixture"],
                                              "packing": extra["packing"],
-                                             "accounting": report["stages"]})
+                                             "accounting": report["stages"]}, vparts)
         dataset = dataset_uri(cfg)
         report["dataset"] = {"uri": dataset, "splits": {
             k: {"rows": v["rows"], "real_tokens": v["real_tokens"]}

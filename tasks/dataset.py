@@ -225,7 +225,8 @@ def write_split(target: Store, name: str, batches: Iterator[pa.RecordBatch], row
     return files
 
 
-def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]) -> dict:
+def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any],
+                  validation_parts: list[str] | None = None) -> dict:
     """Save the packed rows as a DatasetDict under <output>/dataset and write the
     manifest last (a dataset without a manifest is incomplete)."""
     store = output_store(cfg)
@@ -238,7 +239,7 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
     schema = row_schema(seq_len)
     tok = run_tokenizer(cfg)
     fp = cfg.fingerprint()
-    parts = {"train": train_parts, "validation": ["validation"]}
+    parts = {"train": train_parts, "validation": validation_parts or ["validation"]}
     max_shards = {"train": cfg.dataset.train_shards,
                   "validation": cfg.dataset.validation_shards}
     # Known before any shard is written: the shard boundaries depend on the totals.

@@ -62,6 +62,12 @@ def train_partitions(cfg: PrepConfig, plan: dict[str, Any]) -> list[str]:
     return [f"train/g{g:02d}-p{p:04d}" for g in range(n_groups) for p in range(n_parts)]
 
 
+def validation_partitions(plan: dict[str, Any]) -> list[str]:
+    """One partition for a validation split of up to PARTITION_TOKENS; more beyond."""
+    n = plan.get("validation_partitions", 1)
+    return ["validation"] if n == 1 else [f"validation/p{p:04d}" for p in range(n)]
+
+
 def read_plan(cfg: PrepConfig) -> dict[str, Any]:
     return json.loads(output_store(cfg).get(PLAN_KEY))
 
@@ -82,6 +88,7 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
     cols = ["id", "source", "split", "n_tokens"]
     per: dict[str, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]] = {n: [] for n in names}
     sizes = []
+    val_tokens = 0
     for si, shard in enumerate(shards):
         t = read_tokens(store, shard, cols)
         sizes.append(t.num_rows)
@@ -89,6 +96,7 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
         train = np.asarray(t["split"].to_pylist(), dtype=object) == "train"
         keys = doc_keys(t["id"].to_pylist(), cfg.seed)
         ntok = t["n_tokens"].to_numpy()
+        val_tokens += int(ntok[~train].sum())
         for name in names:
             rows = np.flatnonzero((src == name) & train)
             if len(rows):
@@ -130,6 +138,7 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
     result = {"sources": sources, "total_planned_tokens": planned_total,
               "total_realised_tokens": total,
               "train_partitions": partition_count(cfg, total),
+              "validation_partitions": max(1, -(-val_tokens // PARTITION_TOKENS)),
               "warnings": [s["warning"] for s in sources.values() if s["warning"]]}
     store.put(PLAN_KEY, json.dumps(result, indent=2, sort_keys=True).encode())
     return result
@@ -162,11 +171,14 @@ def scatter_shard(cfg: PrepConfig, shard: str) -> dict:
                           "source": pa.array([sources[i] for i in doc_idx[sel]], pa.string()),
                           "tokens": tokens.take(pa.array(doc_idx[sel]))}, schema=MIX_SCHEMA)
         store.put(part_key(part, shard), table_to_parquet_bytes(table))
-    vrows = np.flatnonzero(val)
-    vtable = pa.table({"key": pa.array(keys[vrows], pa.uint64()),
-                       "source": pa.array([sources[i] for i in vrows], pa.string()),
-                       "tokens": tokens.take(pa.array(vrows))}, schema=MIX_SCHEMA)
-    store.put(part_key("validation", shard), table_to_parquet_bytes(vtable))
+    vparts = validation_partitions(plan)
+    vp = ((keys & _MASK56) >> np.uint64(24)) * np.uint64(len(vparts)) >> np.uint64(32)
+    for k, part in enumerate(vparts):
+        vrows = np.flatnonzero(val & (vp == k))
+        vtable = pa.table({"key": pa.array(keys[vrows], pa.uint64()),
+                           "source": pa.array([sources[i] for i in vrows], pa.string()),
+                           "tokens": tokens.take(pa.array(vrows))}, schema=MIX_SCHEMA)
+        store.put(part_key(part, shard), table_to_parquet_bytes(vtable))
 
     # Accounting: a document the plan leaves out is dropped as `downsampled` (its text
     # stays in docs/<previous stage>/; the row here points at it).

@@ -202,10 +202,10 @@ def run_prep(cfg: PrepConfig, until: str | None = None, runner: LocalRunner | No
         report = build_report(store, accounted, extra)
         if "pack" in stages:
             t0, start = time.perf_counter(), time.time()
-            parts = mixture_stage.train_partitions(cfg, extra["mixture"])
-            manifest = dataset.write_dataset(cfg, parts, {
+            plan = extra["mixture"]
+            manifest = dataset.write_dataset(cfg, mixture_stage.train_partitions(cfg, plan), {
                 "mixture": extra["mixture"], "packing": extra["packing"],
-                "accounting": report["stages"]})
+                "accounting": report["stages"]}, mixture_stage.validation_partitions(plan))
             timings["dataset"] = time.perf_counter() - t0
             runner.times["dataset"] = (round(start, 3), round(time.time(), 3))
             report["dataset"] = {"uri": dataset.dataset_uri(cfg),
@@ -274,11 +274,14 @@ def run_mixture(cfg: PrepConfig, store: Store, runner: LocalRunner,
 
 def run_pack(cfg: PrepConfig, store: Store, runner: LocalRunner,
              shards: list[str]) -> dict[str, Any]:
-    parts = [*mixture_stage.train_partitions(cfg, mixture_stage.read_plan(cfg)), "validation"]
+    plan = mixture_stage.read_plan(cfg)
+    train = mixture_stage.train_partitions(cfg, plan)
+    val = mixture_stage.validation_partitions(plan)
+    parts = [*train, *val]
     todo = [p for p in parts if not store.exists(pack_stage.packed_done_key(p))]
     runner.map(partial(pack_stage.pack_partition, cfg, shards), todo,
                f"pack: {cfg.pack.strategy}", done=len(parts) - len(todo))
     stats = {p: json.loads(store.get(pack_stage.packed_done_key(p))) for p in parts}
     return {"strategy": cfg.pack.strategy, "seq_len": cfg.pack.seq_len,
-            "train": pack_stage.packing_summary([stats[p] for p in parts[:-1]]),
-            "validation": pack_stage.packing_summary([stats["validation"]])}
+            "train": pack_stage.packing_summary([stats[p] for p in train]),
+            "validation": pack_stage.packing_summary([stats[p] for p in val])}

@@ -147,5 +147,6 @@ def report_task(cfg: PrepConfig, stages: list[tuple[str, list[str]]],
 
 
 @task(name="write-dataset", **STEP)
-def dataset_task(cfg: PrepConfig, parts: list[str], extra: dict[str, Any]) -> dict[str, Any]:
-    return dataset.write_dataset(cfg, parts, extra)
+def dataset_task(cfg: PrepConfig, parts: list[str], extra: dict[str, Any],
+                 validation_parts: list[str] | None = None) -> dict[str, Any]:
+    return dataset.write_dataset(cfg, parts, extra, validation_parts)

@@ -187,3 +187,30 @@ def test_concat_and_bpe(data, tmp_path):
     # concat wastes nothing but the last row's tail
     assert report["packing"]["train"]["pad_tokens"] < 128 * c["dataset"]["pack_partitions"]
     assert verify(str(out / "dataset")) == []
+
+
+def test_partitions_follow_the_token_count(data, tmp_path, monkeypatch):
+    """A corpus with more tokens than `pack_partitions` partitions should hold gets more
+    partitions (train and validation), so packing's memory is bounded by
+    PARTITION_TOKENS; every planned token still reaches the dataset exactly once."""
+    from datasets import load_from_disk
+
+    from tasks import mixture_stage
+
+    monkeypatch.setattr(mixture_stage, "PARTITION_TOKENS", 20_000)
+    out = tmp_path / "run"
+    report = run_prep(parse_config(cfg_dict(data, out, dataset={"validation_fraction": 0.2})),
+                      progress=False)
+    plan = json.loads((out / mixture_stage.PLAN_KEY).read_text())
+    assert plan["train_partitions"] > 4
+    assert plan["train_partitions"] * 20_000 >= plan["total_realised_tokens"]
+    assert plan["validation_partitions"] > 1
+    packed = {p.relative_to(out / "packed").as_posix() for p in (out / "packed").rglob("*.parquet")}
+    assert len([p for p in packed if p.startswith("train/")]) == plan["train_partitions"]
+    assert len([p for p in packed if p.startswith("validation/")]) == plan[
+        "validation_partitions"]
+    assert report["packing"]["train"]["real_tokens"] == plan["total_realised_tokens"]
+    assert verify(str(out / "dataset")) == []
+    dd = load_from_disk(str(out / "dataset"))
+    real = sum(int(np.asarray(r).sum()) for r in dd["validation"]["loss_mask"])
+    assert real == report["packing"]["validation"]["real_tokens"] > 0
