@@ -4,6 +4,7 @@ steps as Prefect tasks."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -36,6 +37,10 @@ from tasks.stage import is_done, output_store, read_done
 
 T = TypeVar("T")
 RUN_KEY = "_run.json"
+# The layout of the intermediate files. Bumped when a step's files change shape (2:
+# per-shard duplicate lists, band-per-member signatures, byte-range ingest units), so an
+# output half-made by an older ballast is refused instead of resumed wrongly.
+LAYOUT = 2
 # Test hook: "STEP:N" SIGKILLs this process after the N-th completed item of STEP (e.g.
 # "near: signatures:3"), to test that a killed run resumes exactly where it stopped.
 FAILPOINT_ENV = "BALLAST_FAILPOINT"
@@ -104,11 +109,11 @@ class LocalRunner:
             if self.workers == 1 or len(items) <= 1:
                 out = []
                 for k, it in enumerate(items, start=1):
-                    out.append(fn(it))
+                    out.append(_call_and_trim(fn, it))
                     bar.advance(task)
                     _failpoint(desc, done + k)
                 return out
-            futures = [self._executor().submit(fn, it) for it in items]
+            futures = [self._executor().submit(_call_and_trim, fn, it) for it in items]
             for k, f in enumerate(as_completed(futures), start=1):
                 f.result()  # raise the first failure at once
                 bar.advance(task)
@@ -118,6 +123,28 @@ class LocalRunner:
 
 def _noop() -> None:
     return None
+
+
+def _call_and_trim(fn: Callable[[Any], T], item: Any) -> T:
+    """Run one unit in a worker, then hand the memory it used back to the OS: workers
+    live for the whole run, and without this each keeps the high-water mark of every
+    unit it ran (glibc's free lists, Arrow's jemalloc pool)."""
+    try:
+        return fn(item)
+    finally:
+        release_memory()
+
+
+def release_memory() -> None:
+    import ctypes
+    import gc
+
+    import pyarrow as pa
+
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def enabled_stages(cfg: PrepConfig, until: str | None = None) -> list[str]:
@@ -139,7 +166,13 @@ def claim_output(store: Store, cfg: PrepConfig) -> None:
     correct when the config that made the existing files is the same."""
     fp = cfg.fingerprint()
     if store.exists(RUN_KEY):
-        have = json.loads(store.get(RUN_KEY)).get("config_fingerprint")
+        run = json.loads(store.get(RUN_KEY))
+        have = run.get("config_fingerprint")
+        if run.get("layout", 1) != LAYOUT:
+            raise OutputConflict(
+                f"{store.uri} was made by another version of ballast (file layout "
+                f"{run.get('layout', 1)}, this version writes {LAYOUT}); choose another "
+                "output or delete it")
         if have != fp:
             raise OutputConflict(
                 f"{store.uri} holds a run made with a different config (fingerprint {have}, "
@@ -147,7 +180,8 @@ def claim_output(store: Store, cfg: PrepConfig) -> None:
         return
     # run_id changes whenever the output is made anew: Prefect's cache keys include it,
     # so a deleted output is never mistaken for a finished one.
-    store.put(RUN_KEY, json.dumps({"config_fingerprint": fp, "run_id": uuid.uuid4().hex,
+    store.put(RUN_KEY, json.dumps({"config_fingerprint": fp, "layout": LAYOUT,
+                                   "run_id": uuid.uuid4().hex,
                                    "config": cfg.model_dump(mode="json")}, indent=2).encode())
 
 

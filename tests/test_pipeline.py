@@ -284,3 +284,20 @@ def test_s3_input_and_output(corpus, tmp_path, s3_bucket, s3_client, moto_endpoi
     assert verify(ds) == []
     s3_client.put_object(Bucket=s3_bucket, Key="out/run1/dataset/tokenizer.json", Body=b"{}")
     assert any("tokenizer.json" in p for p in verify(ds))
+
+
+def test_output_of_an_older_file_layout_is_refused(corpus, run, tmp_path):
+    """Intermediate files change shape between versions (per-shard duplicate lists, say):
+    resuming an output half-made by an older ballast could keep duplicates silently, so
+    it is refused with a message that says why."""
+    import shutil
+
+    data, _ = corpus
+    out, _ = run
+    old = tmp_path / "old"
+    shutil.copytree(out, old)
+    run_json = json.loads((old / "_run.json").read_text())
+    del run_json["layout"]  # what ballast wrote before layouts were versioned
+    (old / "_run.json").write_text(json.dumps(run_json))
+    with pytest.raises(OutputConflict, match="file layout 1"):
+        run_prep(parse_config(config(data, old)), progress=False)
