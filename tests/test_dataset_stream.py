@@ -19,7 +19,7 @@ import pytest
 from infra.storage import LocalStore, Store
 from tasks import dataset
 from tasks.config import parse_config
-from tasks.mixture_stage import train_partitions
+from tasks.mixture_stage import read_plan, train_partitions, validation_partitions
 from tasks.pack_stage import packed_done_key, packed_key, row_schema
 from tasks.pipeline import run_prep
 from tasks.records import table_to_parquet_bytes
@@ -167,7 +167,8 @@ def test_prep_dataset_matches_save_to_disk_byte_for_byte(tmp_path):
     run_prep(cfg, progress=False)
     out = Path(cfg.output) / "dataset"
     store = LocalStore(cfg.output)
-    parts = {"train": train_partitions(cfg), "validation": ["validation"]}
+    plan = read_plan(cfg)
+    parts = {"train": train_partitions(cfg, plan), "validation": validation_partitions(plan)}
     rows = {name: dataset.packed_rows(store, ps) for name, ps in parts.items()}
     shards = {"train": min(3, rows["train"]), "validation": min(2, rows["validation"])}
     assert shards == {"train": 3, "validation": 2}
