@@ -31,6 +31,8 @@ scan: $(STAMP) $(CHECKOV)
 	CHECKOV=$(CHECKOV) bash infra/scan.sh
 
 # Prep (CLI, progress bars), then a couple of minutes of training under the supervisor
+# (the temporary Prefect server's telemetry is off: it cannot reach the internet from here,
+# and on a fresh database its first write raced the migrations with a traceback)
 # (the `train` flow on a temporary local Prefect API, local backend, checkpoints copied to
 # the local object store), then where the results are.
 demo: $(STAMP)
@@ -44,7 +46,7 @@ demo: $(STAMP)
 	  $(VENV)/bin/ballast prep configs/demo-stdlib.yaml; \
 	  DATASET=runs/demo-stdlib/dataset; \
 	fi; \
-	$(PY) -m flows.train configs/train-demo.yaml --dataset $$DATASET
+	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m flows.train configs/train-demo.yaml --dataset $$DATASET
 
 test: $(STAMP) $(CHECKOV)
 	$(VENV)/bin/ruff check .
