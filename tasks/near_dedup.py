@@ -115,39 +115,63 @@ def _npz_member(store: Store, key: str, name: str) -> np.ndarray:
         return z[name]
 
 
+# Documents one bucketing pass sorts at once. A larger corpus is bucketed in passes over
+# ranges of key values, so memory stays bounded however many documents there are.
+BUCKET_PASS_DOCS = 1 << 21
+
+
 def bucket_bands(cfg: PrepConfig, shards: list[str], bands: list[int]) -> int:
     """Group documents by band key for the given bands, one band at a time; keep groups
-    of two or more. Memory: one band's keys for the corpus (8 bytes a document) and
-    their sort, not the signatures."""
+    of two or more, in key order and, inside a group, in input order. Each band is sorted
+    in passes over ranges of key values (a pass's index grows with the key, so the passes
+    concatenated are in key order): memory holds at most BUCKET_PASS_DOCS keys and their
+    sort, not one band of the whole corpus."""
     store = output_store(cfg)
     live: list[np.ndarray] = []  # rows with band keys (not empty), per shard
-    docs: list[np.ndarray] = []
+    bases: list[int] = []
     base = 0
     for s in shards:
         empty = _npz_member(store, sig_key(s), "empty")
         live.append(np.flatnonzero(~empty))
-        docs.append(live[-1] + base)
+        bases.append(base)
         base += len(empty)
-    doc = np.concatenate(docs) if docs else np.zeros(0, np.int64)
-    del docs
+    n_live = sum(len(r) for r in live)
+    n_pass = max(1, -(-n_live // BUCKET_PASS_DOCS))
     groups = 0
     for band in bands:
-        key = (np.concatenate([_npz_member(store, sig_key(s), _band_name(band))[rows]
-                               for s, rows in zip(shards, live, strict=True)])
-               if shards else np.zeros(0, np.uint64))
-        # by key, then input order inside a bucket (doc ascends: a stable sort keeps it)
-        order = np.argsort(key, kind="stable")
-        key, members = key[order], doc[order]
-        del order
-        new = np.ones(len(key), dtype=bool)
-        new[1:] = key[1:] != key[:-1]
-        del key
-        starts = np.flatnonzero(new)
-        sizes = np.diff(np.append(starts, len(new)))
-        multi = sizes >= 2
-        members = members[np.repeat(multi, sizes)]
-        offsets = np.concatenate([[0], np.cumsum(sizes[multi])])
-        groups += int(multi.sum())
+        member_parts: list[np.ndarray] = []
+        size_parts: list[np.ndarray] = []
+        for p in range(n_pass):
+            keys, docs = [], []
+            for s, rows, b0 in zip(shards, live, bases, strict=True):
+                k = _npz_member(store, sig_key(s), _band_name(band))[rows]
+                if n_pass > 1:
+                    # (key * n_pass) >> 64, without overflow: monotonic in the key
+                    sel = ((k >> np.uint64(32)) * np.uint64(n_pass)) >> np.uint64(32) == p
+                    k, r = k[sel], rows[sel]
+                else:
+                    r = rows
+                keys.append(k)
+                docs.append(r + b0)
+            key = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+            doc = np.concatenate(docs) if docs else np.zeros(0, np.int64)
+            del keys, docs
+            # by key, then input order inside a bucket (doc ascends: a stable sort keeps it)
+            order = np.argsort(key, kind="stable")
+            key, members = key[order], doc[order]
+            del order, doc
+            new = np.ones(len(key), dtype=bool)
+            new[1:] = key[1:] != key[:-1]
+            del key
+            starts = np.flatnonzero(new)
+            sizes = np.diff(np.append(starts, len(new)))
+            multi = sizes >= 2
+            member_parts.append(members[np.repeat(multi, sizes)])
+            size_parts.append(sizes[multi])
+        sizes = np.concatenate(size_parts) if size_parts else np.zeros(0, np.int64)
+        members = np.concatenate(member_parts) if member_parts else np.zeros(0, np.int64)
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        groups += len(sizes)
         store.put(bucket_key(band), _npz(members=members, offsets=offsets))
     return groups
 
