@@ -77,21 +77,6 @@ TRAIN_DOCS = 50_000
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 
 
-class Sampler(TreeRSS):
-    """TreeRSS that keeps (time, rss) samples, to attribute peaks to stages."""
-
-    def __init__(self, pid: int, interval: float = 0.1):
-        super().__init__(pid, interval)
-        self.samples: list[tuple[float, int]] = []
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            rss = self.sample()
-            self.samples.append((time.time(), rss))
-            self.peak = max(self.peak, rss)
-            time.sleep(self.interval)
-
-
 def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
@@ -282,7 +267,7 @@ def main() -> None:
 
     stage_seconds, stage_window, dt_steps = {}, {}, {}
     t_start = time.perf_counter()
-    with Sampler(os.getpid()) as rss:
+    with TreeRSS(os.getpid(), 0.1) as rss:
         for name, fn in stages:
             e0, t0 = time.time(), time.perf_counter()
             fn()

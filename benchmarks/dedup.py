@@ -35,10 +35,12 @@ WORD = re.compile(r"[A-Za-z0-9_\x80-\U0010ffff]+")
 
 
 class TreeRSS:
-    """Samples the summed RSS of a process and all its descendants (/proc)."""
+    """Samples the summed RSS of a process and all its descendants (/proc); keeps the
+    (time, rss) samples so peaks can be attributed to steps."""
 
     def __init__(self, pid: int, interval: float = 0.05):
         self.pid, self.interval, self.peak, self._stop = pid, interval, 0, threading.Event()
+        self.samples: list[tuple[float, int]] = []
         self._t = threading.Thread(target=self._run, daemon=True)
 
     def _tree(self, pid: int) -> list[int]:
@@ -64,7 +66,9 @@ class TreeRSS:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self.sample())
+            rss = self.sample()
+            self.samples.append((time.time(), rss))
+            self.peak = max(self.peak, rss)
             time.sleep(self.interval)
 
     def __enter__(self) -> TreeRSS:
@@ -216,9 +220,10 @@ def run_prep_process(cfg: dict, workdir: Path, until: str | None = None) -> dict
 
     out = Path(cfg["output"])
     workdir.mkdir(parents=True, exist_ok=True)
-    (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
+    cfg_path = workdir / f"config-{out.name}.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "infra.cli", "prep", str(workdir / "config.yaml"),
+    cmd = [sys.executable, "-m", "infra.cli", "prep", str(cfg_path),
            "--no-progress", *(["--until", until] if until else [])]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
@@ -227,7 +232,8 @@ def run_prep_process(cfg: dict, workdir: Path, until: str | None = None) -> dict
             raise SystemExit(f"ballast prep failed with exit code {proc.returncode}")
     wall = time.perf_counter() - t0
     report = json.loads((out / "report.json").read_text())
-    return {"report": report, "wall": wall, "peak_rss": rss.peak, "out": out}
+    return {"report": report, "wall": wall, "peak_rss": rss.peak, "samples": rss.samples,
+            "out": out}
 
 
 def run_ballast(corpus: Path, workdir: Path, workers: int, threshold: float) -> dict:

@@ -26,7 +26,6 @@ import multiprocessing as mp
 import os
 import random
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from dedup import CORPORA, SHARED, TreeRSS, edit, string_shingles  # noqa: E402
+from dedup import CORPORA, SHARED, edit, run_prep_process, string_shingles  # noqa: E402
 
 QUALITY = ["char_repetition", "length", "gopher_quality", "gopher_repetition", "c4", "fineweb"]
 THRESHOLD = 0.8
@@ -133,21 +132,6 @@ def build(n_docs: int, seed: int, workdir: Path, procs: int) -> Path:
     return path
 
 
-class Sampler(TreeRSS):
-    """TreeRSS that keeps (time, rss) samples, to attribute peaks to steps."""
-
-    def __init__(self, pid: int, interval: float = 0.1):
-        super().__init__(pid, interval)
-        self.samples: list[tuple[float, int]] = []
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            rss = self.sample()
-            self.samples.append((time.time(), rss))
-            self.peak = max(self.peak, rss)
-            time.sleep(self.interval)
-
-
 def du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -200,7 +184,6 @@ def run_size(n_docs: int, args: argparse.Namespace) -> dict:
     work = Path(args.workdir)
     corpus_path = build(n_docs, args.seed, work / "corpora", max(1, os.cpu_count() or 1))
     out = work / f"out-{n_docs}"
-    shutil.rmtree(out, ignore_errors=True)
     cfg = {
         "output": str(out), "workers": args.workers, "seed": 0,
         "sources": [{"name": "web", "paths": [str(corpus_path)], "id_field": "id"}],
@@ -210,26 +193,18 @@ def run_size(n_docs: int, args: argparse.Namespace) -> dict:
         "tokenizer": {"kind": "bpe", "vocab_size": 8192, "train_docs": 50_000},
         "pack": {"seq_len": 1024, "strategy": "bfd"},
     }
-    cfg_path = work / f"config-{n_docs}.yaml"
-    cfg_path.write_text(json.dumps(cfg))  # JSON is YAML
-    cmd = [sys.executable, "-m", "infra.cli", "prep", str(cfg_path), "--no-progress"]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
-    with Sampler(proc.pid) as rss:
-        if proc.wait() != 0:
-            raise SystemExit(f"ballast prep failed with exit code {proc.returncode}")
-    wall = time.perf_counter() - t0
-    report = json.loads((out / "report.json").read_text())
+    r = run_prep_process(cfg, work)
+    report, wall = r["report"], r["wall"]
     mb = report["stages"]["ingest"]["total"]["bytes_in"] / 1e6
     step_rss = {}
     for step, (a, b) in report.get("step_epoch_seconds", {}).items():
-        inside = [r for t, r in rss.samples if a <= t <= b]
+        inside = [rss for t, rss in r["samples"] if a <= t <= b]
         step_rss[step] = round(max(inside) / 2**20) if inside else None
     inter = du(out) - du(out / "dataset")
     result = {
         "docs": n_docs, "mb_in": round(mb, 1), "wall_seconds": round(wall, 1),
         "mb_per_s": round(mb / wall, 2), "docs_per_s": round(n_docs / wall),
-        "peak_rss_mb": round(rss.peak / 2**20),
+        "peak_rss_mb": round(r["peak_rss"] / 2**20),
         "stage_seconds": report["stage_seconds"], "step_seconds": report["step_seconds"],
         "step_peak_rss_mb": step_rss,
         "intermediate_disk_mb": round(inter / 1e6), "dataset_disk_mb": round(

@@ -56,7 +56,7 @@ def select(cfg: PrepConfig, input_stage: str, shards: list[str]) -> int:
     handled in passes, each over the hashes that fall in one range of values, so memory
     stays bounded and each pass's duplicates are complete (equal hashes share a pass)."""
     store = output_store(cfg)
-    counts = np.array([_load_hashes(store, s).shape[0] for s in shards], dtype=np.int64)
+    counts = np.array([_hash_rows(store, s) for s in shards], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)])
     n_pass = max(1, -(-int(offsets[-1]) // PASS_DOCS))
     dups, keepers = [], []
@@ -88,6 +88,14 @@ def select(cfg: PrepConfig, input_stage: str, shards: list[str]) -> int:
     write_dups(store, input_stage, shards, offsets, dup_all[order], kept_all[order], STAGE)
     store.put(DUPS_KEY, json.dumps({"removed": len(dup_all)}).encode())
     return len(dup_all)
+
+
+def _hash_rows(store: Store, shard: str) -> int:
+    """Rows of a shard's hash file, from its header alone when the store is local."""
+    local = store.local_path(hashes_key(shard))
+    if local is not None:
+        return int(np.load(local, mmap_mode="r").shape[0])
+    return int(_load_hashes(store, shard).shape[0])
 
 
 def _load_hashes(store: Store, shard: str) -> np.ndarray:

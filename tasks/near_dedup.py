@@ -204,16 +204,11 @@ def _new_groups(store: Store, bands: int) -> tuple[list[tuple[np.ndarray, np.nda
         members, goff = z["members"], z["offsets"]
         h = np.ascontiguousarray(_group_hashes(members, goff)).view(
             np.dtype((np.void, 16))).ravel()
-        fresh = np.flatnonzero(~np.isin(h, seen))
+        fresh = ~np.isin(h, seen)
         seen = np.union1d(seen, h[fresh])
-        sizes = np.diff(goff)[fresh]
-        keep = np.zeros(len(members), dtype=bool)
-        starts = goff[:-1][fresh]
-        # mark each fresh group's member range
-        idx = np.repeat(starts - np.concatenate([[0], np.cumsum(sizes)[:-1]]), sizes) + \
-            np.arange(int(sizes.sum()))
-        keep[idx] = True
-        out.append((members[keep], np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)))
+        sizes = np.diff(goff)
+        out.append((members[np.repeat(fresh, sizes)],
+                    np.concatenate([[0], np.cumsum(sizes[fresh])]).astype(np.int64)))
     docs = (np.unique(np.concatenate([m for m, _ in out])) if out
             else np.zeros(0, np.int64))
     return out, docs
