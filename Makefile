@@ -10,7 +10,7 @@ CHECKOV_VENV ?= .venv-checkov
 CHECKOV    := $(CHECKOV_VENV)/bin/checkov
 SHARED     ?= ../shared/data
 
-.PHONY: install demo test scan lint bench clean
+.PHONY: install demo test scan lint bench ui-check clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -55,6 +55,13 @@ test: $(STAMP) $(CHECKOV)
 bench: $(STAMP)
 	$(PY) benchmarks/dedup.py
 	$(PY) benchmarks/quality.py
+
+# What a Prefect user sees, checked in headless Chromium (Debian's package; Playwright is
+# the driver only and never downloads a browser): benchmarks/ui_check.py.
+ui-check: $(STAMP)
+	@command -v chromium >/dev/null || { echo "ui-check: needs Chromium: apt-get install chromium"; exit 1; }
+	$(PY) -m pip install -q playwright
+	$(PY) benchmarks/ui_check.py
 
 clean:
 	rm -rf runs benchmarks/results

@@ -54,8 +54,11 @@ def deploy_all(prep_config: str, train_config: str, *,
     pool = pool or POOLS[pool_type]
     asyncio.run(_ensure_pool(pool, pool_type))
     backend = "kubernetes" if pool_type == "kubernetes" else "local"
+    # ignore_warnings: Prefect's hint to `.serve` instead is for local experiments; these
+    # deployments are meant for a worker.
     common: dict[str, Any] = {"work_pool_name": pool, "build": False, "push": False,
-                              "print_next_steps": False, "tags": ["ballast"]}
+                              "print_next_steps": False, "tags": ["ballast"],
+                              "ignore_warnings": True}
     if pool_type == "kubernetes":
         common["image"] = image
     src = str(source)
@@ -66,10 +69,16 @@ def deploy_all(prep_config: str, train_config: str, *,
     ids = {}
     params = {"prep_config": prep_config, "train_config": train_config, "output": output,
               "run_dir": run_dir, "steps": steps, "backend": backend, "poll_s": poll_s}
+    from prefect.schedules import Cron
+
+    # One run at a time per deployment: a night whose run outlasts 24 hours must not start
+    # a second trainer in the same run dir; the next run waits for a slot.
     ids["pipeline/scheduled"] = load("flows/pipeline.py:pipeline").deploy(
-        name="scheduled", cron=cron, parameters={k: v for k, v in params.items()
-                                                 if v is not None},
-        description="Data prep, then training on the new dataset", **common)
+        name="scheduled", schedule=Cron(cron, timezone="UTC") if cron else None,
+        parameters={k: v for k, v in params.items() if v is not None},
+        concurrency_limit=1,
+        description=f"Data prep, then training on the new dataset"
+                    f"{f' (cron {cron!r}, UTC)' if cron else ''}", **common)
     ids["prep/prep-only"] = load("flows/prep.py:prep").deploy(
         name="prep-only", parameters={"config_path": prep_config, "output": output},
         description="Data prep only (what `ballast prep` runs)", **common)
@@ -78,5 +87,6 @@ def deploy_all(prep_config: str, train_config: str, *,
         parameters={k: v for k, v in {"config_path": train_config, "run_dir": run_dir,
                                       "steps": steps, "backend": backend,
                                       "poll_s": poll_s}.items() if v is not None},
+        concurrency_limit=1,
         description="Training under the supervisor, on an existing dataset", **common)
     return ids

@@ -9,21 +9,39 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
 
 from flows.prep import prep
+from flows.runs import run_name
 from flows.train import train
 
 
-@flow(name="pipeline")
+@flow(name="pipeline", flow_run_name=run_name)
 def pipeline(prep_config: str, train_config: str, output: str | None = None,
              run_dir: str | None = None, steps: int | None = None, backend: str = "local",
              nproc_per_node: int = 1, max_restarts: int = 3, poll_s: float = 5.0,
              kube: dict[str, Any] | None = None) -> dict[str, Any]:
     """Prep -> train. A re-run skips finished prep shards and resumes training from its
-    latest checkpoint."""
+    latest checkpoint.
+
+    Args:
+        prep_config: The prep config (YAML), as the worker sees it: absolute, or relative
+            to the worker's working directory.
+        train_config: The training config (YAML), resolved the same way.
+        output: Where prep writes (a directory or s3://...); overrides the prep config's.
+        run_dir: Where training keeps checkpoints and metrics; overrides the training
+            config's. The same run dir on the next night resumes from its checkpoints.
+        steps: Total optimizer steps; overrides the training config's.
+        backend: `local` (torchrun on the worker's machine) or `kubernetes`.
+        nproc_per_node: Processes (GPUs) per node.
+        max_restarts: Restarts after crashes and out-of-memory endings.
+        poll_s: Seconds between looks at the training job.
+        kube: Kubernetes options (namespace, image, GPUs per node...), kubernetes only.
+    """
     logger = get_run_logger()
     prepared = prep(prep_config, output)
     dataset = prepared["dataset"]
@@ -33,7 +51,35 @@ def pipeline(prep_config: str, train_config: str, output: str | None = None,
     trained = train(train_config, dataset=dataset, run_dir=run_dir, steps=steps,
                     backend=backend, nproc_per_node=nproc_per_node,
                     max_restarts=max_restarts, poll_s=poll_s, kube=kube)
+    create_markdown_artifact(key="pipeline-summary", markdown=summary_md(prepared, trained),
+                             description="What this run made: the dataset and the model")
     return {"dataset": dataset, "train": trained}
+
+
+def summary_md(prepared: dict[str, Any], trained: dict[str, Any]) -> str:
+    """The pipeline run in one artifact: the dataset (absolute URI, config fingerprint,
+    splits), the training outcome, checkpoints and final loss."""
+    report = prepared.get("report") or {}
+    ds = report.get("dataset") or {}
+    uri = prepared["dataset"]
+    uri = uri if "://" in uri else str(Path(uri).resolve())
+    lines = ["## Dataset", "", f"- URI: `{uri}`",
+             f"- config fingerprint: `{report.get('config_fingerprint', '?')}`"]
+    for split, v in (ds.get("splits") or {}).items():
+        lines.append(f"- {split}: {v['rows']:,} rows, {v['real_tokens']:,} real tokens")
+    lines += ["", "## Training", "", f"- **{trained['ending']}**: {trained['message']}",
+              f"- run dir: `{trained['run_dir']}`"]
+    if trained.get("val_loss") is not None:
+        lines.append(f"- final validation loss: **{trained['val_loss']:.4f}** at step "
+                     f"{trained['val_step']}")
+    if trained.get("checkpoint"):
+        ck = trained["checkpoint"]
+        lines.append(f"- final checkpoint: `{ck if '://' in ck else Path(ck).resolve()}` "
+                     f"(step {trained['step']})")
+    if trained.get("remote"):
+        lines.append(f"- object storage: `{trained['remote']}`")
+    lines.append("- loss curve: the `train-loss-curve` artifact")
+    return "\n".join(lines)
 
 
 def main() -> None:

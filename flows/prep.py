@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from prefect import Flow, flow, unmapped
+from prefect import Flow, flow, get_run_logger, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+from flows.runs import run_name
 from tasks.config import load_config
 from tasks.dataset import dataset_uri
 from tasks.mixture_stage import train_partitions, validation_partitions
@@ -39,10 +40,19 @@ from tasks.wrappers import (
 )
 
 
-@flow(name="prep", log_prints=True)
+@flow(name="prep", log_prints=True, flow_run_name=run_name)
 def prep(config_path: str, output: str | None = None, until: str | None = None) -> dict[str, Any]:
     """Ingest -> exact dedup -> near dedup -> quality -> tokenize -> mixture -> pack ->
-    dataset. Returns the dataset URI and the summary; a re-run skips finished shards."""
+    dataset. Returns the dataset URI and the summary; a re-run skips finished shards.
+
+    Args:
+        config_path: The prep config (YAML), as the worker sees it: absolute, or relative
+            to the worker's working directory.
+        output: Where the shards, reports and the dataset go (a directory or s3://...);
+            overrides the config's `output`.
+        until: Stop after this stage (ingest, exact, near, quality, tokenize, mixture,
+            pack); empty runs every enabled stage.
+    """
     cfg = load_config(config_path, {"output": output})
     stages = enabled_stages(cfg, until)
     c = unmapped(cfg)
@@ -110,7 +120,9 @@ def prep(config_path: str, output: str | None = None, until: str | None = None) 
 
 
 def publish_artifacts(report: dict[str, Any]) -> None:
-    """Tables in the Prefect UI (Artifacts page): accounting, mixture, packing."""
+    """Tables in the Prefect UI (Artifacts page): accounting, mixture, packing; and the
+    accounting as one log line per stage."""
+    logger = get_run_logger()
     rows = []
     for name, st in report["stages"].items():
         t = st["total"]
@@ -118,6 +130,9 @@ def publish_artifacts(report: dict[str, Any]) -> None:
         rows.append({"stage": name, "docs in": t["docs_in"], "kept": t["kept"],
                      "dropped": sum(t["dropped"].values()),
                      "top reasons": ", ".join(f"{r}: {n}" for r, n in top)})
+        r = rows[-1]
+        logger.info(f"{name}: {r['docs in']:,} documents in, {r['kept']:,} kept, "
+                    f"{r['dropped']:,} dropped" + (f" ({r['top reasons']})" if top else ""))
     create_table_artifact(key="prep-accounting", table=rows,
                           description="Documents in, kept and dropped per stage")
     mix = report.get("mixture")

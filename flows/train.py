@@ -10,17 +10,27 @@ flow run cancels the job.
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.artifacts import (
+    create_image_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
+from flows.runs import run_name
 from infra.jobs import JobBackend, JobHandle, JobSpec
-from infra.supervisor import Attempt, RestartPolicy, supervise
+from infra.supervisor import RECOVERY_FLAGS, Attempt, RestartPolicy, supervise
+from training import checkpoint as ckpt
 from training.config import TrainConfig, load_train_config
 
 CONFIG_ENV = "BALLAST_TRAIN_CONFIG"  # the config, inline in the pod's environment
@@ -31,12 +41,24 @@ class TrainingFailed(RuntimeError):
     """The run ended without finishing: bad input, or a restart budget ran out."""
 
 
-def job_name(run_dir: str) -> str:
-    """A DNS-1123 name for the run: the run dir's last part plus a short hash of the whole
-    path (two runs with the same last part do not share Kubernetes objects)."""
+def job_name(run_dir: str, token: str = "") -> str:
+    """A DNS-1123 name for one flow run's jobs: the run dir's last part, a short hash of the
+    whole path (two runs with the same last part do not share Kubernetes objects) and
+    `token`, short for the flow run (each night's run submits jobs of its own, so it never
+    collides with an earlier night's attempts)."""
     base = re.sub(r"[^a-z0-9-]+", "-", Path(run_dir.rstrip("/")).name.lower()).strip("-")
     digest = hashlib.sha256(run_dir.encode()).hexdigest()[:6]
-    return f"{(base or 'run')[:30].strip('-')}-{digest}"
+    token = re.sub(r"[^a-z0-9]+", "", token.lower())[:6]
+    return "-".join(x for x in ((base or "run")[:24].strip("-"), digest, token) if x)
+
+
+def run_token() -> str:
+    """This flow run's token for job names: its id's first characters, or the time when
+    the flow runs without an API (then a second run cannot start within the same 0.1 s)."""
+    from prefect.runtime import flow_run
+
+    fid = flow_run.get_id()
+    return fid.replace("-", "")[:6] if fid else f"{int(time.time() * 10) % 36**6:x}"
 
 
 def make_backend(kind: str, run_dir: Path, kube: dict[str, Any] | None = None) -> JobBackend:
@@ -76,18 +98,121 @@ def _resolve(config_path: str, dataset: str | None, run_dir: str | None,
 
 def _cancel_job(flow: Any, flow_run: Any, state: Any) -> None:
     """on_cancellation / on_crashed hook: the flow's process may be gone, so the job is found
-    through the handle the supervisor wrote, and cancelled."""
+    through the handle the supervisor wrote, cancelled, and the attempts table ends with
+    how it stopped and the last checkpoint."""
+    from prefect.logging.loggers import flow_run_logger
+
+    logger = flow_run_logger(flow_run, flow)
     p = flow_run.parameters
     try:
         cfg = _resolve(p["config_path"], p.get("dataset"), p.get("run_dir"), p.get("steps"))
         run_dir = Path(cfg.run_dir)
-        handle = JobHandle.from_json(json.loads((run_dir / HANDLE).read_text()))
-        make_backend(handle.backend, run_dir, p.get("kube")).cancel(handle)
+        data = json.loads((run_dir / HANDLE).read_text())
     except FileNotFoundError:
         return  # nothing was submitted
+    if data.get("flow_run") not in (None, str(flow_run.id)):
+        return  # a job of another flow run: not this run's to stop
+    handle = JobHandle.from_json(data)
+    make_backend(handle.backend, run_dir, p.get("kube")).cancel(handle)
+    last = ckpt.latest_step(cfg.checkpoint_dir())
+    ending = "cancelled" if state.is_cancelled() or state.is_cancelling() else "crashed"
+    logger.info(f"training job {handle.name} stopped ({ending} flow run); last checkpoint: "
+                + (f"{ckpt.step_name(last)} in {cfg.checkpoint_dir()}" if last is not None
+                   else "none"))
+    rows = _read_rows(run_dir)
+    if rows and rows[-1].get("ending") == "running":
+        rows[-1].update({"ending": "cancelled", "detail": f"{ending} flow run: job stopped",
+                         "then": "stop: cancelled",
+                         "last checkpoint": None if last is None else f"step {last}"})
+        _write_rows(run_dir, rows)
+        _post_table(flow_run.id, rows, handle.name)
 
 
-@flow(name="train", on_cancellation=[_cancel_job], on_crashed=[_cancel_job])
+ROWS = "supervisor/attempts.json"  # the attempts table, for the cancellation hook
+
+
+def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    try:
+        rows = json.loads((run_dir / ROWS).read_text())
+    except (OSError, ValueError):
+        return []
+    return rows if isinstance(rows, list) else []
+
+
+def _write_rows(run_dir: Path, rows: list[dict[str, Any]]) -> None:
+    tmp = run_dir / (ROWS + ".tmp")
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_text(json.dumps(rows, indent=1, default=str))
+    tmp.replace(run_dir / ROWS)
+
+
+def _post_table(flow_run_id: Any, rows: list[dict[str, Any]], name: str) -> None:
+    """The attempts table as an artifact of `flow_run_id`, from outside the flow run's own
+    context (a hook running in the worker)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactCreate
+
+    with get_client(sync_client=True) as client:
+        client.create_artifact(ArtifactCreate(
+            key="train-attempts", type="table", data=rows, flow_run_id=flow_run_id,
+            description=f"Attempts of {name}: how each ended, the step it reached, the "
+                        "checkpoint it resumed from"))
+
+
+def _leftover(backend: JobBackend, run_dir: Path, spec: JobSpec, log: Any) -> JobHandle | None:
+    """A job an earlier flow run of this run dir left behind (its process was killed before
+    it could stop the job): adopted when it still runs the same training, stopped when it
+    runs another; a finished one is only reported. Another flow run still alive and
+    training here is an error: two trainers must not share a run dir."""
+    try:
+        data = json.loads((run_dir / HANDLE).read_text())
+        handle = JobHandle.from_json(data)
+    except (OSError, ValueError, KeyError):
+        return None
+    try:
+        status = backend.status(handle) if handle.backend == backend.name else None
+    except Exception as e:  # a job the backend no longer knows: nothing to adopt
+        log(f"leftover job {handle.name}: status unknown ({e}); starting anew")
+        return None
+    if status is None or status.phase == "finished":
+        return None
+    owner = data.get("flow_run")
+    if owner and _flow_run_alive(owner):
+        raise TrainingFailed(
+            f"{run_dir}: flow run {owner} is still training here (job {handle.name}); "
+            "cancel it, or give this run another run_dir")
+    args = list(data.get("args") or [])
+    n = len(spec.args)
+    # The same training: the same config and arguments, plus at most the supervisor's own
+    # recovery arguments (a restart after divergence).
+    same = (data.get("config") == spec.config and args[:n] == list(spec.args)
+            and all(a.split("=")[0] in RECOVERY_FLAGS for a in args[n:]))
+    if same:
+        log(f"adopting job {handle.name}, left running by flow run {owner or '?'} "
+            "(its supervisor is gone)")
+        return handle
+    log(f"stopping job {handle.name}, left running by flow run {owner or '?'} with other "
+        "settings; this run resumes from its last checkpoint")
+    backend.cancel(handle)
+    return None
+
+
+def _flow_run_alive(flow_run_id: str) -> bool:
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    if flow_run_id == flow_run.get_id():
+        return False  # this very run, retried: its earlier try is gone
+    try:
+        with get_client(sync_client=True) as client:
+            fr = client.read_flow_run(flow_run_id)
+    except Exception:
+        return False  # unknown to this API (another server, deleted): not alive here
+    return fr.state is not None and not fr.state.is_final()
+
+
+@flow(name="train", on_cancellation=[_cancel_job], on_crashed=[_cancel_job],
+      flow_run_name=run_name)
 def train(config_path: str, dataset: str | None = None, run_dir: str | None = None,
           steps: int | None = None, backend: str = "local", nproc_per_node: int = 1,
           nnodes: int = 1, max_restarts: int = 3, max_node_losses: int = 10,
@@ -95,7 +220,27 @@ def train(config_path: str, dataset: str | None = None, run_dir: str | None = No
           kube: dict[str, Any] | None = None,
           extra_args: list[str] | None = None) -> dict[str, Any]:
     """Train on a prepared dataset under the supervisor; returns where the results are.
-    Raises TrainingFailed (the flow run fails) when the run did not finish."""
+    Raises TrainingFailed (the flow run fails) when the run did not finish.
+
+    Args:
+        config_path: The training config (YAML), as the worker sees it: absolute, or
+            relative to the worker's working directory.
+        dataset: A prepared dataset (`<prep output>/dataset`); overrides the config's.
+        run_dir: Where the run keeps checkpoints and metrics; overrides the config's. A
+            second run with the same run dir resumes from its checkpoints.
+        steps: Total optimizer steps; overrides the config's.
+        backend: `local` (torchrun on the worker's machine) or `kubernetes` (a Job or
+            JobSet per attempt).
+        nproc_per_node: Processes (GPUs) per node.
+        nnodes: Nodes (kubernetes only).
+        max_restarts: Restarts after crashes and out-of-memory endings.
+        max_node_losses: Restarts after a node was lost, drained or preempted.
+        max_recoveries: Restarts with rollback after the trainer diverged (exit 3).
+        recovery_lr_scale: Learning-rate factor for a restart after divergence.
+        poll_s: Seconds between looks at the job.
+        kube: Kubernetes options (namespace, image, GPUs per node...), kubernetes only.
+        extra_args: More `training.train` arguments, passed as they are.
+    """
     logger = get_run_logger()
     cfg = _resolve(config_path, dataset, run_dir, steps)
     rd = Path(cfg.run_dir)
@@ -105,45 +250,102 @@ def train(config_path: str, dataset: str | None = None, run_dir: str | None = No
         if value is not None:
             args += [flag, str(value)]
     args += list(extra_args or [])
-    spec = job_spec(config_path, backend, job_name(str(rd.resolve())), args, nnodes,
-                    nproc_per_node)
+    spec = job_spec(config_path, backend, job_name(str(rd.resolve()), run_token()), args,
+                    nnodes, nproc_per_node)
     policy = RestartPolicy(max_restarts, max_node_losses, max_recoveries, recovery_lr_scale,
                            poll_s=poll_s)
+    jobs = make_backend(backend, rd, kube)
+    adopt = _leftover(jobs, rd, spec, logger.info)
+    logger.info(f"training {cfg.steps} steps in {rd.resolve()} on {cfg.dataset} "
+                f"({backend} backend, jobs {spec.name}-aN)")
+    from prefect.runtime import flow_run
+
+    progress_id = create_progress_artifact(0.0, key="train-progress",
+                                           description=f"Steps of {rd.name} done")
+    posted = {"at": 0.0}
 
     def report(attempts: list[Attempt]) -> None:
-        create_table_artifact(key="train-attempts", table=[a.row() for a in attempts],
+        rows = [a.row() for a in attempts]
+        _write_rows(rd, rows)
+        create_table_artifact(key="train-attempts", table=rows,
                               description=f"Attempts of {spec.name}: how each ended, the "
                                           "step it reached, the checkpoint it resumed from")
+        posted["at"] = time.monotonic()
 
-    outcome = supervise(make_backend(backend, rd, kube), spec, policy, log=logger.info,
-                        on_attempt=report, handle_file=rd / HANDLE)
+    def progress(a: Attempt) -> None:
+        ev = a.progress or {}
+        if isinstance(ev.get("step"), int) and ev.get("steps"):
+            update_progress_artifact(progress_id, 100.0 * ev["step"] / ev["steps"])
+        # The attempts table's "step reached" kept current, a new version at most a minute.
+        if time.monotonic() - posted["at"] >= 60:
+            report(attempts_so_far)
+
+    attempts_so_far: list[Attempt] = []
+
+    def on_attempt(attempts: list[Attempt]) -> None:
+        attempts_so_far[:] = attempts
+        report(attempts)
+
+    outcome = supervise(jobs, spec, policy, log=logger.info, on_attempt=on_attempt,
+                        on_progress=progress, handle_file=rd / HANDLE, adopt=adopt,
+                        handle_extra={"flow_run": flow_run.get_id(), "config": spec.config})
     final_path = rd / "final.json"
     final = json.loads(final_path.read_text()) if outcome.ok and final_path.is_file() else {}
+    if outcome.ok:
+        update_progress_artifact(progress_id, 100.0)
+    evals = _evals(rd / "metrics.jsonl")
     result = {"ok": outcome.ok, "ending": outcome.ending, "message": outcome.message,
-              "run_dir": str(rd), "attempts": [a.row() for a in outcome.attempts],
-              "checkpoint": final.get("checkpoint"), "remote": cfg.checkpoint.remote,
-              "loss_curve": str(rd / "loss.png") if (rd / "loss.png").is_file() else None,
-              "metrics": str(rd / "metrics.jsonl"), "step": final.get("step"),
-              "tokens_seen": final.get("tokens_seen")}
+              "run_dir": str(rd.resolve()), "attempts": [a.row() for a in outcome.attempts],
+              "checkpoint": final.get("checkpoint"), "remote": cfg.remote_checkpoint_uri(),
+              "loss_curve": str((rd / "loss.png").resolve())
+              if (rd / "loss.png").is_file() else None,
+              "metrics": str((rd / "metrics.jsonl").resolve()), "step": final.get("step"),
+              "tokens_seen": final.get("tokens_seen"),
+              "val_loss": evals[-1]["val_loss"] if evals else None,
+              "val_step": evals[-1]["step"] if evals else None}
     create_markdown_artifact(key="train-summary", description="Where the run's results are",
                              markdown=_summary_md(result))
+    if result["loss_curve"]:
+        create_image_artifact(_data_uri(Path(result["loss_curve"])), key="train-loss-curve",
+                              description=f"Loss of {rd.name}, step {result['step']}")
     if not outcome.ok:
         raise TrainingFailed(f"{outcome.ending}: {outcome.message}")
     return result
 
 
+def _evals(metrics: Path) -> list[dict[str, Any]]:
+    from training.metrics import read
+
+    try:
+        return [m for m in read(metrics) if m.get("kind") == "eval"]
+    except (OSError, ValueError):
+        return []
+
+
+def _data_uri(png: Path) -> str:
+    """The picture itself, inline: the UI shows it without reaching the worker's disk."""
+    return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+
+
 def _summary_md(r: dict[str, Any]) -> str:
-    lines = [f"**{r['ending']}**: {r['message']}", "",
-             f"- run dir: `{r['run_dir']}`", f"- metrics: `{r['metrics']}`"]
-    if r["loss_curve"]:
-        lines.append(f"- loss curve: `{r['loss_curve']}`")
+    lines = [f"**{r['ending']}**: {r['message']}", ""]
+    if r.get("val_loss") is not None:
+        lines += [f"**validation loss {r['val_loss']:.4f}** at step {r['val_step']}", ""]
+    lines += [f"- run dir: `{r['run_dir']}`", f"- metrics: `{r['metrics']}`"]
     if r["checkpoint"]:
-        lines.append(f"- final checkpoint: `{r['checkpoint']}` (step {r['step']}, "
+        lines.append(f"- final checkpoint: `{_absolute(r['checkpoint'])}` (step {r['step']}, "
                      f"{r['tokens_seen']:,} tokens)")
     if r["remote"]:
-        lines.append(f"- object storage: `{r['remote']}`")
-    lines.append(f"- attempts: {len(r['attempts'])}")
+        lines.append(f"- object storage: `{_absolute(r['remote'])}`")
+    lines.append(f"- attempts: {len(r['attempts'])} (the `train-attempts` artifact)")
+    if r["loss_curve"]:
+        lines += [f"- loss curve: `{r['loss_curve']}`", "",
+                  f"![loss curve]({_data_uri(Path(r['loss_curve']))})"]
     return "\n".join(lines)
+
+
+def _absolute(uri: str) -> str:
+    return uri if "://" in uri else str(Path(uri).resolve())
 
 
 def main() -> None:

@@ -69,14 +69,21 @@ class Attempt:
     step_reached: int | None = None
     recovered: dict[str, Any] | None = None  # the trainer's "recovered" event, if any
     next_action: str = ""
+    checkpoint: int | None = None  # the newest checkpoint step the trainer reported saving
+    progress: dict[str, Any] | None = None  # the trainer's latest "progress" event
+    adopted: bool = False  # a job left running by an earlier supervisor, watched to its end
 
     def row(self) -> dict[str, Any]:
         """One row of the attempts table (Prefect artifact)."""
         took = (self.ended_at or time.time()) - self.started_at
+        p = self.progress or {}
         return {"attempt": self.number, "job": self.job, "ending": self.ending or "running",
                 "exit code": self.exit_code, "step reached": self.step_reached,
-                "resumed from": self.resumed_from or "", "detail": self.detail,
-                "then": self.next_action, "minutes": round(took / 60, 2)}
+                "loss": p.get("loss"),
+                "last checkpoint": None if self.checkpoint is None else f"step {self.checkpoint}",
+                "resumed from": ("adopted: " if self.adopted else "") + (self.resumed_from or ""),
+                "detail": self.detail, "then": self.next_action,
+                "minutes": round(took / 60, 2)}
 
 
 @dataclass
@@ -116,8 +123,16 @@ def _progress(attempt: Attempt, events: list[dict[str, Any]]) -> None:
             attempt.resumed_from = str(ev.get("checkpoint"))
         elif kind == "recovered":
             attempt.recovered = ev
+        elif kind == "checkpoint" and isinstance(ev.get("step"), int):
+            attempt.checkpoint = max(attempt.checkpoint or 0, ev["step"])
+        elif kind == "progress" and (attempt.progress or {}).get("step", -1) <= ev.get(
+                "step", 0):
+            attempt.progress = ev
         if isinstance(ev.get("step"), int):
             attempt.step_reached = max(attempt.step_reached or 0, ev["step"])
+
+
+RECOVERY_FLAGS = ("--recover", "--lr-scale", "--rollback-to", "--skip-to-sample")
 
 
 def recovery_args(diverged: dict[str, Any] | None, lr_scale: float) -> list[str]:
@@ -136,12 +151,17 @@ def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None =
               *, log: Callable[[str], None] = print,
               on_attempt: Callable[[list[Attempt]], None] | None = None,
               should_stop: Callable[[], bool] | None = None,
-              handle_file: Path | None = None,
+              handle_file: Path | None = None, handle_extra: dict[str, Any] | None = None,
+              adopt: JobHandle | None = None,
+              on_progress: Callable[[Attempt], None] | None = None,
               sleep: Callable[[float], None] = time.sleep) -> Outcome:
     """Run `spec` to an end, restarting within `policy`. `on_attempt` is called with every
-    attempt so far whenever one starts or ends; `should_stop` is polled (a cancelled flow):
+    attempt so far whenever one starts or ends, `on_progress` with the running attempt
+    whenever the trainer reports progress; `should_stop` is polled (a cancelled flow):
     when it turns true the running job is cancelled. `handle_file` holds the running job's
-    handle, so another process (a cancellation hook) can cancel it."""
+    handle (plus `handle_extra`, e.g. who submitted it), so another process (a
+    cancellation hook, the next supervisor) can find it. `adopt` is a job an earlier
+    supervisor left running: it is watched as the first attempt instead of submitting."""
     policy = policy or RestartPolicy()
     attempts: list[Attempt] = []
     extra: list[str] = []  # recovery arguments, kept until a later divergence replaces them
@@ -149,17 +169,24 @@ def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None =
     number = spec.attempt
     while True:
         run_spec = dataclasses.replace(spec, attempt=number, args=(*spec.args, *extra))
-        handle = backend.submit(run_spec)
+        adopted, adopt = adopt, None
+        handle = adopted or backend.submit(run_spec)
         if handle_file is not None:
             handle_file.parent.mkdir(parents=True, exist_ok=True)
-            handle_file.write_text(json.dumps(handle.to_json()))
-        a = Attempt(number, handle.name, list(run_spec.args), time.time())
+            tmp = handle_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({**(handle_extra or {}), **handle.to_json(),
+                                       "args": list(run_spec.args)}))
+            tmp.replace(handle_file)  # a reader never sees half a handle
+        a = Attempt(number, handle.name, list(run_spec.args), time.time(),
+                    adopted=adopted is not None)
         attempts.append(a)
-        log(f"attempt {number}: submitted {handle.name} ({backend.name})"
+        log(f"attempt {number}: " + (f"adopted {handle.name}, left running by an earlier "
+                                     "supervisor" if adopted else
+                                     f"submitted {handle.name} ({backend.name})")
             + (f" with {' '.join(extra)}" if extra else ""))
         if on_attempt:
             on_attempt(attempts)
-        status = _watch(backend, handle, a, policy, log, should_stop, sleep)
+        status = _watch(backend, handle, a, policy, log, should_stop, sleep, on_progress)
         a.ended_at, a.ending, a.exit_code, a.detail = (time.time(), status.ending,
                                                        status.exit_code, status.detail)
         text = backend.logs(handle)  # once, whole: the events, then the last lines
@@ -211,9 +238,24 @@ def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None =
         number += 1
 
 
+def progress_line(ev: dict[str, Any]) -> str:
+    """A trainer "progress" event as one log line: step, loss, throughput, ETA."""
+    parts = [f"step {ev.get('step')}/{ev.get('steps')}"]
+    if isinstance(ev.get("loss"), int | float):
+        parts.append(f"loss {ev['loss']:.4f}")
+    if isinstance(ev.get("tokens_per_s"), int | float):
+        parts.append(f"{ev['tokens_per_s']:,.0f} tokens/s")
+    if isinstance(ev.get("eta_s"), int | float):
+        eta = int(ev["eta_s"])
+        parts.append(f"ETA {eta // 3600}h{eta % 3600 // 60:02d}m{eta % 60:02d}s"
+                     if eta >= 3600 else f"ETA {eta // 60}m{eta % 60:02d}s")
+    return ", ".join(parts)
+
+
 def _watch(backend: JobBackend, handle: JobHandle, a: Attempt, policy: RestartPolicy,
            log: Callable[[str], None], should_stop: Callable[[], bool] | None,
-           sleep: Callable[[float], None]) -> JobStatus:
+           sleep: Callable[[float], None],
+           on_progress: Callable[[Attempt], None] | None = None) -> JobStatus:
     seen: set[str] = set()
     pending_since: float | None = None
     try:
@@ -226,13 +268,20 @@ def _watch(backend: JobBackend, handle: JobHandle, a: Attempt, policy: RestartPo
             # The log's tail only: a pod's whole log grows with the run, and polls come every
             # few seconds. The whole log is read once, when the attempt ends.
             events = parse_events(backend.logs(handle, tail=LOG_TAIL))
+            fresh = []
             for ev in events:
                 key = json.dumps(ev, sort_keys=True)
-                if key not in seen and ev.get("event") in ("start", "resume", "recovered",
-                                                           "diverged"):
-                    log(f"attempt {a.number}: {key}")
+                if key not in seen:
+                    fresh.append(ev)
+                    if ev.get("event") in ("start", "resume", "recovered", "diverged"):
+                        log(f"attempt {a.number}: {key}")
                 seen.add(key)
             _progress(a, events)
+            news = [ev for ev in fresh if ev.get("event") == "progress"]
+            if news:
+                log(f"attempt {a.number}: {progress_line(news[-1])}")
+                if on_progress is not None:
+                    on_progress(a)
             if status.phase == "finished":
                 return status
             if status.phase == "pending":

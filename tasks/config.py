@@ -282,7 +282,8 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pr
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist") from None
+        where = "" if Path(path).is_absolute() else f" (resolved against {Path.cwd()})"
+        raise ConfigError(f"config file {path} does not exist{where}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read config file {path}: {e}") from None
     try:

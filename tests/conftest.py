@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -166,6 +167,10 @@ def prefect_api() -> Iterator[str]:
     URL. One per session: it costs ~15 s to start."""
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
+
+    # No telemetry from the temporary server (no internet here; its first write can race
+    # the migrations and print a traceback).
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
     with prefect_test_harness(server_startup_timeout=120):
         yield str(PREFECT_API_URL.value())

@@ -4,8 +4,12 @@ that a real `prefect worker` picks up and completes with the local backend."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -52,7 +56,10 @@ async def _artifact(key: str) -> list[dict]:
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
     newest = max(arts, key=lambda a: a.created)
     data = newest.data
-    return json.loads(data) if isinstance(data, str) else data
+    if isinstance(data, str) and not data.startswith("data:"):  # tables come as JSON text
+        with contextlib.suppress(ValueError):
+            return json.loads(data)
+    return data
 
 
 def test_train_flow_reports_attempts(prefect_api, train_dataset, tmp_path):
@@ -110,28 +117,77 @@ def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
     crons, pool_type = asyncio.run(deployment_info())
     assert crons == ["0 3 * * *"] and pool_type == "process"
 
-    # What the UI's "Run" button does: a flow run from the deployment, scheduled now.
-    run = run_deployment("pipeline/scheduled", timeout=0)
-    env = {**os.environ, "PREFECT_API_URL": prefect_api}
-    worker = subprocess.run(
-        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "ballast-process",
-         "--run-once", "--type", "process"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-
-    async def final_state() -> str:
+    async def form() -> tuple[dict, str | None, int | None]:
         async with get_client() as client:
-            for _ in range(60):
-                fr = await client.read_flow_run(run.id)
-                if fr.state and fr.state.is_final():
-                    return fr.state.type.value
-                time.sleep(1)
-            return fr.state.type.value if fr.state else "none"
+            dep = await client.read_deployment(ids["pipeline/scheduled"])
+            return (dep.parameter_openapi_schema["properties"], dep.schedules[0].schedule.timezone,
+                    dep.global_concurrency_limit.limit if dep.global_concurrency_limit else None)
 
-    state = asyncio.run(final_state())
-    assert state == "COMPLETED", worker.stdout[-3000:] + worker.stderr[-3000:]
+    # The run form explains each parameter (from the flow's docstring), the schedule says
+    # its timezone, and one run at a time.
+    props, tz, limit = asyncio.run(form())
+    described = " ".join(props["prep_config"]["description"].split())
+    assert "relative to the worker's working directory" in described
+    assert props["run_dir"]["description"].startswith("Where training keeps checkpoints")
+    assert tz == "UTC" and limit == 1
+
+    # What the UI's "Run" button does: a flow run from the deployment, scheduled now. Twice,
+    # as a nightly schedule does: the second run must resume, not fail on the first's jobs.
+    env = {**os.environ, "PREFECT_API_URL": prefect_api}
+    states, outputs = [], []
+    for night in range(2):
+        run = run_deployment("pipeline/scheduled", timeout=0)
+        worker = subprocess.run(
+            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "ballast-process",
+             "--run-once", "--type", "process"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        outputs.append(worker.stdout[-3000:] + worker.stderr[-3000:])
+        states.append(asyncio.run(_final_state(run.id)))
+        assert states[-1] == "COMPLETED", f"night {night}:\n{outputs[-1]}"
+        assert re.fullmatch(r"pipeline-prep-\d{4}-\d\d-\d\d-\d{4}",
+                            asyncio.run(_flow_run_name(run.id)))
+        rows = asyncio.run(_artifact("train-attempts"))
+        assert rows[-1]["ending"] == "done", rows
+        if night == 0:
+            assert rows[0]["resumed from"] == "fresh", rows
+        else:  # the first night's final checkpoint, not a fresh start or a failure
+            from training.checkpoint import step_name
+
+            assert rows[0]["resumed from"] == step_name(30), rows
     final = json.loads((tmp_path / "run" / "final.json").read_text())
     assert final["step"] == 30
     assert final["dataset"]["uri"] == str(tmp_path / "prep-out" / "dataset")
+    # Each night submitted jobs of its own.
+    jobs = sorted(p.name for p in (tmp_path / "run" / "supervisor" / "jobs").iterdir())
+    assert len(jobs) == 2 and jobs[0] != jobs[1] and all(j.endswith("-a0") for j in jobs)
+
+    # What the UI shows: the loss curve as a picture, progress at 100%, a run summary.
+    curve = asyncio.run(_artifact("train-loss-curve"))
+    assert curve.startswith("data:image/png;base64,")
+    assert base64.b64decode(curve.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert asyncio.run(_artifact("train-progress")) == 100
+    summary = asyncio.run(_artifact("pipeline-summary"))
+    assert f"`{tmp_path / 'prep-out' / 'dataset'}`" in summary
+    assert "final validation loss: **" in summary and "(step 30)" in summary
+
+
+async def _flow_run_name(run_id: Any) -> str:
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        return (await client.read_flow_run(run_id)).name
+
+
+async def _final_state(run_id: Any) -> str:
+    from prefect.client.orchestration import get_client
+
+    async with get_client() as client:
+        for _ in range(60):
+            fr = await client.read_flow_run(run_id)
+            if fr.state and fr.state.is_final():
+                return fr.state.type.value
+            await asyncio.sleep(1)
+        return fr.state.type.value if fr.state else "none"
 
 
 def test_prefect_yaml_matches_the_flows():
@@ -245,6 +301,14 @@ def test_cancelling_the_flow_run_cancels_the_job(prefect_api, tmp_path):
     assert gone, "the training job outlived its cancelled flow run:\n" + out[-3000:]
     # ... and it was the hook that stopped it (LocalBackend.cancel leaves this marker).
     assert (Path(handle["dir"]) / "cancelled").is_file()
+    # The attempts table says so, with the checkpoint the run can resume from.
+    rows = asyncio.run(_artifact("train-attempts"))
+    assert rows[-1]["ending"] == "cancelled", rows
+    from training import checkpoint as ckpt
+
+    last = ckpt.latest_step(tmp_path / "run" / "checkpoints")
+    assert rows[-1]["last checkpoint"] == f"step {last}", rows
+    assert "stopped (cancelled flow run); last checkpoint: step-" in out, out[-3000:]
 
 
 def test_kubernetes_pool_deployments_register(prefect_api, tmp_path):

@@ -3,7 +3,9 @@ artifacts in the UI, cached re-runs, and the Dask task runner."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -49,7 +51,8 @@ def test_prep_flow_matches_cli_output(prefect_api, corpus, tmp_path: Path):
     cfg_path = tmp_path / "cfg.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
 
-    result = prep(str(cfg_path))
+    state = prep(str(cfg_path), return_state=True)
+    result = state.result()
     out = tmp_path / "flow-out"
     assert result["dataset"] == str(out / "dataset")
     report = result["report"]
@@ -66,11 +69,27 @@ def test_prep_flow_matches_cli_output(prefect_api, corpus, tmp_path: Path):
         art = Artifact.get(key)
         assert art is not None and needle in str(art.data), key
 
+    # The flow run's log counts documents per stage, as the report does.
+    logs = "\n".join(m.message for m in asyncio.run(_logs(state.state_details.flow_run_id)))
+    for name, st in report["stages"].items():
+        t = st["total"]
+        assert (f"{name}: {t['docs_in']:,} documents in, {t['kept']:,} kept, "
+                f"{sum(t['dropped'].values()):,} dropped") in logs, (name, logs[-2000:])
+
     # A second run finds every shard done (cached or marked) and rewrites nothing.
     before = {f: (out / f).stat().st_mtime_ns for f in output_files(out)}
     again = prep(str(cfg_path))
     assert again["report"]["stages"] == report["stages"]
     assert {f: (out / f).stat().st_mtime_ns for f in output_files(out)} == before
+
+
+async def _logs(flow_run_id: Any) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    async with get_client() as client:
+        return await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(
+            any_=[flow_run_id])))
 
 
 def test_dask_runner_gives_identical_bytes(prefect_api, corpus, tmp_path: Path):

@@ -435,6 +435,8 @@ def test_train_config_and_rbac() -> None:
                              "k8s/base/train.yaml")
     assert cfg.dataset.startswith("s3://")
     assert cfg.checkpoint.remote and cfg.checkpoint.remote.startswith("s3://")
+    # checkpoint.remote is a root; the run's own prefix is where it always was.
+    assert cfg.remote_checkpoint_uri() == "s3://ballast-checkpoints/ballast-train"
     assert (cfg.run_dir, cfg.parallel, cfg.precision.dtype) == ("/work/run", "ddp", "bf16")
     assert cfg.run_dir.startswith(WORKDIR + "/")
     objs = {(d["kind"], d["metadata"]["name"]): d for _, d in k8s_yaml_docs()}

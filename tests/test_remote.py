@@ -27,7 +27,13 @@ from botocore.exceptions import ClientError
 
 from infra.storage import StorageError, StorageOptions
 from training import checkpoint as ckpt
-from training.remote import STAGING, RemoteCheckpointError, RemoteCheckpoints
+from training.remote import (
+    RUN_RECORD,
+    STAGING,
+    RemoteCheckpointError,
+    RemoteCheckpoints,
+    RemoteOwnershipError,
+)
 
 PREFIX = "runs/r1"
 MIB = 1024 * 1024
@@ -567,6 +573,66 @@ def test_remote_retention(
     assert rc.status["uploaded"][-1] == 5
     assert raw_latest(s3_client, s3_bucket) == "step-00000009"
     assert rc.remote_steps() == [4, 8, 9, 20, 21]
+
+
+def test_claim_writes_and_enforces_the_ownership_record(
+    remote: Callable[..., tuple[RemoteCheckpoints, list[str]]],
+    s3_client: Any, s3_bucket: str, tmp_path: Path,
+) -> None:
+    """An empty prefix is claimed (RUN.json); the same run claims it again; another run name
+    or config fingerprint is refused with one line naming both, and nothing changes."""
+    rc, logs = remote()
+    rc.claim("r1", "0123456789abcdef")
+    record = json.loads(s3_client.get_object(Bucket=s3_bucket, Key=f"{PREFIX}/{RUN_RECORD}")
+                        ["Body"].read())
+    assert (record["run_name"], record["config_fingerprint"]) == ("r1", "0123456789abcdef")
+    assert record["created"].endswith("Z")
+    assert not any("WARNING" in line for line in logs)
+    root = tmp_path / "ckpt"
+    ckpt.save(root, 3, make_state(3))
+    rc.submit(root, 3)
+    rc.wait(timeout=30)
+    before = {k: s3_client.get_object(Bucket=s3_bucket, Key=f"{PREFIX}/{k}")["Body"].read()
+              for k in raw_keys(s3_client, s3_bucket)}
+    assert RUN_RECORD in before and "latest" in before
+
+    rc2, _ = remote()
+    rc2.claim("r1", "0123456789abcdef")  # the same run on a fresh machine
+    for name, fp in [("r1", "fedcba9876543210"), ("other", "0123456789abcdef")]:
+        with pytest.raises(RemoteOwnershipError) as e:
+            rc2.claim(name, fp)
+        msg = str(e.value)
+        assert "\n" not in msg
+        assert f"s3://{s3_bucket}/{PREFIX}" in msg and "'r1'" in msg and repr(name) in msg
+        assert "0123456789abcdef" in msg and fp in msg
+        assert "checkpoint.run_name" in msg and "delete" in msg
+    after = {k: s3_client.get_object(Bucket=s3_bucket, Key=f"{PREFIX}/{k}")["Body"].read()
+             for k in raw_keys(s3_client, s3_bucket)}
+    assert after == before
+
+
+def test_claim_adopts_a_prefix_from_before_ownership_records(
+    remote: Callable[..., tuple[RemoteCheckpoints, list[str]]],
+    s3_client: Any, s3_bucket: str, tmp_path: Path,
+) -> None:
+    root = tmp_path / "ckpt"
+    rc, _ = remote()
+    ckpt.save(root, 5, make_state(5))
+    rc.submit(root, 5)  # no claim: what an older Ballast left behind
+    rc.wait(timeout=30)
+    assert RUN_RECORD not in raw_keys(s3_client, s3_bucket)
+
+    rc2, logs = remote()
+    rc2.claim("r1", "0123456789abcdef")
+    warnings = [line for line in logs if "WARNING" in line]
+    assert len(warnings) == 1 and "older Ballast" in warnings[0] and "'r1'" in warnings[0]
+    assert RUN_RECORD in raw_keys(s3_client, s3_bucket)
+    assert rc2.restore_latest(tmp_path / "fresh") == 5  # adopted, not refused
+
+    # A RUN.json that is not a record: which run owns the prefix is unknown, so refuse.
+    s3_client.put_object(Bucket=s3_bucket, Key=f"{PREFIX}/{RUN_RECORD}", Body=b"{not json")
+    with pytest.raises(RemoteOwnershipError, match="not a valid ownership record"):
+        rc2.claim("r1", "0123456789abcdef")
 
 
 def test_local_directory_store(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -194,6 +195,60 @@ def test_cancel_stops_the_job(train_dataset, tmp_path):
     assert worker_pids(tmp_path / "handle.json") == []
 
 
+def test_a_job_left_running_is_adopted_or_stopped(train_dataset, tmp_path):
+    """A flow run killed mid-training leaves its job running. The next flow run adopts it
+    when it runs the same training (watching it to the end instead of starting a second
+    trainer in the run dir), and stops it when it runs other settings."""
+    from flows.train import HANDLE, _leftover
+
+    run_dir = tmp_path / "run"
+    cfg = write_cfg(tmp_path / "c.yaml", train_dataset, run_dir, steps=60)
+    backend = LocalBackend(run_dir / "supervisor" / "jobs", cwd=ROOT, cancel_grace_s=5)
+    handle_file = run_dir / HANDLE
+    lines: list[str] = []
+
+    def leave_running(name: str, args: tuple[str, ...] = ()) -> JobHandle:
+        spec = JobSpec(name, str(cfg), args)
+        handle = backend.submit(spec)
+        handle_file.parent.mkdir(parents=True, exist_ok=True)
+        handle_file.write_text(json.dumps({**handle.to_json(), "config": spec.config,
+                                           "args": list(args)}))
+        return handle
+
+    started: list[JobHandle] = []
+    try:
+        # Settings differ (another --steps): the old job is stopped, nothing adopted.
+        old = leave_running("earlier", ("--steps", "100000"))
+        started.append(old)
+        spec = JobSpec("tonight", str(cfg), ())
+        assert _leftover(backend, run_dir, spec, lines.append) is None
+        assert backend.status(old).ending == "cancelled"
+        assert any("stopping job earlier-a0" in ln for ln in lines), lines
+
+        # Same settings: adopted, watched to its end, and the run finishes with one trainer.
+        old = leave_running("earlier2")
+        started.append(old)
+        adopt = _leftover(backend, run_dir, spec, lines.append)
+        assert adopt is not None and adopt.name == old.name
+        out = supervise(backend, spec, FAST, log=lines.append, handle_file=handle_file,
+                        adopt=adopt)
+        assert out.ok and len(out.attempts) == 1, lines
+        a = out.attempts[0]
+        assert a.adopted and a.job == "earlier2-a0" and a.step_reached == 60
+        assert a.row()["resumed from"].startswith("adopted: ")
+        # Progress reached the supervisor's log: step, loss, throughput, ETA.
+        assert any(re.search(r"step 60/60, loss \d+\.\d{4}, [\d,]+ tokens/s, ETA 0m00s", ln)
+                   for ln in lines), lines
+        assert a.progress is not None and a.progress["step"] == 60
+        assert a.row()["last checkpoint"] == "step 60" and a.row()["loss"] == a.progress["loss"]
+        assert not (run_dir / "supervisor" / "jobs" / "tonight-a0").exists()
+        # Finished now: the next run has nothing to adopt.
+        assert _leftover(backend, run_dir, spec, lines.append) is None
+    finally:  # a failed check must not leave trainers running
+        for h in started:
+            backend.cancel(h)
+
+
 def test_storage_outage_under_supervision(train_dataset, tmp_path, s3_bucket, s3_client,
                                           moto_endpoint, monkeypatch):
     """The S3 server is unreachable for a while during a supervised run: training goes on,
@@ -205,8 +260,8 @@ def test_storage_outage_under_supervision(train_dataset, tmp_path, s3_bucket, s3
     prefix = "runs/supervised"
     cfg = write_cfg(tmp_path / "c.yaml", train_dataset, tmp_path / "run", steps=250,
                     storage={"max_attempts": 2},
-                    checkpoint={"every": 10, "keep_last": 2, "remote": f"s3://{s3_bucket}/{prefix}",
-                                "remote_max_failures": 100})
+                    checkpoint={"every": 10, "keep_last": 2, "remote": f"s3://{s3_bucket}/runs",
+                                "run_name": "supervised", "remote_max_failures": 100})
     seen: list[str] = []
     stop = threading.Event()
 

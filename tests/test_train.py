@@ -198,13 +198,13 @@ def test_fresh_machine_resumes_from_object_storage(dataset, tmp_path, s3_bucket,
     import shutil
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
-    remote = f"s3://{s3_bucket}/runs/r1/checkpoints"
+    remote = f"s3://{s3_bucket}/runs/{{run}}/checkpoints"  # run "a": runs/a/checkpoints
     # A constant schedule: the first run stops at 6 of what later becomes 12 steps, and a
     # cosine over 6 steps would differ from the uninterrupted run's cosine over 12.
     over = {"checkpoint": {"every": 3, "keep_last": 2, "remote": remote},
             "schedule": {"kind": "constant"}}
     assert train(dataset, tmp_path / "a", steps=6, **over) == 0
-    body = s3_client.get_object(Bucket=s3_bucket, Key="runs/r1/checkpoints/latest")["Body"]
+    body = s3_client.get_object(Bucket=s3_bucket, Key="runs/a/checkpoints/latest")["Body"]
     assert body.read().decode().strip() == ckpt.step_name(6)
 
     shutil.rmtree(tmp_path / "a")  # the machine is gone
@@ -218,6 +218,66 @@ def test_fresh_machine_resumes_from_object_storage(dataset, tmp_path, s3_bucket,
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def _tree(root: Path) -> dict[str, bytes]:
+    return {f.relative_to(root).as_posix(): f.read_bytes()
+            for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+def test_runs_keep_to_their_own_remote_prefix(dataset, tmp_path):
+    """Two runs with the same config and the same checkpoint.remote root, in other run_dirs:
+    each gets its own prefix; the second neither resumes from nor prunes the first's."""
+    store = tmp_path / "store"
+    assert train(dataset, tmp_path / "first", steps=2, eval_every=100, eval_batches=1,
+                 checkpoint={"every": 1, "keep_last": 2, "remote": str(store)}) == 0
+    first = store / "first"
+    before = _tree(first)
+    assert (first / "latest").read_text().strip() == ckpt.step_name(2)
+    assert "step-00000002/meta.json" in before
+    # More checkpoints, and a retention that would keep only one of them.
+    assert train(dataset, tmp_path / "second", steps=4, eval_every=100, eval_batches=1,
+                 checkpoint={"every": 1, "keep_last": 1, "remote": str(store)}) == 0
+    assert _tree(first) == before
+    events = [r.get("event") for r in read(tmp_path / "second" / "metrics.jsonl")]
+    assert "resume" not in events  # started at step 0, not from the first run's step 2
+    second = store / "second"
+    assert (second / "latest").read_text().strip() == ckpt.step_name(4)
+    assert sorted(p.name for p in second.glob("step-*")) == [ckpt.step_name(4)]
+    a, b = (json.loads((d / "RUN.json").read_text()) for d in (first, second))
+    assert (a["run_name"], b["run_name"]) == ("first", "second")
+    assert a["config_fingerprint"] == b["config_fingerprint"]  # the same config
+
+
+def test_remote_prefix_of_another_config_exits_1(dataset, tmp_path):
+    """The run's prefix holds another model's checkpoints (RUN.json with another config
+    fingerprint): the trainer exits 1 with one line saying whose they are and what to do,
+    restores nothing and leaves the remote untouched."""
+    store = tmp_path / "store"
+    over = {"steps": 1, "eval_every": 100, "eval_batches": 1,
+            "checkpoint": {"every": 1, "remote": str(store)}}
+    assert train(dataset, tmp_path / "a" / "run", **over) == 0
+    prefix = store / "run"
+    before = _tree(prefix)
+    assert "RUN.json" in before and "latest" in before
+
+    c = cfg(dataset, tmp_path / "b" / "run", model={"d_model": 64}, **over)
+    p = tmp_path / "b.yaml"
+    p.write_text(yaml.safe_dump(c))
+    proc = subprocess.run([sys.executable, "-m", "training.train", "--config", str(p)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == EXIT_ERROR, proc.stderr
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    theirs = parse_train_config(cfg(dataset, tmp_path / "a" / "run", **over))
+    ours = parse_train_config(c)
+    assert theirs.checkpoint_fingerprint() != ours.checkpoint_fingerprint()
+    for part in (str(prefix.resolve()), "'run'", theirs.checkpoint_fingerprint(),
+                 ours.checkpoint_fingerprint(), "checkpoint.run_name", "delete"):
+        assert part in errors[0], part
+    assert _tree(prefix) == before
+    assert not (tmp_path / "b" / "run" / "checkpoints").exists()
+
+
 def test_storage_outage_during_training(dataset, tmp_path, s3_bucket, s3_client, monkeypatch,
                                         moto_endpoint, capfd):
     """The S3 endpoint goes away for a while mid-run (a proxy that drops every connection):
@@ -229,7 +289,7 @@ def test_storage_outage_during_training(dataset, tmp_path, s3_bucket, s3_client,
 
     proxy = TcpProxy("127.0.0.1", int(moto_endpoint.rsplit(":", 1)[1]))
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
-    remote = f"s3://{s3_bucket}/runs/outage"
+    remote = f"s3://{s3_bucket}/runs"  # the root: this run's prefix is runs/outage
     seen: list[str] = []
     stop = threading.Event()
 
@@ -245,7 +305,7 @@ def test_storage_outage_during_training(dataset, tmp_path, s3_bucket, s3_client,
         code = train(dataset, tmp_path, steps=150, eval_every=150,
                      storage={"max_attempts": 2},
                      checkpoint={"every": 10, "keep_last": 2, "remote": remote,
-                                 "remote_max_failures": 100})
+                                 "run_name": "outage", "remote_max_failures": 100})
     finally:
         stop.set()
         proxy.close()

@@ -3,12 +3,22 @@ key. `training` imports neither Prefect nor `tasks` (see the architecture)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from infra.storage import StorageOptions
 
@@ -105,6 +115,18 @@ class GuardConfig(Strict):
     rollback_lr_scale: float = Field(default=1.0, gt=0, le=1)
 
 
+RUN_PLACEHOLDER = "{run}"
+_RUN_NAME = re.compile(r"[A-Za-z0-9._-]+")
+# ModelConfig keys that say how the model runs, not what it is: checkpoints made with and
+# without them are interchangeable, so they stay out of the config fingerprint.
+_RUNTIME_ONLY_MODEL_KEYS = ("compile", "activation_checkpointing")
+
+
+def sanitise_run_name(name: str) -> str:
+    """`name` with every run of characters outside [A-Za-z0-9._-] replaced by one '-'."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name)
+
+
 class CheckpointConfig(Strict):
     dir: str = "checkpoints"  # relative to run_dir unless absolute or s3://
     every: int = Field(default=100, ge=1)
@@ -113,12 +135,36 @@ class CheckpointConfig(Strict):
     # Write checkpoints in a background thread: the loop only waits for the copy of the
     # state into staging buffers (benchmarks/checkpoint_stall.py measures both).
     async_save: bool = True
-    # Object storage for checkpoints (s3://bucket/prefix or a directory): each local
-    # checkpoint is uploaded in the background; a fresh machine resumes from here.
+    # Object storage for checkpoints (s3://bucket/prefix or a directory): the ROOT under
+    # which each run gets its own prefix, <remote>/<run name> (or, if `remote` holds the
+    # placeholder {run}, the run name put there: s3://b/exp-{run}/ckpt). Each local
+    # checkpoint is uploaded there in the background; a fresh machine resumes from there.
+    # TrainConfig.remote_checkpoint_uri() gives the run's effective location.
     remote: str | None = None
+    # The run's name under `remote`; None = the last part of `run_dir` (sanitised to
+    # [A-Za-z0-9._-]). Runs never resume from or prune each other's remote checkpoints.
+    run_name: str | None = None
     # Upload failures are reported loudly; training stops (exit 2) only after this many
     # checkpoints in a row failed to upload.
     remote_max_failures: int = Field(default=3, ge=1)
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, v: str | None) -> str | None:
+        if v is not None and (not _RUN_NAME.fullmatch(v) or v in (".", "..")):
+            raise ValueError("must be a non-empty name of letters, digits, '.', '_' and '-' "
+                             "(no '/'; it becomes one path component under checkpoint.remote)")
+        return v
+
+    @field_validator("remote")
+    @classmethod
+    def _remote(cls, v: str | None) -> str | None:
+        if v is not None:
+            if not v.strip():
+                raise ValueError("must be s3://bucket/prefix or a directory, not empty")
+            if "{" in v.replace(RUN_PLACEHOLDER, "") or "}" in v.replace(RUN_PLACEHOLDER, ""):
+                raise ValueError(f"the only placeholder allowed is {RUN_PLACEHOLDER}")
+        return v
 
 
 class TrainConfig(Strict):
@@ -146,11 +192,56 @@ class TrainConfig(Strict):
     checkpoint: CheckpointConfig = CheckpointConfig()
     storage: StorageOptions = StorageOptions()  # for s3:// URIs; unset = the environment
 
+    @model_validator(mode="after")
+    def _remote_run_name(self) -> TrainConfig:
+        if self.checkpoint.remote and self.checkpoint.run_name is None:
+            self.run_name()  # a run_dir that names no run is an error now, not at upload
+        return self
+
     def checkpoint_dir(self) -> str:
         d = self.checkpoint.dir
         if "://" in d or Path(d).is_absolute():
             return d
         return str(Path(self.run_dir) / d)
+
+    def run_name(self) -> str:
+        """The run's identity in object storage: `checkpoint.run_name`, or else the last
+        part of `run_dir` sanitised to [A-Za-z0-9._-] ("runs/train-demo" -> "train-demo";
+        "." or ".." name the directory they resolve to)."""
+        if self.checkpoint.run_name is not None:
+            return self.checkpoint.run_name
+        path = Path(self.run_dir)
+        name = path.name
+        if name in ("", ".", ".."):
+            name = path.resolve().name
+        name = sanitise_run_name(name)
+        if not name or name in (".", ".."):
+            raise ValueError(f"run_dir {self.run_dir!r} gives no run name for "
+                             "checkpoint.remote: set checkpoint.run_name")
+        return name
+
+    def remote_checkpoint_uri(self) -> str | None:
+        """Where this run's checkpoints go in object storage: `checkpoint.remote` with
+        {run} replaced by the run name, or `<checkpoint.remote>/<run name>` without the
+        placeholder; None when there is no `checkpoint.remote`."""
+        remote = self.checkpoint.remote
+        if not remote:
+            return None
+        if RUN_PLACEHOLDER in remote:
+            return remote.replace(RUN_PLACEHOLDER, self.run_name())
+        return f"{remote.rstrip('/')}/{self.run_name()}"
+
+    def checkpoint_fingerprint(self) -> str:
+        """A short sha256 over what makes two runs' checkpoints interchangeable: the model
+        (less the keys that only say how it runs) and the optimizer kind (its state is in
+        every checkpoint). Steps, data, cadences, paths and the device are left out. The
+        vocabulary and sequence length come from the dataset, not from here."""
+        model = self.model.model_dump(mode="json")
+        for key in _RUNTIME_ONLY_MODEL_KEYS:
+            model.pop(key, None)
+        blob = json.dumps({"model": model, "optim": {"name": self.optim.name}},
+                          sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def parse_train_config(data: Any, where: str = "") -> TrainConfig:
@@ -191,7 +282,8 @@ def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None)
         try:
             text = Path(path).read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise TrainConfigError(f"config file {path} does not exist") from None
+            where = "" if Path(path).is_absolute() else f" (resolved against {Path.cwd()})"
+            raise TrainConfigError(f"config file {path} does not exist{where}") from None
     path = Path(path)
     try:
         data = yaml.safe_load(text)

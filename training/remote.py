@@ -6,6 +6,13 @@ Layout under the remote URI mirrors the local one made by `training.checkpoint`:
     <uri>/step-XXXXXXXX/<data files>   uploaded first, each verified after its upload
     <uri>/step-XXXXXXXX/meta.json      uploaded last: its presence marks a finished upload
     <uri>/latest                       "step-XXXXXXXX\\n", written only after all of the above
+    <uri>/RUN.json                     the ownership record (see `claim`)
+
+`uri` is one run's own prefix (the trainer derives it from the run's name, see
+`TrainConfig.remote_checkpoint_uri`). `claim()` makes sure it stays that way: at trainer start
+it writes RUN.json ({"run_name", "config_fingerprint", "created"}) into an unclaimed prefix,
+and refuses (RemoteOwnershipError) a prefix that RUN.json gives to another run name or
+config fingerprint, before anything is restored from, uploaded to or pruned in it.
 
 Guarantees:
 
@@ -56,17 +63,27 @@ from infra.storage import StorageError, StorageOptions, Store, join, open_store
 from training.checkpoint import LATEST, META, CheckpointError, step_name, write_latest
 from training.files import fsync_dir, sha256_file
 
-__all__ = ["STAGING", "RemoteCheckpointError", "RemoteCheckpoints"]
+__all__ = [
+    "RUN_RECORD",
+    "STAGING",
+    "RemoteCheckpointError",
+    "RemoteCheckpoints",
+    "RemoteOwnershipError",
+]
 
 T = TypeVar("T")
 
 STAGING = ".upload-staging"
+RUN_RECORD = "RUN.json"  # the ownership record of a run's remote prefix
 _MIB = 1024 * 1024
 # Backoff doubles per attempt; cap it so a large `retries` cannot turn into hour-long sleeps.
 _MAX_BACKOFF_S = 60.0
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _USERINFO = re.compile(r"(://)[^/@\s]+@")
+# What a RUN.json may hold (it is read from storage: untrusted, and echoed in one line).
+_RECORD_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
+_RECORD_FINGERPRINT = re.compile(r"[0-9a-f]{8,64}")
 # Phrases infra.storage / infra.s3 use for "this object is missing or corrupt". Such errors
 # are facts about the remote data, not the network: retrying them only wastes time.
 _INTEGRITY_PHRASES = ("does not exist", "checksum mismatch")
@@ -74,6 +91,12 @@ _INTEGRITY_PHRASES = ("does not exist", "checksum mismatch")
 
 class RemoteCheckpointError(RuntimeError):
     """Too many checkpoints in a row failed to upload (raised from `submit()`)."""
+
+
+class RemoteOwnershipError(CheckpointError):
+    """The remote prefix belongs to another run (another run name or config fingerprint),
+    or its ownership record is unreadable: nothing is restored from, uploaded to or
+    deleted in it. Bad input (the trainer exits 1), not a storage failure."""
 
 
 class _IntegrityError(StorageError):
@@ -329,6 +352,56 @@ class RemoteCheckpoints:
                 "latest": self._published,
                 "last_upload": dict(self._last_upload) if self._last_upload else None,
             }
+
+    def claim(self, run_name: str, fingerprint: str) -> None:
+        """Make sure this prefix is this run's before anything touches its checkpoints.
+
+        No RUN.json: write one (with a warning when the prefix already holds checkpoints,
+        made by a Ballast from before ownership records: they are adopted). A RUN.json with
+        this run name and config fingerprint: nothing to do. Anything else raises
+        RemoteOwnershipError (one line: the URI, both runs, how to fix it). StorageError
+        when storage cannot be reached (after retries)."""
+        fix = ("give this run its own prefix (another run_dir or checkpoint.run_name) or "
+               f"delete {self.uri} to start it over")
+        data = self._retry(f"read {self.uri}/{RUN_RECORD}",
+                           lambda: self._get_or_none(RUN_RECORD))
+        if data is None:
+            keys = self._retry(f"list {self.uri}", lambda: self._store.list(""))
+            if _group_steps(keys) or LATEST in keys:
+                self._log(f"remote checkpoint: WARNING {self.uri} holds checkpoints but no "
+                          f"{RUN_RECORD} (written by an older Ballast); adopting them as run "
+                          f"{run_name!r} (config fingerprint {fingerprint})")
+            record = {"run_name": run_name, "config_fingerprint": fingerprint,
+                      "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            body = (json.dumps(record, indent=2) + "\n").encode()
+            self._retry(f"write {self.uri}/{RUN_RECORD}", lambda: self._store.put(RUN_RECORD, body))
+            # Read it back: of two runs starting at once on an empty prefix, one that wrote
+            # first and reads the other's record stops below. That narrows the race, it does
+            # not close it (no conditional writes here): one writer per prefix is assumed.
+            data = self._retry(f"read {self.uri}/{RUN_RECORD}",
+                               lambda: self._get_or_none(RUN_RECORD))
+            if data is None:
+                raise StorageError(f"{self.uri}/{RUN_RECORD} vanished right after its write")
+        try:
+            owner = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            owner = None
+        if (not isinstance(owner, dict)
+                or not isinstance(owner.get("run_name"), str)
+                or not _RECORD_NAME.fullmatch(owner["run_name"])
+                or not isinstance(owner.get("config_fingerprint"), str)
+                or not _RECORD_FINGERPRINT.fullmatch(owner["config_fingerprint"])):
+            raise RemoteOwnershipError(self._scrub(
+                f"{self.uri}/{RUN_RECORD} is not a valid ownership record, so which run "
+                f"{self.uri} belongs to is unknown; not resuming from, uploading to or pruning "
+                f"it (this run: {run_name!r}, config fingerprint {fingerprint}): {fix}"))
+        other, other_fp = owner["run_name"], owner["config_fingerprint"]
+        if (other, other_fp) != (run_name, fingerprint):
+            changed = " (the model or optimizer changed)" if other == run_name else ""
+            raise RemoteOwnershipError(self._scrub(
+                f"{self.uri} belongs to run {other!r} (config fingerprint {other_fp}), not to "
+                f"this run {run_name!r} (config fingerprint {fingerprint}){changed}; not "
+                f"resuming from, uploading to or pruning it: {fix}"))
 
     def remote_steps(self) -> list[int]:
         """Steps with a meta.json remotely (finished uploads; not re-verified here)."""

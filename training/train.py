@@ -36,7 +36,7 @@ from training.loss import lm_loss, shift_targets
 from training.metrics import MetricsLog, plot_loss, truncate_after
 from training.model import GPT
 from training.optim import build_optimizer
-from training.remote import RemoteCheckpointError, RemoteCheckpoints
+from training.remote import RemoteCheckpointError, RemoteCheckpoints, RemoteOwnershipError
 from training.schedule import accum_steps_at, set_lr
 
 EXIT_OK, EXIT_ERROR, EXIT_CRASHED, EXIT_DIVERGED = 0, 1, 2, 3
@@ -111,6 +111,9 @@ def pick_device(cfg: TrainConfig) -> torch.device:
 
 
 DIVERGED_MARKER = "DIVERGED"
+# A "progress" event (step, loss, tokens/s, ETA) after the first step, then at most this
+# often, and at the last step: enough for a live view, few lines in a week-long log.
+PROGRESS_EVERY_S = 30.0
 
 
 def autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager:
@@ -170,10 +173,29 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         c = cfg.checkpoint
         self.saver = ckpt.AsyncSaver()
-        self.remote = (RemoteCheckpoints(c.remote, cfg.storage, c.keep_last, c.keep_every,
+        remote_uri = cfg.remote_checkpoint_uri()  # <checkpoint.remote>/<run name>
+        self.remote = (RemoteCheckpoints(remote_uri, cfg.storage, c.keep_last, c.keep_every,
                                          c.remote_max_failures,
                                          log=lambda m: print(m, file=sys.stderr))
-                       if c.remote and self.world.is_main else None)
+                       if remote_uri and self.world.is_main else None)
+        self._claim_remote()
+
+    def _claim_remote(self) -> None:
+        """Before anything is restored from, uploaded to or pruned in the remote prefix:
+        it must be this run's (RUN.json: run name and config fingerprint), or unclaimed.
+        Rank 0 checks; every rank raises the same error (exit 1, bad input)."""
+        error = None
+        if self.remote is not None:
+            try:
+                self.remote.claim(self.cfg.run_name(), self.cfg.checkpoint_fingerprint())
+            except RemoteOwnershipError as e:
+                error = str(e)
+        if self.cfg.checkpoint.remote:
+            error = distributed.broadcast_object(error, self.world, self.device)
+        if error is not None:
+            if self.remote is not None:
+                self.remote.close(drain=False)
+            raise RemoteOwnershipError(error)
 
     # -- checkpoints --------------------------------------------------------------
     def snapshot(self, modules: bool = True) -> dict[str, Any]:
@@ -216,6 +238,19 @@ class Trainer:
             rewind, self._rewind_next = self._rewind_next, False
             self.remote.submit(self.ckpt_dir, step, rewind=rewind)
         self.emit({"event": "checkpoint", "step": step})
+
+    def progress_event(self, loss: float, took: float, steps: int,
+                       tokens: int) -> dict[str, Any]:
+        """Where the run is, for whoever watches it (the supervisor logs it and the Prefect
+        flow keeps a progress artifact): step, loss, and tokens/s and ETA over the `steps`
+        steps (`tokens` tokens, `took` seconds) this attempt has trained so far."""
+        s, cfg = self.state, self.cfg
+        took = max(took, 1e-9)
+        eta = (cfg.steps - s.step) * took / steps if steps > 0 else None
+        return {"event": "progress", "step": s.step, "steps": cfg.steps,
+                "loss": round(float(loss), 5), "tokens_seen": s.tokens_seen,
+                "tokens_per_s": round(tokens / took, 1),
+                "eta_s": None if eta is None else round(eta, 1)}
 
     def emit(self, event: dict[str, Any]) -> None:
         """One machine-readable line on stderr for whoever watches the process (the
@@ -414,6 +449,9 @@ class Trainer:
             self.recover(self.recovery, log)
             s = self.state
         t_last, tokens_last = time.perf_counter(), s.tokens_seen
+        # For "progress" events: throughput and ETA over this attempt's own steps.
+        t_start, step_start, tokens_start = t_last, s.step, s.tokens_seen
+        t_progress, progressed = t_last, False
         try:
             while s.step < cfg.steps:
                 out = self.train_step()
@@ -451,6 +489,12 @@ class Trainer:
                         if self.scaler.is_enabled() else None,
                     })
                     t_last, tokens_last = now, s.tokens_seen
+                    if (s.step == cfg.steps or now - t_progress >= PROGRESS_EVERY_S
+                            or not progressed):
+                        self.emit(self.progress_event(out["loss"], now - t_start,
+                                                     s.step - step_start,
+                                                     s.tokens_seen - tokens_start))
+                        t_progress, progressed = now, True
                 if s.step % cfg.eval_every == 0 or s.step == cfg.steps:
                     val = self.evaluate()
                     log.write({"kind": "eval", "step": s.step, "val_loss": val,
