@@ -31,12 +31,17 @@ scan: $(STAMP) $(CHECKOV)
 	CHECKOV=$(CHECKOV) bash infra/scan.sh
 
 # Prep (CLI, progress bars), then a couple of minutes of training under the supervisor
-# (the temporary Prefect server's telemetry is off: it cannot reach the internet from here,
-# and on a fresh database its first write raced the migrations with a traceback)
 # (the `train` flow on a temporary local Prefect API, local backend, checkpoints copied to
 # the local object store), then where the results are.
+# Prefect gets a home of its own under runs/ (settings, profiles, its SQLite database):
+# with the default ~/.prefect, a Prefect server or flow running beside the demo shares the
+# database and the demo printed `sqlite3.OperationalError: database is locked` from the
+# temporary server's telemetry. That telemetry is off too: it cannot reach the internet
+# from here, and on a fresh database its first write raced the migrations with a traceback.
 demo: $(STAMP)
-	@set -e; if [ -d "$(SHARED)" ]; then \
+	@set -e; mkdir -p "$(CURDIR)/runs/prefect-home"; \
+	export PREFECT_HOME="$(CURDIR)/runs/prefect-home" PREFECT_SERVER_ANALYTICS_ENABLED=false; \
+	if [ -d "$(SHARED)" ]; then \
 	  echo "demo: real corpora from $(SHARED)"; \
 	  $(VENV)/bin/ballast prep configs/demo.yaml; \
 	  DATASET=runs/demo/dataset; \
@@ -46,7 +51,7 @@ demo: $(STAMP)
 	  $(VENV)/bin/ballast prep configs/demo-stdlib.yaml; \
 	  DATASET=runs/demo-stdlib/dataset; \
 	fi; \
-	PREFECT_SERVER_ANALYTICS_ENABLED=false $(PY) -m flows.train configs/train-demo.yaml --dataset $$DATASET
+	$(PY) -m flows.train configs/train-demo.yaml --dataset $$DATASET
 
 test: $(STAMP) $(CHECKOV)
 	$(VENV)/bin/ruff check .

@@ -2,20 +2,103 @@
 progress bars and a summary table; no Prefect server is needed.
 
 Exit codes follow the architecture: 0 done, 1 a clear error (bad config, bad inputs,
-unreachable storage, accounting that does not add up).
+unreachable storage, accounting that does not add up, an operating-system error such as
+a full disk), 130 interrupted (Ctrl-C). Errors are one line on stderr, not a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import re
+import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 EXIT_OK = 0
 EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command
+
+# Errors of a write that has no file name (a write(2) on an open file): the output's.
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+_ERRNO_IN_TEXT = re.compile(r"\[errno (\d+)\]", re.IGNORECASE)  # pyarrow's OSErrors
+
+
+def stderr_console() -> Console:
+    # soft_wrap: when stderr is not a terminal rich wraps at 80 columns, and one error
+    # would become several lines in a log.
+    return Console(stderr=True, soft_wrap=True, highlight=False)
+
+
+def print_error(message: str, label: str = "error") -> None:
+    stderr_console().print(Text.assemble((f"{label}:", "bold red"), " ", message))
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def _existing(path: Path) -> Path | None:
+    """`path` or its nearest ancestor that exists."""
+    for p in (path, *path.parents):
+        try:
+            p.stat()
+            return p
+        except OSError:
+            continue
+    return None
+
+
+def os_error_message(e: OSError, output: str | None = None, step: str | None = None) -> str:
+    """One line for an operating-system error: the path, the cause, and what helps to
+    act on it (the free space left on a full disk, the file in the way of a directory,
+    the file size limit)."""
+    code = e.errno if isinstance(e.errno, int) else None
+    if code is None:  # pyarrow's OSErrors carry it in the text only
+        m = _ERRNO_IN_TEXT.search(str(e))
+        code = int(m.group(1)) if m else None
+    cause = e.strerror or str(e) or type(e).__name__
+    path: str | None = None
+    if e.filename is not None:
+        path = os.fsdecode(e.filename)
+        where = path if e.filename2 is None else f"{path} -> {os.fsdecode(e.filename2)}"
+        msg = f"{where}: {cause}"
+    elif code in _WRITE_ERRNOS and output and "://" not in output:
+        path = output
+        msg = f"cannot write to {output}: {cause}"
+    else:
+        msg = cause
+    extra = [f"in step {step}"] if step else []
+    if path is not None and code in (errno.EEXIST, errno.ENOTDIR):
+        blocker = _existing(Path(path))
+        if blocker is not None and not blocker.is_dir():
+            extra.append("it is a file, not a directory" if str(blocker) == path
+                         else f"{blocker} is a file, not a directory")
+    if code in (errno.ENOSPC, errno.EDQUOT) and (path or output):
+        at = _existing(Path(path or output or "."))
+        if at is not None:
+            du = shutil.disk_usage(at)
+            extra.append(f"{_size(du.free)} free of {_size(du.total)} on that filesystem")
+    if code == errno.EFBIG:
+        try:
+            import resource
+
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+            if limit != resource.RLIM_INFINITY:
+                extra.append(f"the file size limit (ulimit -f) is {limit} bytes")
+        except (ImportError, OSError, ValueError):
+            pass
+    return msg + (f" ({'; '.join(extra)})" if extra else "")
 
 
 def _mb(n: int) -> str:
@@ -85,22 +168,35 @@ def packing_line(p: dict[str, Any]) -> str:
 
 
 def cmd_prep(args: argparse.Namespace) -> int:
+    from concurrent.futures.process import BrokenProcessPool
+
     from infra.storage import StorageError
     from tasks.config import ConfigError, load_config
-    from tasks.pipeline import OutputConflict, run_prep
+    from tasks.pipeline import STEP_NOTE, OutputConflict, run_prep
     from tasks.readers import IngestError
     from tasks.report import AccountingError
 
-    err = Console(stderr=True)
+    err = stderr_console()
     out = Console()
+    output: str | None = args.output
     try:
         cfg = load_config(args.config, {"output": args.output, "workers": args.workers})
+        output = cfg.output
         report = run_prep(cfg, until=args.until, progress=not args.no_progress)
     except (ConfigError, IngestError, OutputConflict, StorageError, ValueError) as e:
-        err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+        print_error(str(e))
         return EXIT_ERROR
     except AccountingError as e:
-        err.print(f"[bold red]accounting error:[/] {e}", markup=True, highlight=False)
+        print_error(str(e), label="accounting error")
+        return EXIT_ERROR
+    except OSError as e:
+        steps = [n[len(STEP_NOTE):] for n in getattr(e, "__notes__", [])
+                 if n.startswith(STEP_NOTE)]
+        print_error(os_error_message(e, output, steps[-1] if steps else None))
+        return EXIT_ERROR
+    except BrokenProcessPool:
+        print_error("a worker process died (killed by the system? out of memory?); run "
+                    "again to resume")
         return EXIT_ERROR
     out.print(summary_table(report))
     out.print(reasons_table(report))
@@ -135,10 +231,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     try:
         problems = verify(args.dataset)
     except StorageError as e:
-        Console(stderr=True).print(f"error: {e}", markup=False, highlight=False)
+        print_error(str(e))
         return EXIT_ERROR
     if problems:
-        err = Console(stderr=True)
+        err = stderr_console()
         err.print(f"{args.dataset} does NOT match its manifest:", markup=False)
         for p in problems:
             err.print(f"  - {p}", markup=False, highlight=False)
@@ -211,8 +307,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    command = None
+    try:
+        args = build_parser().parse_args(argv)
+        command = args.command
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        # `ballast prep` has stopped its workers by now (run_prep); every finished shard
+        # is kept, so the same command carries on where this one stopped.
+        again = "; run the same command again to resume" if command == "prep" else ""
+        stderr_console().print(f"interrupted{again}", markup=False)
+        return EXIT_INTERRUPTED
+    except OSError as e:  # what a command did not turn into a clearer error itself
+        print_error(os_error_message(e))
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

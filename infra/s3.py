@@ -6,6 +6,7 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,6 +51,11 @@ _TRANSLATED: tuple[type[BaseException], ...] = (
     ValueError,
 )
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+# put_if_absent: the key exists (412), or a concurrent conditional write to it is in
+# progress (409: S3 asks for a retry, which then answers 412 or succeeds).
+_PRECONDITION_FAILED = frozenset({"PreconditionFailed", "412"})
+_CONDITIONAL_CONFLICT = frozenset({"ConditionalRequestConflict", "409"})
+_CONFLICT_RETRIES = 5
 _AUTH_CODES = frozenset(
     {
         "AccessDenied",
@@ -207,6 +213,36 @@ class S3Store:
             )
 
         self._call("write", key, op)
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create `key` holding `data` unless it exists; True if this call created it.
+        One conditional PutObject (If-None-Match: *), so of racing callers exactly one
+        wins. AWS S3 (since 2024-08) and moto honour the condition; an S3-compatible
+        service that ignores the header would silently overwrite instead (one that rejects
+        it raises StorageError)."""
+        full = self._full_key(key)
+
+        def op() -> bool:
+            for attempt in range(_CONFLICT_RETRIES):
+                try:
+                    self.client.put_object(
+                        Bucket=self.bucket,
+                        Key=full,
+                        Body=data,
+                        IfNoneMatch="*",
+                        Metadata={_METADATA_SHA256: hashlib.sha256(data).hexdigest()},
+                    )
+                    return True
+                except ClientError as exc:
+                    code = _code(exc)
+                    if code in _PRECONDITION_FAILED:
+                        return False
+                    if code not in _CONDITIONAL_CONFLICT or attempt == _CONFLICT_RETRIES - 1:
+                        raise
+                time.sleep(0.05 * 2**attempt)
+            raise AssertionError("unreachable")
+
+        return self._call("write", key, op)
 
     def get(self, key: str) -> bytes:
         full = self._full_key(key)

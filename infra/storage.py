@@ -6,6 +6,7 @@ from a reader's point of view: a key either holds the whole object or does not e
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -14,6 +15,53 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
+
+
+def _read_umask() -> int:
+    # os.umask can only be read by setting it, and it is process-wide: done once, here at
+    # import (before any thread of ours runs), never per write.
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _read_umask()
+# The mode a plain open(path, "w") gives a new file under this umask; mkstemp's 0600 is
+# widened to it, so the output is as readable as any other file its user writes.
+FILE_MODE = 0o666 & ~UMASK
+
+
+def temp_beside(dest: Path) -> tuple[int, Path]:
+    """A new, empty temporary file next to `dest` (same filesystem, so it can be renamed
+    onto it atomically), under a hidden temporary name (see `is_temp_name`) and with the
+    mode of a normal new file (FILE_MODE), not mkstemp's 0600. Returns (fd, path)."""
+    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, FILE_MODE)
+    except BaseException:
+        os.close(fd)
+        Path(name).unlink(missing_ok=True)
+        raise
+    return fd, Path(name)
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether a file name is one of our temporary names (".<key name>.<random>.tmp"): a
+    file being written, or one left behind by a killed writer. Such files are never keys."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def remove_temp_files(root: Path) -> list[Path]:
+    """Delete every temporary-named file under the directory `root` (debris of killed
+    writes) and return them. Only for a directory no other process is writing into."""
+    removed = []
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            if is_temp_name(name):
+                p = Path(dirpath, name)
+                p.unlink(missing_ok=True)
+                removed.append(p)
+    return removed
 
 
 class StorageError(RuntimeError):
@@ -40,6 +88,7 @@ class Store(Protocol):
     uri: str
 
     def put(self, key: str, data: bytes) -> None: ...
+    def put_if_absent(self, key: str, data: bytes) -> bool: ...
     def get(self, key: str) -> bytes: ...
     def exists(self, key: str) -> bool: ...
     def list(self, prefix: str = "") -> list[str]: ...
@@ -70,22 +119,62 @@ class LocalStore:
     def local_path(self, key: str) -> Path | None:
         return self._path(key)
 
-    def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
+    def _write_temp(self, path: Path, data: bytes) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = temp_beside(path)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return tmp
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        tmp = self._write_temp(path, data)
+        try:
             os.replace(tmp, path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Create `key` holding `data` unless it exists; True if this call created it.
+        Atomic against other writers (processes, hosts on one NFS export): the complete
+        file is hard-linked into place, and link(2) fails if the name is taken, so a
+        reader never sees a partial key and exactly one of racing callers wins."""
+        path = self._path(key)
+        tmp = self._write_temp(path, data)
+        try:
+            try:
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                return False
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                    raise
+            # A filesystem without hard links: an exclusive create. A racing reader may
+            # see the file before its bytes are written (json readers then fail loudly).
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+            except FileExistsError:
+                return False
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+            except BaseException:
+                path.unlink(missing_ok=True)
+                raise
+            return True
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def put_file(self, key: str, path: str | Path) -> None:
         dest = self._path(key)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+        fd, tmp = temp_beside(dest)
         os.close(fd)
         try:
             shutil.copyfile(path, tmp)
@@ -120,7 +209,7 @@ class LocalStore:
         keys = []
         for dirpath, _dirs, files in os.walk(start):
             for name in files:
-                if name.startswith(".") and name.endswith(".tmp"):
+                if is_temp_name(name):
                     continue
                 rel = Path(dirpath, name).relative_to(self.root).as_posix()
                 if rel.startswith(prefix.strip("/")):

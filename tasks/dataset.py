@@ -9,10 +9,11 @@ same rows, but no copy of a whole split is ever staged or memory-mapped."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import tempfile
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from infra.storage import Store, open_store
+from infra.storage import Store, open_store, remove_temp_files, temp_beside
 from tasks.config import PrepConfig
 from tasks.pack_stage import packed_done_key, packed_key, row_schema
 from tasks.stage import output_store
@@ -34,10 +35,33 @@ if TYPE_CHECKING:
 
 DATASET_DIR = "dataset"
 READ_BATCH_BYTES = 8 << 20
+# The run's local working files, under a local output: <output>/_scratch/<step>/. Emptied
+# at the start of the step (what a killed run left) and removed when the step is done.
+SCRATCH_DIR = "_scratch"
+# Where that goes for a remote (s3://) output: $BALLAST_SCRATCH, else this, then
+# /<hash of the output URI>/<step>/.
+DEFAULT_REMOTE_SCRATCH = Path("~/.cache/ballast/scratch")
 
 
 def dataset_uri(cfg: PrepConfig) -> str:
     return f"{cfg.output.rstrip('/')}/{DATASET_DIR}"
+
+
+def scratch_dir(cfg: PrepConfig, step: str = DATASET_DIR) -> Path:
+    """The local directory `step` of this run stages files in: inside the output itself
+    when it is local (same filesystem and permissions as the output, and found again by
+    the next run of the output), else a directory of its own per output URI."""
+    local = output_store(cfg).local_path(SCRATCH_DIR)
+    if local is not None:
+        return local / step
+    base = Path(os.environ.get("BALLAST_SCRATCH") or DEFAULT_REMOTE_SCRATCH).expanduser()
+    return base / hashlib.sha256(cfg.output.encode()).hexdigest()[:16] / step
+
+
+def _drop_scratch(scratch: Path) -> None:
+    shutil.rmtree(scratch, ignore_errors=True)
+    with contextlib.suppress(OSError):  # only when no other step's scratch is in it
+        scratch.parent.rmdir()
 
 
 def shard_bounds(rows: int, num_shards: int) -> list[tuple[int, int]]:
@@ -164,9 +188,8 @@ def _staged(target: Store, key: str, scratch: Path) -> Iterator[Path]:
     dest = target.local_path(key)
     if dest is not None:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+        fd, path = temp_beside(dest)
         os.close(fd)
-        path = Path(name)
     else:
         path = scratch / Path(key).name
     try:
@@ -228,9 +251,18 @@ def write_split(target: Store, name: str, batches: Iterator[pa.RecordBatch], row
 def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any],
                   validation_parts: list[str] | None = None) -> dict:
     """Save the packed rows as a DatasetDict under <output>/dataset and write the
-    manifest last (a dataset without a manifest is incomplete)."""
+    manifest last (a dataset without a manifest is incomplete).
+
+    What a killed run of this step left is removed first: temporary-named files in the
+    dataset directory (half-written shards; `verify` refuses a dataset holding them) and
+    its staging directory. So two runs must not write one dataset at the same time."""
     store = output_store(cfg)
     target = open_store(dataset_uri(cfg), cfg.storage)
+    root = target.local_path("")
+    if root is not None:
+        remove_temp_files(root)
+    scratch = scratch_dir(cfg)
+    _drop_scratch(scratch)
     if target.exists(MANIFEST):  # finished by an earlier run of the same config
         manifest = json.loads(target.get(MANIFEST))
         if manifest.get("config_fingerprint") == cfg.fingerprint():
@@ -245,8 +277,8 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
     # Known before any shard is written: the shard boundaries depend on the totals.
     rows = {name: packed_rows(store, ps) for name, ps in parts.items()}
     files: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="ballast-dataset-") as tmp:
-        scratch = Path(tmp)
+    scratch.mkdir(parents=True, exist_ok=True)
+    try:
         files["dataset_dict.json"] = _put(
             target, "dataset_dict.json", json.dumps({"splits": list(parts)}).encode("utf-8"))
         for name, ps in parts.items():
@@ -256,6 +288,8 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
             # state.json would differ per run.
             files.update(write_split(target, name, batches, n, max(1, min(max_shards[name], n)),
                                      f"{fp}-{name}", schema, scratch))
+    finally:
+        _drop_scratch(scratch)
     files["tokenizer.json"] = _put(target, "tokenizer.json", store.get(TOKENIZER_KEY))
     manifest = {
         "format": FORMAT,

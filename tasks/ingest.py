@@ -1,5 +1,8 @@
 """Ingest: read every source into normalised {id, text, source, meta} shards; records that
-cannot become documents go to dropped/ingest/ with the reason and their location."""
+cannot become documents go to dropped/ingest/ with the reason and their location.
+
+`meta` is the record's own fields (all but the text), untouched, plus its location under
+`records.LOCATION_KEY`; it is always standard JSON (the readers quarantine NaN/Infinity)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import pyarrow as pa
 
 from tasks.config import PrepConfig, SourceConfig
 from tasks.readers import BadRecord, InputFile, read_file, resolve_inputs, split_input
-from tasks.records import DOC_SCHEMA, table_to_parquet_bytes
+from tasks.records import DOC_SCHEMA, LOCATION_KEY, table_to_parquet_bytes
 from tasks.stage import DroppedRows, ShardStats, docs_key, output_store, write_shard
 
 STAGE = "ingest"
@@ -72,7 +75,19 @@ def plan_units(cfg: PrepConfig, unit_bytes: int | None = None) -> list[Unit]:
 
 
 def _meta_json(meta: dict) -> str:
-    return json.dumps(meta, sort_keys=True, ensure_ascii=False, default=str)
+    # allow_nan=False: never write NaN/Infinity (not JSON); the readers refuse them, so
+    # this raising would be a reader bug, not bad input.
+    return json.dumps(meta, sort_keys=True, ensure_ascii=False, default=str, allow_nan=False)
+
+
+def _utf8(s: str) -> str:
+    """`s`, with any unpaired surrogate (from a JSON \\ud800 escape) spelled out, so that
+    a quarantine row (id, detail) can always be written."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "backslashreplace").decode("utf-8")
+    return s
 
 
 def ingest_unit(cfg: PrepConfig, unit: Unit) -> dict:
@@ -96,11 +111,11 @@ def ingest_unit(cfg: PrepConfig, unit: Unit) -> dict:
     for f in unit.files:
         for rec in read_file(src, f, cfg.storage, cfg.ingest.max_doc_bytes):
             if isinstance(rec, BadRecord):
-                nbytes = len(rec.raw.encode("utf-8", "backslashreplace"))
-                st.add_in(nbytes)
-                st.add_dropped(rec.reason, nbytes)
-                dropped.add(rec.id or f"{src.name}/{rec.location}", src.name, rec.reason,
-                            rec.detail, rec.location, rec.raw)
+                # The whole record's size: rec.raw is cut for display.
+                st.add_in(rec.size)
+                st.add_dropped(rec.reason, rec.size)
+                dropped.add(_utf8(rec.id or f"{src.name}/{rec.location}"), src.name,
+                            rec.reason, _utf8(rec.detail), rec.location, rec.raw)
                 continue
             nbytes = len(rec.text.encode("utf-8"))
             st.add_in(nbytes)
@@ -108,7 +123,8 @@ def ingest_unit(cfg: PrepConfig, unit: Unit) -> dict:
             cols["id"].append(rec.id)
             cols["text"].append(rec.text)
             cols["source"].append(src.name)
-            cols["meta"].append(_meta_json({**rec.meta, "location": rec.location}))
+            # The readers refuse a record with a LOCATION_KEY field: nothing is overwritten.
+            cols["meta"].append(_meta_json({**rec.meta, LOCATION_KEY: rec.location}))
             if len(cols["id"]) >= cfg.ingest.shard_docs:
                 flush()
     if cols["id"] or not shards:

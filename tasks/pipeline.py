@@ -9,9 +9,11 @@ import json
 import multiprocessing as mp
 import os
 import signal
+import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from functools import partial
 from typing import Any, TypeVar
@@ -44,6 +46,8 @@ LAYOUT = 2
 # Test hook: "STEP:N" SIGKILLs this process after the N-th completed item of STEP (e.g.
 # "near: signatures:3"), to test that a killed run resumes exactly where it stopped.
 FAILPOINT_ENV = "BALLAST_FAILPOINT"
+# The note LocalRunner.map adds to an exception raised by a step: "in step: near: buckets".
+STEP_NOTE = "in step: "
 
 
 def _failpoint(desc: str, completed: int) -> None:
@@ -72,22 +76,51 @@ class LocalRunner:
     def __enter__(self) -> LocalRunner:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def close(self) -> None:
+        """Let the workers finish what they run, then stop them."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+
+    def abort(self) -> None:
+        """Stop the workers now (an error or Ctrl-C ends the run): what they were doing
+        is thrown away rather than waited for. Every write is atomic, so the next run
+        redoes exactly that work."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        # Python 3.11 has no public way to stop a pool's workers (3.14: kill_workers).
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:
+            with contextlib.suppress(OSError, ValueError):
+                p.kill()
+        for p in procs:
+            with contextlib.suppress(OSError, ValueError, AssertionError):
+                p.join(timeout=10)
 
     def warm(self) -> None:
         """Start the workers now (they import the prep modules on start), so the start-up
         overlaps the ingest work instead of delaying the first parallel step."""
         if self.workers > 1:
             pool = self._executor()
-            for _ in range(self.workers):
-                pool.submit(_noop)
+            with _sigint_blocked():  # submit starts the workers
+                for _ in range(self.workers):
+                    pool.submit(_noop)
 
     def _executor(self) -> Executor:
         if self._pool is None:
             # spawn, not fork: pyarrow's and numpy's thread pools do not survive a fork.
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"))
+            deathsig = threading.current_thread() is threading.main_thread()
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
+                                             initializer=_worker_init,
+                                             initargs=(os.getpid(), deathsig))
         return self._pool
 
     def map(self, fn: Callable[[Any], T], items: Sequence[Any], desc: str,
@@ -95,6 +128,9 @@ class LocalRunner:
         t0, start = time.perf_counter(), time.time()
         try:
             return self._map(fn, items, desc, done)
+        except Exception as e:
+            e.add_note(f"{STEP_NOTE}{desc}")  # `ballast prep` names the step that failed
+            raise
         finally:
             self.seconds[desc] = round(time.perf_counter() - t0, 3)
             self.times[desc] = (round(start, 3), round(time.time(), 3))
@@ -113,7 +149,8 @@ class LocalRunner:
                     bar.advance(task)
                     _failpoint(desc, done + k)
                 return out
-            futures = [self._executor().submit(_call_and_trim, fn, it) for it in items]
+            with _sigint_blocked():  # a submit may start a worker
+                futures = [self._executor().submit(_call_and_trim, fn, it) for it in items]
             for k, f in enumerate(as_completed(futures), start=1):
                 f.result()  # raise the first failure at once
                 bar.advance(task)
@@ -123,6 +160,62 @@ class LocalRunner:
 
 def _noop() -> None:
     return None
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """Workers started inside this block start with SIGINT blocked (a signal mask is
+    inherited through fork and exec) until _worker_init ignores it: Ctrl-C in a terminal
+    signals the whole process group, and a worker still importing would print a
+    traceback. The parent still gets its KeyboardInterrupt (another thread takes the
+    signal, or it is delivered when the block ends). multiprocessing starts its resource
+    tracker the same way."""
+    if not hasattr(signal, "pthread_sigmask"):  # not POSIX
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def _worker_init(parent_pid: int, deathsig: bool) -> None:
+    """Runs first in every pool worker. Interrupts are the parent's to handle (it stops
+    the workers), and a worker never outlives the parent: killed with kill -9, the parent
+    runs no clean-up, and its workers would wait forever on a pipe they hold themselves
+    (with them multiprocessing's resource tracker, which waits for their end of its
+    pipe)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if deathsig and sys.platform.startswith("linux"):
+        # The kernel SIGKILLs this worker when the thread that started it ends: set only
+        # for pools started from the main thread, whose end is the process's end.
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
+                       ctypes.c_ulong(0), ctypes.c_ulong(0))
+    if os.getppid() != parent_pid:  # the parent died before the line above
+        os._exit(1)
+    # Elsewhere (and as a second line on Linux): a thread that ends the worker when the
+    # parent's end of the start-up pipe closes, which happens only when the parent exits.
+    parent = mp.parent_process()
+    if parent is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True,
+                         name="ballast-parent-watch").start()
+
+
+def _exit_with(sentinel: int) -> None:
+    from multiprocessing.connection import wait
+
+    wait([sentinel])
+    os._exit(1)
 
 
 def _call_and_trim(fn: Callable[[Any], T], item: Any) -> T:
@@ -163,26 +256,29 @@ def enabled_stages(cfg: PrepConfig, until: str | None = None) -> list[str]:
 
 def claim_output(store: Store, cfg: PrepConfig) -> None:
     """Refuse to mix the files of two different configs in one output: resuming is only
-    correct when the config that made the existing files is the same."""
+    correct when the config that made the existing files is the same.
+
+    The claim is an atomic create-if-absent of RUN_KEY (Store.put_if_absent), so of two
+    runs racing for a fresh output exactly one makes it; the other then finds the claim
+    like any existing one (OutputConflict if its config differs, a resume if not)."""
     fp = cfg.fingerprint()
-    if store.exists(RUN_KEY):
-        run = json.loads(store.get(RUN_KEY))
-        have = run.get("config_fingerprint")
-        if run.get("layout", 1) != LAYOUT:
-            raise OutputConflict(
-                f"{store.uri} was made by another version of ballast (file layout "
-                f"{run.get('layout', 1)}, this version writes {LAYOUT}); choose another "
-                "output or delete it")
-        if have != fp:
-            raise OutputConflict(
-                f"{store.uri} holds a run made with a different config (fingerprint {have}, "
-                f"this config {fp}); choose another output or delete it")
-        return
     # run_id changes whenever the output is made anew: Prefect's cache keys include it,
     # so a deleted output is never mistaken for a finished one.
-    store.put(RUN_KEY, json.dumps({"config_fingerprint": fp, "layout": LAYOUT,
-                                   "run_id": uuid.uuid4().hex,
-                                   "config": cfg.model_dump(mode="json")}, indent=2).encode())
+    if not store.exists(RUN_KEY) and store.put_if_absent(RUN_KEY, json.dumps(
+            {"config_fingerprint": fp, "layout": LAYOUT, "run_id": uuid.uuid4().hex,
+             "config": cfg.model_dump(mode="json")}, indent=2).encode()):
+        return
+    run = json.loads(store.get(RUN_KEY))
+    have = run.get("config_fingerprint")
+    if run.get("layout", 1) != LAYOUT:
+        raise OutputConflict(
+            f"{store.uri} was made by another version of ballast (file layout "
+            f"{run.get('layout', 1)}, this version writes {LAYOUT}); choose another "
+            "output or delete it")
+    if have != fp:
+        raise OutputConflict(
+            f"{store.uri} holds a run made with a different config (fingerprint {have}, "
+            f"this config {fp}); choose another output or delete it")
 
 
 def _todo(store: Store, stage: str, names: list[str]) -> list[str]:
@@ -250,9 +346,13 @@ def run_prep(cfg: PrepConfig, until: str | None = None, runner: LocalRunner | No
         report["step_epoch_seconds"] = {k: list(v) for k, v in runner.times.items()}
         write_report(store, report)
         return report
+    except BaseException:  # an error or Ctrl-C: stop the workers now, not after their units
+        if own:
+            runner.abort()
+        raise
     finally:
         if own:
-            runner.__exit__(None, None, None)
+            runner.close()
 
 
 def run_exact(cfg: PrepConfig, store: Store, runner: LocalRunner, prev: str,

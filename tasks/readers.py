@@ -11,7 +11,8 @@ groups) into parts that read, one after the other, exactly as the whole file doe
 
 `read_file` streams one input (or part) into `RawDoc`s and `BadRecord`s. A bad record
 never stops the file: it is yielded with a reason and an exact location so it can be
-quarantined and counted. Only a broken stream (truncated gzip/zstd, unreadable
+quarantined and counted (its `size` is the whole record's, though `raw` is cut for
+display). Only a broken stream (truncated gzip/zstd, unreadable
 parquet/hf) ends a file early, and that too is yielded, as `corrupt_file`, rather than
 raised.
 
@@ -28,6 +29,7 @@ import glob
 import gzip
 import io
 import json
+import math
 import os
 import posixpath
 import sys
@@ -45,6 +47,7 @@ import zstandard
 
 from infra.storage import StorageError, StorageOptions, open_store
 from tasks.config import SourceConfig
+from tasks.records import LOCATION_KEY
 
 __all__ = [
     "BadRecord",
@@ -99,8 +102,11 @@ class BadRecord:
     reason: str
     detail: str
     location: str
-    raw: str
+    raw: str  # the record for display: cut after RAW_LIMIT, with a marker
     id: str | None  # None when the record never parsed far enough to have an id
+    # Bytes of the whole record in the input (a jsonl line without its line ending, a txt
+    # file or paragraph, an arrow record rendered as JSON); 0 for a broken stream.
+    size: int
 
 
 # --------------------------------------------------------------------------------------
@@ -630,12 +636,26 @@ def _marker(total: int, unit: str) -> str:
     return f"\n…[truncated by ballast: {total} {unit} in all]"
 
 
-def _raw_obj(obj: Any) -> str:
+def _render(obj: Any) -> str:
     try:
-        s = json.dumps(obj, ensure_ascii=False, default=str)
+        return json.dumps(obj, ensure_ascii=False, default=str)
     except (ValueError, TypeError, RecursionError):
-        s = repr(obj)
-    return _raw_str(s)
+        return repr(obj)
+
+
+def _bad(reason: str, detail: str, loc: str, raw: Any, doc_id: str | None,
+         size: int | None = None) -> BadRecord:
+    """A bad record. `raw` is the record's source bytes (a jsonl line, txt data), a str,
+    or an arrow record (rendered as JSON); it is cut for display, while `size` (unless
+    given) is the whole of it in bytes, line ending excluded."""
+    if isinstance(raw, bytes | bytearray):
+        b = bytes(raw).rstrip(b"\r\n")
+        return BadRecord(reason, detail, loc, _raw_bytes(b), doc_id,
+                         len(b) if size is None else size)
+    s = raw if isinstance(raw, str) else _render(raw)
+    if size is None:
+        size = len(s.encode("utf-8", "surrogatepass"))
+    return BadRecord(reason, detail, loc, _raw_str(s), doc_id, size)
 
 
 def _type_name(v: Any) -> str:
@@ -644,13 +664,41 @@ def _type_name(v: Any) -> str:
     return names.get(type(v), type(v).__name__)
 
 
-_JSON_SCALARS = (str, int, float, bool, type(None))
+# Passed through to meta as they are; floats are checked (NaN, infinities) by _jsonable.
+_JSON_NON_FLOAT_SCALARS = (str, int, bool, type(None))
+
+
+class _NonFinite(Exception):
+    """A number that standard JSON cannot hold: NaN, Infinity, or a literal too big for
+    a float (which Python would read, and write back, as Infinity)."""
+
+
+def _refuse_constant(token: str) -> Any:
+    raise _NonFinite(f"{token} is not a JSON number (RFC 8259 has no NaN or Infinity)")
+
+
+def _finite_float(token: str) -> float:
+    v = float(token)
+    if math.isinf(v):
+        raise _NonFinite(f"the number {token} is out of range of a 64-bit float (it would "
+                         "be read and written back as Infinity)")
+    return v
+
+
+# json.loads, except that NaN/Infinity/-Infinity and overflowing numbers raise _NonFinite:
+# Python reads them by default, and json.dumps would write them back as non-standard JSON.
+_DECODE = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float).decode
 
 
 def _jsonable(v: Any) -> Any:
     """Arrow's Python values made JSON-serialisable, so meta is the same kind of thing
-    whatever the input format."""
-    if isinstance(v, _JSON_SCALARS):
+    whatever the input format. Raises _NonFinite for a NaN or infinite float."""
+    if isinstance(v, _JSON_NON_FLOAT_SCALARS):
+        return v
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise _NonFinite(f"holds {v!r}, which JSON cannot represent (RFC 8259 has no "
+                             "NaN or Infinity)")
         return v
     if isinstance(v, dict):
         return {str(k): _jsonable(x) for k, x in v.items()}
@@ -685,8 +733,8 @@ class _Records:
         """`raw` is the record's source bytes (jsonl) or the record itself (arrow); it is
         only rendered for bad records."""
         if type(obj) is not dict:
-            return BadRecord("not_an_object", f"expected a JSON object, got {_type_name(obj)}",
-                             loc, _raw_any(raw), None)
+            return _bad("not_an_object", f"expected a JSON object, got {_type_name(obj)}",
+                        loc, raw, None)
         idf = self.id_field
         if idf is not None and idf in obj:
             v = obj[idf]
@@ -697,66 +745,98 @@ class _Records:
                 doc_id = str(v)
             else:
                 got = "empty string" if v == "" else _type_name(v)
-                return BadRecord("bad_id", f"field {idf!r} must be a non-empty string or an "
-                                           f"integer, got {got}", loc, _raw_any(raw), None)
+                return _bad("bad_id", f"field {idf!r} must be a non-empty string or an "
+                                      f"integer, got {got}", loc, raw, None)
         else:
             doc_id = f"{self.name}/{loc}"
         tf = self.text_field
         text = obj.get(tf, _MISSING)
         if text is _MISSING:
             keys = ", ".join(list(obj)[:20]) + (", …" if len(obj) > 20 else "")
-            return BadRecord("missing_text", f"field {tf!r} is missing; fields present: "
-                                             f"{keys or '(none)'}", loc, _raw_any(raw), doc_id)
+            return _bad("missing_text", f"field {tf!r} is missing; fields present: "
+                                        f"{keys or '(none)'}", loc, raw, doc_id)
         if type(text) is not str:
-            return BadRecord("wrong_type", f"field {tf!r} must be a string, got "
-                                           f"{_type_name(text)}", loc, _raw_any(raw), doc_id)
+            return _bad("wrong_type", f"field {tf!r} must be a string, got "
+                                      f"{_type_name(text)}", loc, raw, doc_id)
+        if LOCATION_KEY in obj and tf != LOCATION_KEY:
+            # Ingest stores the document's location under this name; overwriting the
+            # record's own field would lose it, so the record is kept whole here instead.
+            return _bad("reserved_field", f"field {LOCATION_KEY!r} is reserved: ingest "
+                                          "stores each document's location under it in "
+                                          "meta; rename the field", loc, raw, doc_id)
         if arrow:
             # A new dict: `raw` is this same record and must keep its text for quarantine.
-            meta = {k: v if isinstance(v, _JSON_SCALARS) else _jsonable(v)
-                    for k, v in obj.items() if k != tf}
+            # (Strings from arrow are valid UTF-8; floats may be NaN or infinite.)
+            try:
+                meta = {k: v if isinstance(v, _JSON_NON_FLOAT_SCALARS) else _jsonable(v)
+                        for k, v in obj.items() if k != tf}
+            except _NonFinite as e:
+                return _bad("non_finite_number", _non_finite_field(obj, tf, e), loc, raw,
+                            doc_id)
         else:
             del obj[tf]  # jsonl's raw is the line's bytes, so the parsed dict is ours
             meta = obj
+            # A \uD800-\uDFFF escape can leave an unpaired surrogate in a value, a field
+            # name or the id, which no UTF-8 writer accepts (the text is checked below).
+            # Only lines with such an escape (escaped pairs are common) pay for the check.
+            if (b"\\ud" in raw or b"\\uD" in raw) and (bad := _surrogate_in(meta)):
+                return _bad("invalid_utf8", f"metadata has an unpaired surrogate {bad} (from "
+                                            "a \\u escape), which is not UTF-8", loc, raw,
+                            doc_id)
         return self.text(text, meta, doc_id, loc, raw)
 
-    def text(self, text: str, meta: dict, doc_id: str, loc: str, raw: Any) -> RawDoc | BadRecord:
+    def text(self, text: str, meta: dict, doc_id: str, loc: str, raw: Any,
+             size: int | None = None) -> RawDoc | BadRecord:
+        """`size`: the record's bytes in the input when `raw` is not all of it."""
         # isascii() is O(1) on CPython and true for most web text: skip NFC and encoding.
         if text.isascii():
-            size = len(text)
+            nbytes = len(text)
         else:
             text = unicodedata.normalize("NFC", text)
             try:
-                size = len(text.encode("utf-8"))
+                nbytes = len(text.encode("utf-8"))
             except UnicodeEncodeError as e:
                 # JSON "\ud800" escapes decode to lone surrogates, which no UTF-8 writer
                 # (Arrow included) accepts.
-                return BadRecord("invalid_utf8", f"text has an unpaired surrogate "
-                                                 f"U+{ord(text[e.start]):04X} at character "
-                                                 f"{e.start}", loc, _raw_any(raw), doc_id)
-        if size > self.max_bytes:
-            return BadRecord("too_large", f"text is {size} bytes, over max_doc_bytes="
-                                          f"{self.max_bytes}", loc, _raw_any(raw), doc_id)
+                return _bad("invalid_utf8", f"text has an unpaired surrogate "
+                                            f"U+{ord(text[e.start]):04X} at character "
+                                            f"{e.start}", loc, raw, doc_id, size)
+        if nbytes > self.max_bytes:
+            return _bad("too_large", f"text is {nbytes} bytes, over max_doc_bytes="
+                                     f"{self.max_bytes}", loc, raw, doc_id, size)
         if "\x00" in text:
-            return BadRecord("nul_bytes", f"text has a NUL character at index "
-                                          f"{text.index(chr(0))}", loc, _raw_any(raw), doc_id)
+            return _bad("nul_bytes", f"text has a NUL character at index "
+                                     f"{text.index(chr(0))}", loc, raw, doc_id, size)
         if not text or text.isspace():
-            return BadRecord("empty_text", "text is empty" if not text else
-                             "text is only whitespace", loc, _raw_any(raw), doc_id)
+            return _bad("empty_text", "text is empty" if not text else
+                        "text is only whitespace", loc, raw, doc_id, size)
         return RawDoc(doc_id, text, meta, loc)
 
 
-def _raw_any(raw: Any) -> str:
-    if isinstance(raw, bytes | bytearray):
-        return _raw_bytes(bytes(raw).rstrip(b"\r\n"))
-    if isinstance(raw, str):
-        return _raw_str(raw)
-    return _raw_obj(raw)
+def _non_finite_field(obj: dict, tf: str, e: _NonFinite) -> str:
+    """The detail for an arrow record with a NaN/infinite float: which field."""
+    for k, v in obj.items():
+        if k != tf:
+            try:
+                _jsonable(v)
+            except _NonFinite:
+                return f"field {k!r} {e}"
+    return str(e)
+
+
+def _surrogate_in(meta: dict) -> str | None:
+    """'U+D800' for the first unpaired surrogate in `meta` (values and names), or None."""
+    try:
+        json.dumps(meta, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"U+{ord(e.object[e.start]):04X}"
+    return None
 
 
 def _corrupt(loc: str, e: BaseException) -> BadRecord:
     msg = str(e) or type(e).__name__
-    return BadRecord("corrupt_file", f"cannot read on from here: {type(e).__name__}: {msg}",
-                     loc, "", None)
+    return _bad("corrupt_file", f"cannot read on from here: {type(e).__name__}: {msg}",
+                loc, "", None, 0)
 
 
 def _line_limit(max_doc_bytes: int) -> int:
@@ -785,7 +865,7 @@ def _read_jsonl(recs: _Records, path: str, rel: str, max_doc_bytes: int, start: 
     starts at or after `start`. Offsets are the whole file's (the decompressed stream's
     for a compressed one, which is always read whole)."""
     limit = _line_limit(max_doc_bytes)
-    loads = json.loads
+    decode = _DECODE
     record = recs.record
     line_no = first_line - 1
     offset = 0  # of the current line, in the (decompressed) stream
@@ -804,36 +884,48 @@ def _read_jsonl(recs: _Records, path: str, rel: str, max_doc_bytes: int, start: 
                 n = len(line)
                 loc = f"{rel}:{line_no}"
                 if n >= limit and line[-1:] != b"\n":
+                    ending = 0
                     while True:  # skip the rest of the line without keeping it
                         more = readline(_CHUNK)
                         n += len(more)
                         if not more or more[-1:] == b"\n":
+                            ending = len(more) - len(more.rstrip(b"\r\n"))
                             break
-                    yield BadRecord("too_large", f"line is {n} bytes, longer than any record "
-                                                 f"that fits max_doc_bytes={max_doc_bytes}; "
-                                                 "not parsed", loc, _raw_bytes(line), None)
+                    yield _bad("too_large", f"line is {n} bytes, longer than any record "
+                                            f"that fits max_doc_bytes={max_doc_bytes}; "
+                                            "not parsed", loc, line, None, n - ending)
                     offset += n
                     continue
                 try:
                     s = line.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    yield BadRecord("invalid_utf8", f"invalid UTF-8 at byte {e.start} of the "
-                                                    f"line (byte {offset + e.start} of the "
-                                                    f"stream): {e.reason}", loc,
-                                    _raw_any(line), None)
+                    yield _bad("invalid_utf8", f"invalid UTF-8 at byte {e.start} of the "
+                                               f"line (byte {offset + e.start} of the "
+                                               f"stream): {e.reason}", loc, line, None)
                     offset += n
                     continue
                 offset += n
                 if line_no == 1 and s.startswith("\ufeff"):
                     s = s[1:]  # a UTF-8 BOM, which json.loads refuses
                 try:
-                    obj = loads(s)
-                except (ValueError, RecursionError) as e:
+                    obj = decode(s)
+                except ValueError as e:
                     if not s or s.isspace():
-                        yield BadRecord("empty_line", "blank line", loc, _raw_any(line), None)
+                        yield _bad("empty_line", "blank line", loc, line, None)
                     else:
-                        yield BadRecord("invalid_json", str(e) or type(e).__name__, loc,
-                                        _raw_any(line), None)
+                        detail = ("a UTF-8 BOM (U+FEFF) that does not start the file"
+                                  if s.startswith("\ufeff") else str(e) or type(e).__name__)
+                        yield _bad("invalid_json", detail, loc, line, None)
+                    continue
+                except RecursionError:
+                    # Python's parser recurses per level; the line may well be valid JSON.
+                    yield _bad("too_deep", "nested deeper than the JSON parser can follow "
+                                           f"(Python's recursion limit, "
+                                           f"{sys.getrecursionlimit()}); not parsed", loc,
+                               line, None)
+                    continue
+                except _NonFinite as e:
+                    yield _bad("non_finite_number", str(e), loc, line, None)
                     continue
                 yield record(obj, loc, line)
         except _STREAM_ERRORS as e:
@@ -844,12 +936,23 @@ def _read_txt(recs: _Records, path: str, rel: str, unit: str, max_doc_bytes: int
               ) -> Iterator[RawDoc | BadRecord]:
     with _open_stream(path) as fh:
         if unit == "file":
+            doc_id = f"{recs.name}/{rel}"
+            data, size = b"", 0
             try:
                 data = fh.read(max_doc_bytes + 1)
+                size = len(data)
+                if size > max_doc_bytes:  # not kept, but counted whole (bytes_in)
+                    if _is_compressed(path):
+                        while more := fh.read(_CHUNK):
+                            size += len(more)
+                    else:
+                        size = os.fstat(fh.fileno()).st_size
             except _STREAM_ERRORS as e:
+                if size > max_doc_bytes:
+                    yield _txt_doc(recs, data, rel, doc_id, True, size)
                 yield _corrupt(rel, e)
                 return
-            yield _txt_doc(recs, data, rel, f"{recs.name}/{rel}", len(data) > max_doc_bytes)
+            yield _txt_doc(recs, data, rel, doc_id, size > max_doc_bytes, size)
             return
         yield from _txt_paragraphs(recs, fh, rel, max_doc_bytes)
 
@@ -866,7 +969,7 @@ def _txt_paragraphs(recs: _Records, fh: BinaryIO, rel: str, max_doc_bytes: int
     def emit() -> RawDoc | BadRecord:
         loc = f"{rel}#para={para}"
         return _txt_doc(recs, b"".join(lines).rstrip(b"\r\n"), loc, f"{recs.name}/{loc}",
-                        too_large)
+                        too_large, size if too_large else None)
 
     try:
         while True:
@@ -892,19 +995,22 @@ def _txt_paragraphs(recs: _Records, fh: BinaryIO, rel: str, max_doc_bytes: int
         yield _corrupt(f"{rel}#para={para + (0 if lines else 1)}", e)
 
 
-def _txt_doc(recs: _Records, data: bytes, loc: str, doc_id: str, too_large: bool
-             ) -> RawDoc | BadRecord:
+def _txt_doc(recs: _Records, data: bytes, loc: str, doc_id: str, too_large: bool,
+             size: int | None = None) -> RawDoc | BadRecord:
+    """`size`: the document's bytes in the input when `data` is not all of them (a
+    too-large document is only partly kept) or not just them (a file's last newline)."""
     if too_large:
-        return BadRecord("too_large", f"text is more than max_doc_bytes={recs.max_bytes} "
-                                      "bytes", loc, _raw_bytes(data), doc_id)
+        n = len(data) if size is None else size
+        return _bad("too_large", f"document is {n} bytes, over max_doc_bytes="
+                                 f"{recs.max_bytes}", loc, data, doc_id, n)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        return BadRecord("invalid_utf8", f"invalid UTF-8 at byte {e.start} of the document: "
-                                         f"{e.reason}", loc, _raw_bytes(data), doc_id)
+        return _bad("invalid_utf8", f"invalid UTF-8 at byte {e.start} of the document: "
+                                    f"{e.reason}", loc, data, doc_id, size)
     if text.startswith("\ufeff"):
         text = text[1:]
-    return recs.text(text, {}, doc_id, loc, data)
+    return recs.text(text, {}, doc_id, loc, data, size)
 
 
 def _read_parquet(recs: _Records, path: str, rel: str,

@@ -9,7 +9,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 # One row per document. `meta` is a JSON object as a string: sources disagree on
-# metadata fields, and a string column keeps every shard's schema identical.
+# metadata fields, and a string column keeps every shard's schema identical. It holds the
+# record's own fields (all but the text) as they were, plus where the record was read
+# from under LOCATION_KEY (a record with a field of that name is quarantined as
+# `reserved_field`, so ingest never overwrites a user's field). Always standard JSON: no
+# NaN or Infinity.
 DOC_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -18,6 +22,17 @@ DOC_SCHEMA = pa.schema(
         ("meta", pa.string()),
     ]
 )
+
+LOCATION_KEY = "_ballast_location"
+
+
+def meta_location(meta: dict) -> str | None:
+    """Where ingest read a document from, from its parsed meta. Shards written before
+    LOCATION_KEY existed kept it under "location" (when LOCATION_KEY is present,
+    "location" is the record's own field)."""
+    loc = meta[LOCATION_KEY] if LOCATION_KEY in meta else meta.get("location")
+    return loc if isinstance(loc, str) else None
+
 
 # One row per document a stage dropped: why, and where it was. `text` keeps the
 # document (or, for records that never parsed, the raw record) so nothing is lost.

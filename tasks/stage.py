@@ -21,7 +21,13 @@ import pyarrow as pa
 
 from infra.storage import Store, open_store
 from tasks.config import PrepConfig
-from tasks.records import DOC_SCHEMA, DROPPED_SCHEMA, parquet_bytes_to_table, table_to_parquet_bytes
+from tasks.records import (
+    DOC_SCHEMA,
+    DROPPED_SCHEMA,
+    meta_location,
+    parquet_bytes_to_table,
+    table_to_parquet_bytes,
+)
 
 
 @lru_cache(maxsize=8)
@@ -171,5 +177,5 @@ def read_docs(store: Store, stage: str, shard: str) -> pa.Table:
 
 def doc_location(meta: str, shard: str, row: int) -> str:
     """Where a document came from (ingest records it in meta), for dropped rows."""
-    loc = json.loads(meta).get("location") if meta else None
-    return loc if isinstance(loc, str) else f"{shard}#row={row}"
+    loc = meta_location(json.loads(meta)) if meta else None
+    return loc if loc is not None else f"{shard}#row={row}"

@@ -136,6 +136,86 @@ def test_line_longer_than_any_valid_record_is_skipped_not_buffered(tmp_path: Pat
     assert len(recs[0].raw) < RAW_LIMIT + 100
 
 
+def test_bad_record_size_is_the_whole_record(tmp_path: Path) -> None:
+    """`raw` is cut at RAW_LIMIT for the quarantine row; `size` (what ingest counts in
+    bytes_in) is the record's whole length in the input, line ending excluded."""
+    parsed = json.dumps({"text": "x" * 300_000}).encode()
+    unparsed = json.dumps({"text": "y" * (readers._line_limit(1000) + 10)}).encode()
+    p = tmp_path / "sizes.jsonl"
+    p.write_bytes(parsed + b"\r\n" + unparsed + b"\n" + b"{bad" + b"\n")
+    recs = bads(read_all(src(p), max_doc_bytes=1000))
+    assert [(r.reason, r.size) for r in recs] == [
+        ("too_large", len(parsed)), ("too_large", len(unparsed)), ("invalid_json", 4)]
+    assert all(len(r.raw) < RAW_LIMIT + 100 for r in recs)
+
+
+def test_deep_nesting_is_too_deep_not_invalid_json(tmp_path: Path) -> None:
+    deep = b"[" * 100_000 + b"]" * 100_000  # valid JSON, beyond the recursion limit
+    lines = [
+        deep,
+        b'{"text": "t", "m": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_000 + b"}",
+        b'{"text": "fifty levels are fine", "m": ' + b"[" * 50 + b"]" * 50 + b"}",
+        b"[" * 100_000 + b"}",  # too deep to tell whether it is valid
+        b"{not json",
+    ]
+    p = tmp_path / "deep.jsonl"
+    p.write_bytes(b"\n".join(lines))
+    recs = read_all(src(p))
+    got = [(r.reason if isinstance(r, BadRecord) else "ok", r.location) for r in recs]
+    assert got == [("too_deep", "deep.jsonl:1"), ("too_deep", "deep.jsonl:2"),
+                   ("ok", "deep.jsonl:3"), ("too_deep", "deep.jsonl:4"),
+                   ("invalid_json", "deep.jsonl:5")]
+    assert "nest" in recs[0].detail  # type: ignore[union-attr]
+    assert recs[0].size == len(deep)  # type: ignore[union-attr]
+
+
+def test_non_finite_numbers_are_quarantined(tmp_path: Path) -> None:
+    """NaN and Infinity are not JSON (RFC 8259); a number too big for a float would be
+    written back as Infinity. Such records are quarantined, not silently changed."""
+    lines = [
+        b'{"text": "a", "x": NaN}',
+        b'{"text": "b", "x": Infinity}',
+        b'{"text": "c", "x": {"y": [1, -Infinity]}}',
+        b'{"text": "d", "x": 1e400}',
+        b'{"text": "e", "x": 1e300, "y": -0.0, "z": "NaN Infinity"}',
+        b'{"text": NaN}',
+    ]
+    p = tmp_path / "n.jsonl"
+    p.write_bytes(b"\n".join(lines))
+    recs = read_all(src(p))
+    got = [(r.reason if isinstance(r, BadRecord) else "ok", r.location) for r in recs]
+    assert got == [("non_finite_number", f"n.jsonl:{i}") for i in (1, 2, 3, 4)] + [
+        ("ok", "n.jsonl:5"), ("non_finite_number", "n.jsonl:6")]
+    assert "NaN" in recs[0].detail and "1e400" in recs[3].detail  # type: ignore[union-attr]
+    assert recs[4].meta == {"x": 1e300, "y": -0.0, "z": "NaN Infinity"}  # type: ignore[union-attr]
+
+    table = pa.table({"text": ["p", "q", "r"], "f": [1.5, float("nan"), 2.0],
+                      "v": [[1.0], [2.0], [float("-inf")]]})
+    pq.write_table(table, tmp_path / "n.parquet")
+    recs = read_all(src(tmp_path / "n.parquet"))
+    got = [(r.reason if isinstance(r, BadRecord) else "ok", r.location) for r in recs]
+    assert got == [("ok", "n.parquet#row=1"), ("non_finite_number", "n.parquet#row=2"),
+                   ("non_finite_number", "n.parquet#row=3")]
+
+
+def test_unpaired_surrogates_outside_the_text_are_invalid_utf8(tmp_path: Path) -> None:
+    """A \\ud800 escape in a metadata value, a field name or the id would reach the
+    (UTF-8) shards and fail the whole unit there; an escaped pair is fine."""
+    lines = [
+        b'{"text": "a", "k": "lone \\udfff"}',
+        b'{"text": "b", "\\ud800": 1}',
+        b'{"text": "c", "id": "\\ud800"}',
+        b'{"text": "d", "k": "pair \\ud83d\\ude00"}',
+    ]
+    p = tmp_path / "s.jsonl"
+    p.write_bytes(b"\n".join(lines))
+    recs = read_all(src(p, id_field="id"))
+    got = [r.reason if isinstance(r, BadRecord) else "ok" for r in recs]
+    assert got == ["invalid_utf8", "invalid_utf8", "invalid_utf8", "ok"]
+    assert "U+DFFF" in recs[0].detail  # type: ignore[union-attr]
+    assert recs[3].meta == {"k": "pair \U0001f600"}  # type: ignore[union-attr]
+
+
 def test_bad_id_types_and_id_field(tmp_path: Path) -> None:
     p = tmp_path / "ids.jsonl"
     p.write_bytes(jl({"text": "a", "id": "x1"}, {"text": "b", "id": 7}, {"text": "c"},
@@ -155,6 +235,11 @@ def test_text_field_and_bom_and_nfc(tmp_path: Path) -> None:
     assert isinstance(d, RawDoc)
     assert d.text == "Caf\u00e9 r\u00e9sum\u00e9" and "\u0301" not in d.text
     assert d.meta == {"k": [1, {"z": None}]}
+    # A BOM further on is no file start: invalid_json, saying why.
+    p.write_bytes(jl({"content": "a"}) + b"\xef\xbb\xbf" + jl({"content": "b"}))
+    bad = bads(read_all(src(p, text_field="content")))
+    assert [(r.reason, r.location) for r in bad] == [("invalid_json", "c.jsonl:2")]
+    assert "BOM" in bad[0].detail
 
 
 def test_ids_stable_and_unique(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ refuses a dataset that does not verify."""
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -47,10 +48,18 @@ def verify(uri: str, options: StorageOptions | None = None, deep: bool = True) -
     problems = []
     listed: dict[str, Any] = manifest.get("files", {})
     present = set(store.list()) - {MANIFEST}
+    root = store.local_path("")
+    # Every file on disk, not only the keys a store lists: LocalStore.list() hides its
+    # temporary names, and one of those here is the debris of a killed write.
+    on_disk = set() if root is None else {
+        Path(d, n).relative_to(root).as_posix() for d, _, names in os.walk(root) for n in names}
     for rel in sorted(set(listed) - present):
         problems.append(f"missing file {rel}")
     for rel in sorted(present - set(listed)):
         problems.append(f"unexpected file {rel} (not in the manifest)")
+    for rel in sorted(on_disk - present - {MANIFEST}):
+        problems.append(f"unexpected file {rel} (not in the manifest; a temporary name: "
+                        "left by an interrupted write)")
     with tempfile.TemporaryDirectory(prefix="ballast-verify-") as tmp:
         for rel in sorted(set(listed) & present):
             want = listed[rel]
