@@ -121,6 +121,73 @@ def test_disabled_guard_only_skips_non_finite():
     assert guard.skipped_non_finite == 2 and guard.skipped_spikes == guard.rollbacks == 0
 
 
+def test_nonfinite_steps_in_a_row_are_a_divergence():
+    # The default budget: 5 non-finite steps in a row (NaN weights: every step is NaN, and
+    # skipping them for ever would end a NaN run "done").
+    guard = warm()
+    decisions = [guard.observe(t, math.nan, math.nan, ids(t)) for t in range(200, 205)]
+    assert [d.action for d in decisions] == ["skip"] * 4 + ["rollback"]
+    d = decisions[-1]
+    assert d.reason == "divergence" and d.event is not None
+    assert (d.event["start_step"], d.event["end_step"], d.event["trigger"]) == (
+        200, 204, "non_finite")
+    assert d.event["sample_ids"] == [i for t in range(200, 205) for i in ids(t)]
+    assert "5 non-finite steps in a row (steps 200..204; limit max_nonfinite_steps=5)" in (
+        d.detail)
+    assert guard.skipped_non_finite == 4  # the fifth is reported by the rollback
+    json.dumps(d.event, allow_nan=False)
+
+
+def test_a_finite_step_breaks_the_nonfinite_streak():
+    guard = warm(GuardConfig(max_nonfinite_steps=3))
+    seq = [(math.nan, 1.0), (3.0, math.inf), (3.0, 1.0), (math.inf, 1.0), (math.nan, 1.0),
+           (3.0, 1.0)]
+    decisions = [guard.observe(200 + i, x, g) for i, (x, g) in enumerate(seq)]
+    assert [d.action for d in decisions] == ["skip", "skip", "ok", "skip", "skip", "ok"]
+    assert guard.state_dict()["nonfinite_streak"] == 0
+
+
+def test_nonfinite_streak_rolls_back_even_with_the_guards_off_and_then_aborts():
+    guard = warm(GuardConfig(enabled=False, max_nonfinite_steps=2, max_rollbacks=1))
+    assert [guard.observe(t, math.nan, 1.0).action for t in (200, 201)] == ["skip", "rollback"]
+    guard.rolled_back(to_step=150, from_step=201)
+    d = [guard.observe(t, 3.0, math.nan) for t in (160, 161)][-1]
+    assert (d.action, d.reason) == ("abort", "rollback_budget_exhausted")
+    assert "rollback 1: divergence over steps 200..201 (non_finite)" in d.detail
+    assert "now: divergence over steps 160..161: 2 non-finite steps in a row" in d.detail
+
+
+def test_trainer_reported_divergence_uses_the_same_budget():
+    guard = warm(GuardConfig(max_rollbacks=1))
+    d = guard.divergence(220, "non_finite_val_loss", "validation loss nan at step 220")
+    assert (d.action, d.reason) == ("rollback", "divergence")
+    assert d.event is not None and (d.event["start_step"], d.event["trigger"]) == (
+        220, "non_finite_val_loss")
+    guard.rolled_back(to_step=200, from_step=220)
+    guard.observe(201, math.nan, 1.0)  # a non-finite streak in progress: its start counts
+    d = guard.divergence(202, "non_finite_weights", "non-finite weights at step 202")
+    assert (d.action, d.reason) == ("abort", "rollback_budget_exhausted")
+    assert d.event is not None and d.event["start_step"] == 201
+    assert "rollback 1: divergence over steps 220..220 (non_finite_val_loss)" in d.detail
+    assert "now: divergence over steps 201..202: non-finite weights at step 202" in d.detail
+
+
+def test_nonfinite_streak_survives_a_resume_and_old_state_loads():
+    guard = warm(GuardConfig(max_nonfinite_steps=3))
+    guard.observe(200, math.nan, 1.0)
+    guard.observe(201, math.nan, 1.0)
+    state = json.loads(json.dumps(guard.state_dict(), allow_nan=False))
+    restored = StabilityGuard(GuardConfig(max_nonfinite_steps=3))
+    restored.load_state_dict(state)
+    assert restored.observe(202, math.nan, 1.0).action == "rollback"
+    # A checkpoint written before the streak was kept in the state still resumes.
+    for key in ("nonfinite_streak", "nonfinite_start"):
+        del state[key]
+    restored = StabilityGuard(GuardConfig(max_nonfinite_steps=3))
+    restored.load_state_dict(state)
+    assert restored.observe(202, math.nan, 1.0).action == "skip"
+
+
 # -- spikes --------------------------------------------------------------------------------
 
 

@@ -5,14 +5,22 @@ with retention (the last N plus every K-th step), loaded with weights_only.
 A checkpoint holds everything exact resume needs: model, optimizer, grad scaler, RNG
 states (python, numpy, torch, cuda), sampler position, guard state, step, tokens seen,
 and the config it was made with.
+
+Damage is survivable: `verify` tells a good checkpoint from a corrupt or partial one (no or
+garbled meta.json, a missing file, a sha256 that does not match), `move_aside` renames a bad
+one to `step-XXXXXXXX.corrupt-<time>` (which steps(), retention and restores ignore), and
+`clean_stale_tmp` removes what a writer killed half-way left behind.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
+import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,11 +28,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.files import fsync_dir, sha256_file
+from training.files import fsync_dir, pid_alive, sha256_file
 
 LATEST = "latest"
 STATE = "state.pt"
 META = "meta.json"
+# A checkpoint directory is exactly `step-XXXXXXXX`; anything else in the root (temporary
+# directories, checkpoints moved aside as corrupt, upload staging) is not a checkpoint.
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+# What a writer killed half-way leaves: `.step-XXXXXXXX.tmp-PID` (save), `.latest.tmp-PID`
+# (write_latest) and `.step-XXXXXXXX.restore-PID` (training.remote's download).
+_STALE_TMP = re.compile(r"^\.(?:step-\d+\.(?:tmp|restore)|latest\.tmp)-(\d+)$")
 
 
 class CheckpointError(RuntimeError):
@@ -101,31 +115,104 @@ def latest_step(root: str | Path) -> int | None:
         raise CheckpointError(f"{p} does not name a checkpoint ({name!r})") from None
 
 
-def steps(root: str | Path) -> list[int]:
+def step_dirs(root: str | Path) -> list[int]:
+    """Steps of every `step-XXXXXXXX` directory, complete or not (oldest first)."""
     root = Path(root)
     if not root.is_dir():
         return []
     out = []
     for d in root.iterdir():
-        if d.is_dir() and d.name.startswith("step-") and (d / META).is_file():
-            out.append(int(d.name.removeprefix("step-")))
+        m = _STEP_DIR.match(d.name)
+        if m and d.is_dir():
+            out.append(int(m.group(1)))
     return sorted(out)
 
 
-def load(root: str | Path, step: int, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load checkpoint `step` after checking its sha256 (weights_only: a checkpoint is
-    data, never code)."""
+def steps(root: str | Path) -> list[int]:
+    """Steps of the checkpoint directories that have a meta.json (not verified here)."""
+    return [s for s in step_dirs(root) if (Path(root) / step_name(s) / META).is_file()]
+
+
+def verify(root: str | Path, step: int) -> dict[str, Any]:
+    """Check checkpoint `step` without loading it: meta.json readable and well-formed,
+    every file it lists present with its sha256 (the trainer state among them). Returns
+    the meta; raises CheckpointError saying what is wrong."""
     d = Path(root) / step_name(step)
     meta_path = d / META
+    if not d.is_dir():
+        raise CheckpointError(f"checkpoint {d} does not exist")
     if not meta_path.is_file():
         raise CheckpointError(f"checkpoint {d} is incomplete (no {META})")
-    meta = json.loads(meta_path.read_text())
-    for name, want in meta["files"].items():
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {d}: {META} is not valid JSON ({e})") from None
+    files = meta.get("files") if isinstance(meta, dict) else None
+    if not isinstance(files, dict) or STATE not in files:
+        raise CheckpointError(f"checkpoint {d}: {META} does not list {STATE}")
+    for name, want in files.items():
+        sha = want.get("sha256") if isinstance(want, dict) else None
+        # (DCP's `.metadata` is one of the files: names may start with a dot.)
+        if not isinstance(sha, str) or "/" in name or "\\" in name or name in ("", ".", ".."):
+            raise CheckpointError(f"checkpoint {d}: {META} entry for {name!r} is malformed")
         got = sha256_file(d / name) if (d / name).is_file() else None
-        if got != want["sha256"]:
+        if got != sha:
             raise CheckpointError(f"checkpoint {d}: {name} sha256 does not match {META} "
                                   f"({'missing' if got is None else got[:12]})")
-    return torch.load(d / STATE, map_location=map_location, weights_only=True)
+    return meta
+
+
+def load(root: str | Path, step: int, map_location: str | torch.device = "cpu",
+         verified: bool = False) -> dict[str, Any]:
+    """Load checkpoint `step` after checking its sha256 (skipped when the caller has just
+    `verify`-ed it); weights_only: a checkpoint is data, never code."""
+    if not verified:
+        verify(root, step)
+    path = Path(root) / step_name(step) / STATE
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
+        raise CheckpointError(f"checkpoint {path} cannot be loaded: {e}") from None
+
+
+def move_aside(root: str | Path, step: int) -> Path | None:
+    """Rename checkpoint `step` to `step-XXXXXXXX.corrupt-<UTC time>` (kept for a post
+    mortem, ignored by steps(), retention and restores); None if it does not exist."""
+    d = Path(root) / step_name(step)
+    if not d.exists():
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    dest = d.with_name(f"{d.name}.corrupt-{stamp}")
+    n = 1
+    while dest.exists():
+        dest = d.with_name(f"{d.name}.corrupt-{stamp}-{n}")
+        n += 1
+    os.replace(d, dest)
+    fsync_dir(d.parent)
+    return dest
+
+
+def clean_stale_tmp(root: str | Path) -> list[str]:
+    """Remove what checkpoint writers killed half-way left in `root` (temporary checkpoint
+    directories and `latest` files named with a PID that is no longer alive, or with this
+    process's own PID: at start nothing of ours is being written). Returns their names."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    removed = []
+    for p in sorted(root.iterdir()):
+        m = _STALE_TMP.match(p.name)
+        if not m:
+            continue
+        pid = int(m.group(1))
+        if pid != os.getpid() and pid_alive(pid):
+            continue  # another live process may be writing it
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p.name)
+    return removed
 
 
 def retain(root: str | Path, keep_last: int, keep_every: int | None,
@@ -291,10 +378,11 @@ def is_sharded(root: str | Path, step: int) -> bool:
 
 def load_sharded(root: str | Path, step: int, model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer,
-                 map_location: str | torch.device = "cpu") -> dict[str, Any]:
+                 map_location: str | torch.device = "cpu",
+                 verified: bool = False) -> dict[str, Any]:
     """Load a DCP checkpoint into `model` (and `optimizer`, if it was saved with state),
-    sharded or not, at any world size, after checking every file's sha256; returns the
-    trainer state."""
+    sharded or not, at any world size, after checking every file's sha256 (unless
+    `verified`: the caller has just done that); returns the trainer state."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -303,7 +391,7 @@ def load_sharded(root: str | Path, step: int, model: torch.nn.Module,
         set_optimizer_state_dict,
     )
 
-    extra = load(root, step, map_location)  # verifies every file listed in meta.json
+    extra = load(root, step, map_location, verified)  # verifies every file in meta.json
     d = Path(root) / step_name(step)
     with_optim = json.loads((d / META).read_text()).get("optimizer", True)
     state: dict[str, Any] = {"model": get_model_state_dict(model)}

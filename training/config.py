@@ -28,7 +28,9 @@ class TrainConfigError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: `lr: .inf` or `.nan` in any float field is an error naming the
+    # key, not a run that trains on NaN weights.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelConfig(Strict):
@@ -112,6 +114,9 @@ class GuardConfig(Strict):
     divergence_factor: float = Field(default=3.0, gt=1)
     divergence_steps: int = Field(default=10, ge=1)
     max_rollbacks: int = Field(default=3, ge=0)
+    # This many non-finite steps (loss or grad norm) in a row are a divergence, not a run
+    # of skips: the weights are most likely NaN already, so roll back (or give up).
+    max_nonfinite_steps: int = Field(default=5, ge=1)
     rollback_lr_scale: float = Field(default=1.0, gt=0, le=1)
 
 

@@ -20,3 +20,14 @@ def fsync_dir(path: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this PID exists (on this machine)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True

@@ -10,7 +10,11 @@ order on every step:
    The loss z-score is on the loss itself; the grad-norm z-score on ``log(grad_norm)``.
 3. Sustained divergence -> ``rollback`` (``divergence``): ``cfg.spikes_to_rollback`` spikes
    within the last ``cfg.window`` steps, or the loss above ``cfg.divergence_factor`` x its
-   running mean for ``cfg.divergence_steps`` checked steps in a row.
+   running mean for ``cfg.divergence_steps`` checked steps in a row, or
+   ``cfg.max_nonfinite_steps`` non-finite steps in a row (trigger ``non_finite``: the
+   weights are most likely NaN already, and skipping for ever would end a NaN run "done").
+   The trainer reports divergences it finds itself (a non-finite validation loss, non-finite
+   weights at a checkpoint) through ``divergence()``, with the same rollback budget.
 4. A rollback called for when ``cfg.max_rollbacks`` have already happened -> ``abort``
    (``rollback_budget_exhausted``); the trainer prints ``Decision.detail`` and exits 3.
 
@@ -58,7 +62,10 @@ Choices (the "why" is in the comments below):
 - ``skipped_spikes`` counts ``skip`` decisions for spikes; a spike that triggers a rollback
   or an abort is reported by that decision instead.
 - Non-finite steps neither extend nor break the high-loss streak and are not spikes: with
-  fp16 loss scaling an inf gradient norm is routine and must not lead to rollbacks.
+  fp16 loss scaling an inf gradient norm is routine and must not lead to rollbacks (the
+  trainer hands such overflow steps to the grad scaler, not to the guard). Only a streak of
+  ``max_nonfinite_steps`` of them in a row is a divergence (any finite step ends the
+  streak), whether the guards are enabled or not: the non-finite check is never off.
 
 Events (``Decision.event``, also appended to ``StabilityGuard.events``) are plain
 JSON-serialisable dicts shaped for ``training.metrics.MetricsLog``:
@@ -82,6 +89,9 @@ from training.config import GuardConfig
 Action = Literal["ok", "skip", "rollback", "abort"]
 Reason = Literal["ok", "non_finite_loss", "non_finite_grad", "loss_spike", "grad_spike",
                  "divergence", "rollback_budget_exhausted"]
+# How a divergence was called: "spikes", "loss_level" (or both, joined by "+"), "non_finite"
+# (a streak of non-finite steps), or whatever the trainer passes to divergence()
+# ("non_finite_val_loss", "non_finite_weights").
 
 STATE_VERSION = 1
 EPS = 1e-12
@@ -199,6 +209,9 @@ class StabilityGuard:
         # Consecutive checked steps with loss > divergence_factor x mean, and the first one.
         self._high_streak = 0
         self._high_start: int | None = None
+        # Consecutive non-finite steps, and the first one.
+        self._nonfinite_streak = 0
+        self._nonfinite_start: int | None = None
         # (step, last MAX_IDS ids) of the latest MAX_IDS steps that came with ids.
         self._recent: deque[tuple[int, list[str | int]]] = deque(maxlen=MAX_IDS)
         # The divergence behind the last rollback decision, until rolled_back() files it.
@@ -215,13 +228,28 @@ class StabilityGuard:
             # Only the tail is normalised per step; the full list only for an event.
             self._recent.append((step, _ids(sample_ids[-MAX_IDS:])))
 
-        # 1. Non-finite: never applied, never part of the statistics.
+        # 1. Non-finite: never applied, never part of the statistics; a streak of them is a
+        # divergence.
         if not math.isfinite(loss) or not math.isfinite(grad_norm):
+            if self._nonfinite_streak == 0:
+                self._nonfinite_start = step
+            self._nonfinite_streak += 1
+            start = step if self._nonfinite_start is None else self._nonfinite_start
+            if self._nonfinite_streak >= cfg.max_nonfinite_steps:
+                trigger = (f"{self._nonfinite_streak} non-finite steps in a row (steps "
+                           f"{start}..{step}; limit max_nonfinite_steps="
+                           f"{cfg.max_nonfinite_steps}); the weights are probably NaN")
+                return self._diverge(step, loss, grad_norm, start, "non_finite", trigger,
+                                     f"loss={loss}, grad_norm={grad_norm}",
+                                     {"nonfinite_streak": self._nonfinite_streak})
             self.skipped_non_finite += 1
             reason: Reason = "non_finite_loss" if not math.isfinite(loss) else "non_finite_grad"
             what = "loss" if reason == "non_finite_loss" else "grad norm"
-            detail = f"step {step}: non-finite {what} (loss={loss}, grad_norm={grad_norm})"
+            detail = (f"step {step}: non-finite {what} (loss={loss}, grad_norm={grad_norm}; "
+                      f"{self._nonfinite_streak}/{cfg.max_nonfinite_steps} in a row)")
             return self._emit("skip", reason, detail, step, loss, grad_norm, _ids(sample_ids))
+        self._nonfinite_streak = 0
+        self._nonfinite_start = None
 
         log_grad = math.log(max(grad_norm, MIN_GRAD_NORM))
         if not cfg.enabled or self.loss_stats.n < max(cfg.warmup_steps, 2):
@@ -274,6 +302,18 @@ class StabilityGuard:
         self._accept(loss, log_grad)
         return Decision("ok", "ok", "", None, lz, gz)
 
+    def divergence(self, step: int, trigger: str, what: str,
+                   start_step: int | None = None) -> Decision:
+        """A divergence the trainer found itself (`trigger` e.g. "non_finite_val_loss";
+        `what`: a human-readable description): ``rollback``, or ``abort`` when the budget
+        is spent, exactly as for the guard's own divergences. The divergence is taken to
+        start at `start_step` (default: the current non-finite streak's start, else
+        `step`): the rollback goes to a checkpoint at or before it."""
+        if start_step is None:
+            start_step = step if self._nonfinite_start is None else self._nonfinite_start
+        return self._diverge(step, math.nan, math.nan, min(start_step, step), trigger, what,
+                             "", {})
+
     # -- rollbacks ----------------------------------------------------------------------------
 
     def rolled_back(self, to_step: int, from_step: int,
@@ -291,6 +331,8 @@ class StabilityGuard:
         self._spike_steps.clear()
         self._high_streak = 0
         self._high_start = None
+        self._nonfinite_streak = 0
+        self._nonfinite_start = None
         self._recent.clear()
         if stats_from is not None:
             self.loss_stats.load_state_dict(stats_from["loss_stats"])
@@ -303,6 +345,8 @@ class StabilityGuard:
         self._spike_steps.clear()
         self._high_streak = 0
         self._high_start = None
+        self._nonfinite_streak = 0
+        self._nonfinite_start = None
         self._recent.clear()
 
     @property
@@ -326,6 +370,8 @@ class StabilityGuard:
             "spike_steps": list(self._spike_steps),
             "high_streak": self._high_streak,
             "high_start": self._high_start,
+            "nonfinite_streak": self._nonfinite_streak,
+            "nonfinite_start": self._nonfinite_start,
             "recent": [[s, list(i)] for s, i in self._recent],
             "pending": None if self._pending is None else _copy_event(self._pending),
             "history": [_copy_event(h) for h in self._history],
@@ -344,6 +390,11 @@ class StabilityGuard:
         self._spike_steps = deque(int(s) for s in d["spike_steps"])
         self._high_streak = int(d["high_streak"])
         self._high_start = None if d["high_start"] is None else int(d["high_start"])
+        # Absent from checkpoints written before the streak existed (same version: the
+        # field is optional, so those still resume).
+        self._nonfinite_streak = int(d.get("nonfinite_streak", 0))
+        start = d.get("nonfinite_start")
+        self._nonfinite_start = None if start is None else int(start)
         self._recent = deque(((int(s), list(i)) for s, i in d["recent"]), maxlen=MAX_IDS)
         self._pending = None if d["pending"] is None else _copy_event(d["pending"])
         self._history = [_copy_event(h) for h in d["history"]]
@@ -379,7 +430,6 @@ class StabilityGuard:
     def _divergence(self, step: int, loss: float, grad_norm: float, lz: float, gz: float,
                     threshold: float, by_spikes: bool, by_level: bool) -> Decision:
         cfg = self.cfg
-        values = self._values(loss, lz, grad_norm, gz)
         starts: list[int] = []
         triggers: list[str] = []
         if by_spikes:
@@ -390,22 +440,28 @@ class StabilityGuard:
             starts.append(self._high_start)
             triggers.append(f"loss above {cfg.divergence_factor:g} x mean = {threshold:.6g} for "
                             f"{self._high_streak} steps in a row (limit {cfg.divergence_steps})")
-        start = min(starts, default=step)
+        # "spikes", "loss_level" or "spikes+loss_level"
+        trigger = "+".join(t for t, on in (("spikes", by_spikes), ("loss_level", by_level)) if on)
+        extra = {"spike_steps": list(self._spike_steps), "high_streak": self._high_streak,
+                 "divergence_threshold": threshold}
+        return self._diverge(step, loss, grad_norm, min(starts, default=step), trigger,
+                             "; ".join(triggers), self._values(loss, lz, grad_norm, gz), extra,
+                             lz, gz)
+
+    def _diverge(self, step: int, loss: float, grad_norm: float, start: int, trigger: str,
+                 why: str, values: str, extra: dict[str, Any], lz: float | None = None,
+                 gz: float | None = None) -> Decision:
+        """A divergence over steps start..step: ``rollback`` within the budget, else
+        ``abort`` with the whole story (every rollback so far, and this one)."""
+        cfg = self.cfg
         window_ids = self._ids_in(start, step)
-        divergence = {
-            "start_step": start,
-            "end_step": step,
-            # "spikes", "loss_level" or "spikes+loss_level"
-            "trigger": "+".join(t for t, on in (("spikes", by_spikes), ("loss_level", by_level))
-                                if on),
-            "sample_ids": window_ids,
-        }
-        extra = {**self._stats_fields(), **divergence,
-                 "spike_steps": list(self._spike_steps), "high_streak": self._high_streak,
-                 "divergence_threshold": threshold, "rollbacks_done": self.rollbacks,
-                 "max_rollbacks": cfg.max_rollbacks}
-        what = (f"divergence over steps {start}..{step}: " + "; ".join(triggers)
-                + f"; at step {step}: {values}")
+        divergence = {"start_step": start, "end_step": step, "trigger": trigger,
+                      "sample_ids": window_ids}
+        extra = {**self._stats_fields(), **divergence, **extra,
+                 "rollbacks_done": self.rollbacks, "max_rollbacks": cfg.max_rollbacks}
+        what = f"divergence over steps {start}..{step}: {why}"
+        if values:
+            what += f"; at step {step}: {values}"
         if self.rollbacks < cfg.max_rollbacks:
             self._pending = _copy_event(divergence)
             detail = (f"step {step}: rolling back ({self.rollbacks + 1}/{cfg.max_rollbacks}): "
@@ -418,6 +474,8 @@ class StabilityGuard:
         for k, h in enumerate(self._history, 1):
             span = (f"divergence over steps {h['start_step']}..{h['end_step']}"
                     if h["start_step"] is not None else "rollback requested by the trainer")
+            if h.get("trigger"):
+                span += f" ({h['trigger']})"
             lines.append(f"  rollback {k}: {span}, rolled back from step {h['from_step']} "
                          f"to step {h['to_step']}; data: {_fmt_ids(h['sample_ids'])}")
         lines.append(f"  now: {what}")

@@ -61,7 +61,7 @@ from typing import Any, TypeVar
 
 from infra.storage import StorageError, StorageOptions, Store, join, open_store
 from training.checkpoint import LATEST, META, CheckpointError, step_name, write_latest
-from training.files import fsync_dir, sha256_file
+from training.files import fsync_dir, pid_alive, sha256_file
 
 __all__ = [
     "RUN_RECORD",
@@ -157,16 +157,6 @@ def _group_steps(keys: list[str]) -> dict[int, set[str]]:
 def _parse_latest(data: bytes) -> int | None:
     m = _STEP_DIR.match(data.decode("utf-8", errors="replace").strip())
     return int(m.group(1)) if m else None
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
 
 
 @dataclass(frozen=True)
@@ -502,7 +492,7 @@ class RemoteCheckpoints:
             return
         for entry in staging_root.iterdir():
             parts = entry.name.split(".")
-            if len(parts) == 4 and parts[1].isdigit() and not _pid_alive(int(parts[1])):
+            if len(parts) == 4 and parts[1].isdigit() and not pid_alive(int(parts[1])):
                 shutil.rmtree(entry, ignore_errors=True)
 
     # -- worker --------------------------------------------------------------------------

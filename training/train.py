@@ -27,11 +27,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from infra.storage import StorageError
 from training import checkpoint as ckpt
 from training import distributed
 from training.config import TrainConfig, TrainConfigError, load_train_config
 from training.data import DatasetError, Sampler, TrainData, load_data, validation_batches
-from training.guards import StabilityGuard
+from training.guards import Decision, StabilityGuard
 from training.loss import lm_loss, shift_targets
 from training.metrics import MetricsLog, plot_loss, truncate_after
 from training.model import GPT
@@ -171,6 +172,9 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_dir = Path(cfg.checkpoint_dir())
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # checkpoint_corrupt events found before the metrics log is open (or in a rollback).
+        self._ckpt_events: list[dict[str, Any]] = []
+        self._eval_tokens = 0  # tokens the last evaluate() scored
         c = cfg.checkpoint
         self.saver = ckpt.AsyncSaver()
         remote_uri = cfg.remote_checkpoint_uri()  # <checkpoint.remote>/<run name>
@@ -272,13 +276,24 @@ class Trainer:
         self._finish_dcp()
         distributed.barrier(self.world)  # nobody reads a checkpoint before it exists
 
-    def restore(self, step: int, modules_only: bool = False) -> dict[str, Any]:
+    def restore(self, step: int, modules_only: bool = False,
+                verified: bool = False) -> dict[str, Any]:
+        """Load checkpoint `step` (`verified`: rank 0 has just checked its checksums)."""
         if ckpt.is_sharded(self.ckpt_dir, step):  # DCP: any world size, resharded on load
-            st = ckpt.load_sharded(self.ckpt_dir, step, self.model, self.optimizer, self.device)
+            st = ckpt.load_sharded(self.ckpt_dir, step, self.model, self.optimizer, self.device,
+                                   verified=verified)
         else:
-            st = (ckpt.load(self.ckpt_dir, step, map_location=self.device)
-                  if self.world.is_main else None)
-            st = distributed.broadcast_object(st, self.world, self.device)
+            st, error = None, None
+            if self.world.is_main:
+                try:
+                    st = ckpt.load(self.ckpt_dir, step, map_location=self.device,
+                                   verified=verified)
+                except ckpt.CheckpointError as e:
+                    error = str(e)
+            # The error too: the other ranks must not wait for a state that never comes.
+            st, error = distributed.broadcast_object((st, error), self.world, self.device)
+            if error is not None:
+                raise ckpt.CheckpointError(error)
             self.model.load_state_dict(st["model"])
             self.optimizer.load_state_dict(st["optimizer"])
         self.scaler.load_state_dict(st["scaler"])
@@ -289,6 +304,99 @@ class Trainer:
             self.state = State(t["step"], t["samples_seen"], t["tokens_seen"], t["lr_scale"],
                                list(t["rollbacks"]))
         return st
+
+    def _set_aside(self, step: int, error: Exception) -> None:
+        """Rank 0: checkpoint `step` failed verification. One warning line, the directory
+        renamed aside (kept for a post mortem; retention and restores ignore it), and a
+        checkpoint_corrupt event for the metrics log."""
+        moved = ckpt.move_aside(self.ckpt_dir, step)
+        where = f"moved aside to {moved.name}" if moved is not None else "nothing to move aside"
+        print(f"warning: not using checkpoint {ckpt.step_name(step)}: {error}; {where}",
+              file=sys.stderr, flush=True)
+        self._ckpt_events.append({
+            "kind": "event", "event": "checkpoint_corrupt", "step": self.state.step,
+            "checkpoint": ckpt.step_name(step), "checkpoint_step": step,
+            "moved_to": None if moved is None else str(moved), "error": str(error)})
+
+    def _newest_valid(self, at_most: int | None, also: int | None = None,
+                      suspect: bool = False) -> int | None:
+        """Rank 0: the newest checkpoint at or before step `at_most` (None: any) that
+        verifies, or None. Local ones first, newest first (plus step `also`, which `latest`
+        names even if its directory is gone); each bad one is set aside. Object storage is
+        asked only when something local was bad (or `suspect`), or nothing local is left:
+        a newer complete checkpoint there wins over an older local one."""
+        root = self.ckpt_dir
+        local = {c for c in ckpt.step_dirs(root) if at_most is None or c <= at_most}
+        if also is not None:
+            local.add(also)
+        best, bad = None, suspect
+        for c in sorted(local, reverse=True):
+            try:
+                ckpt.verify(root, c)
+            except ckpt.CheckpointError as e:
+                self._set_aside(c, e)
+                bad = True
+                continue
+            best = c
+            break
+        if self.remote is None or (best is not None and not bad):
+            return best
+        try:
+            newer = [r for r in self.remote.remote_steps()
+                     if (at_most is None or r <= at_most) and (best is None or r > best)]
+            got = self.remote.restore_at_most(root, max(newer)) if newer else None
+        except StorageError as e:
+            if best is None:
+                raise  # unreachable is not "nothing there": a crash, restarted later
+            print(f"warning: object storage {self.remote.uri} cannot be read ({e}); using "
+                  f"the local checkpoint {ckpt.step_name(best)}", file=sys.stderr, flush=True)
+            return best
+        return got if got is not None and (best is None or got > best) else best
+
+    def _resume_step(self) -> int | None:
+        """Rank 0: the checkpoint to resume from, None for a fresh start. `latest` names
+        it; when that one is corrupt, partial or gone, the newest valid older one (local,
+        else object storage) is used and `latest` moved to it. Raises CheckpointError
+        when checkpoints were there but none of them is valid."""
+        root = self.ckpt_dir
+        garbled = False
+        try:
+            named = ckpt.latest_step(root)
+        except ckpt.CheckpointError as e:
+            print(f"warning: {e}; looking for the newest valid checkpoint", file=sys.stderr,
+                  flush=True)
+            named, garbled = None, True
+        if named is None and not garbled:
+            if self.remote is None:
+                return None
+            # A fresh machine: the newest complete checkpoint in object storage.
+            named = self.remote.restore_latest(root)
+            if named is None:
+                return None
+        best = self._newest_valid(named, also=named, suspect=garbled)
+        if best is None:
+            where = f"{root}" + (f" or {self.remote.uri}" if self.remote is not None else "")
+            what = (f"{root / ckpt.LATEST} names {ckpt.step_name(named)}" if named is not None
+                    else f"{root / ckpt.LATEST} is unreadable")
+            raise ckpt.CheckpointError(
+                f"no valid checkpoint to resume from: {what}, and no complete checkpoint "
+                f"at or before it is left in {where} (bad ones were moved aside as "
+                f"step-*.corrupt-*); put a good checkpoint back, or delete {root} to start "
+                f"from step 0")
+        if best != named:
+            ckpt.write_latest(root, best)
+        return best
+
+    def _flush_checkpoint_events(self, log: MetricsLog) -> None:
+        for ev in self._ckpt_events:
+            log.write(ev)
+        self._ckpt_events.clear()
+
+    def weights_finite(self) -> bool:
+        """Every parameter finite, on every rank (FSDP: each rank checks its shards)."""
+        local = [getattr(p, "to_local", lambda p=p: p)() for p in self.model.parameters()]
+        bad = sum(0 if bool(torch.isfinite(t).all()) else 1 for t in local if t.numel())
+        return distributed.all_sum(bad, self.world, self.device) == 0
 
     # -- one optimisation step ----------------------------------------------------
     def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -356,7 +464,10 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         full = getattr(norm, "full_tensor", None)  # FSDP2: a DTensor over the shards
         grad_norm = float(full() if full is not None else norm)
-        fp16_overflow = self.scaler.is_enabled() and not math.isfinite(grad_norm)
+        # An fp16 overflow shows in the (scaled) gradients only; a non-finite loss came out
+        # of the forward pass (NaN weights, say), which no loss scale explains.
+        fp16_overflow = (self.scaler.is_enabled() and math.isfinite(total)
+                         and not math.isfinite(grad_norm))
         decision = None
         if fp16_overflow:
             # Dynamic loss scaling: the scaler skips this step and lowers the scale;
@@ -367,6 +478,10 @@ class Trainer:
             decision = self.guard.observe(s.step, total, grad_norm, idx.tolist())
             if decision.action == "ok":
                 self.scaler.step(self.optimizer)
+                self.scaler.update()
+            elif self.scaler.is_enabled():
+                # No step, but the scaler must close this iteration (unscale_ was called):
+                # without update() the next unscale_ raises.
                 self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return {"lr": lr, "loss": total, "ce": ce_sum, "z_loss": z_sum, "grad_norm": grad_norm,
@@ -392,6 +507,7 @@ class Trainer:
                 count += n
         total = distributed.all_sum(total, self.world, self.device)
         count = int(distributed.all_sum(count, self.world, self.device))
+        self._eval_tokens = count
         return total / count if count else float("nan")
 
     # -- the loop -----------------------------------------------------------------
@@ -401,6 +517,9 @@ class Trainer:
         except RemoteCheckpointError as e:
             print(f"error: {e}", file=sys.stderr)
             return EXIT_CRASHED  # storage trouble is worth a restart; bad input is not
+        except ckpt.CheckpointError as e:  # no valid checkpoint left: a restart cannot help
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_ERROR
         finally:
             with contextlib.suppress(Exception):  # never leave a save half-way on exit
                 self.saver.wait()
@@ -421,23 +540,37 @@ class Trainer:
             print(f"{marker} exists: this run diverged beyond its rollback budget "
                   f"(delete the file to train anyway):\n{marker.read_text()}", file=sys.stderr)
             return EXIT_DIVERGED
-        latest = ckpt.latest_step(self.ckpt_dir)
-        if latest is None and self.remote is not None:
-            # A fresh machine: the newest complete checkpoint in object storage.
-            latest = self.remote.restore_latest(self.ckpt_dir)
-        distributed.barrier(self.world)
+        metrics_path = self.run_dir / "metrics.jsonl"
         # Rank 0's view decides: under DDP on several nodes the other ranks' local disks
         # hold no checkpoints (only rank 0 writes them); restore() broadcasts the state.
-        latest = distributed.broadcast_object(ckpt.latest_step(self.ckpt_dir), self.world,
-                                              self.device)
-        metrics_path = self.run_dir / "metrics.jsonl"
+        choice: tuple[int | None, str | None] = (None, None)
+        if self.world.is_main:
+            removed = ckpt.clean_stale_tmp(self.ckpt_dir)
+            if removed:
+                print(f"checkpoint: removed what an interrupted checkpoint write left in "
+                      f"{self.ckpt_dir} (its process is gone): {', '.join(removed)}",
+                      file=sys.stderr, flush=True)
+            try:
+                choice = (self._resume_step(), None)
+            except ckpt.CheckpointError as e:
+                choice = (None, str(e))
+                if self._ckpt_events:  # what was found bad is on record all the same
+                    failed = MetricsLog(metrics_path)
+                    self._flush_checkpoint_events(failed)
+                    failed.close()
+        latest, error = distributed.broadcast_object(choice, self.world, self.device)
+        if error is not None:
+            raise ckpt.CheckpointError(error)
         if latest is not None:
-            self.restore(latest)
+            self.restore(latest, verified=True)
             if self.world.is_main:
                 truncate_after(metrics_path, latest)
             distributed.barrier(self.world)
             s = self.state
         log = MetricsLog(metrics_path if self.world.is_main else os.devnull)
+        for ev in self._ckpt_events:  # found before the log was open: at the resume step
+            ev["step"] = s.step
+        self._flush_checkpoint_events(log)
         if latest is None:
             self.save()  # step 0: the rollback target of last resort
             self.emit({"event": "start", "step": 0})
@@ -456,21 +589,11 @@ class Trainer:
             while s.step < cfg.steps:
                 out = self.train_step()
                 d = out["decision"]
-                if d is not None and d.action == "rollback":
-                    self.rollback(d, log)
+                if d is not None and d.action in ("rollback", "abort"):
+                    if self.diverged(d, log, marker, out["samples"]):
+                        return EXIT_DIVERGED
                     s = self.state
                     continue
-                if d is not None and d.action == "abort":
-                    log.write({"kind": "event", **(d.event or {}), "step": s.step})
-                    print(d.detail, file=sys.stderr)
-                    if self.world.is_main:
-                        marker.write_text(d.detail + "\n")
-                    ev = d.event or {}
-                    self.emit({"event": "diverged", "step": s.step,
-                               "start_step": ev.get("start_step"),
-                               "samples_seen": s.samples_seen + out["samples"],
-                               "rollbacks": len(s.rollbacks)})
-                    return EXIT_DIVERGED
                 if d is not None and d.action != "ok" and d.event:
                     log.write({"kind": "event", **d.event})
                 s.step += 1
@@ -499,7 +622,25 @@ class Trainer:
                     val = self.evaluate()
                     log.write({"kind": "eval", "step": s.step, "val_loss": val,
                                "val_ppl": math.exp(val) if val < 50 else float("inf")})
+                    if not math.isfinite(val) and self._eval_tokens > 0:
+                        # A NaN model is never "done": a divergence like any other.
+                        d = self.guard.divergence(
+                            s.step, "non_finite_val_loss",
+                            f"validation loss {val} at step {s.step}")
+                        if self.diverged(d, log, marker, 0):
+                            return EXIT_DIVERGED
+                        s = self.state
+                        continue
                 if s.step % cfg.checkpoint.every == 0 or s.step == cfg.steps:
+                    if not self.weights_finite():
+                        # Never saved: it would become the resume point and rollback target.
+                        d = self.guard.divergence(
+                            s.step, "non_finite_weights",
+                            f"non-finite weights at step {s.step} (checkpoint not written)")
+                        if self.diverged(d, log, marker, 0):
+                            return EXIT_DIVERGED
+                        s = self.state
+                        continue
                     self.save()
         finally:
             log.close()
@@ -510,6 +651,23 @@ class Trainer:
             self.remote.wait()  # the final checkpoint is in object storage before exit 0
         self.emit({"event": "done", "step": s.step, "tokens_seen": s.tokens_seen})
         return EXIT_OK
+
+    def diverged(self, d: Decision, log: MetricsLog, marker: Path, samples: int) -> bool:
+        """Act on a divergence decision: roll back (False: train on), or, with the budget
+        spent, record the abort, leave the DIVERGED marker and return True (exit 3).
+        `samples`: those of the current step, not yet counted in the state."""
+        s = self.state
+        if d.action == "rollback":
+            self.rollback(d, log)
+            return False
+        log.write({"kind": "event", **(d.event or {}), "step": s.step})
+        print(d.detail, file=sys.stderr)
+        if self.world.is_main:
+            marker.write_text(d.detail + "\n")
+        ev = d.event or {}
+        self.emit({"event": "diverged", "step": s.step, "start_step": ev.get("start_step"),
+                   "samples_seen": s.samples_seen + samples, "rollbacks": len(s.rollbacks)})
+        return True
 
     def recover(self, r: Recovery, log: MetricsLog) -> None:
         """The supervisor's restart after a divergence beyond the rollback budget: like a
@@ -522,15 +680,18 @@ class Trainer:
         cap = s.step if r.rollback_to is None else min(r.rollback_to, s.step)
         target = None
         if self.world.is_main:  # rank 0 decides (its disk holds the checkpoints under DDP)
-            local = [c for c in ckpt.steps(self.ckpt_dir) if c <= cap]
-            target = max(local) if local else None
-            if target is None and self.remote is not None:
-                target = self.remote.restore_at_most(self.ckpt_dir, cap)
+            # The newest valid one at or before `cap` (local, else object storage), else the
+            # one this process has just resumed from.
+            target = self._newest_valid(cap)
             if target is None:
-                target = max(c for c in ckpt.steps(self.ckpt_dir) if c <= s.step)
-        target = int(distributed.broadcast_object(target, self.world, self.device))
+                target = self._newest_valid(s.step)
+        self._flush_checkpoint_events(log)
+        target = distributed.broadcast_object(target, self.world, self.device)
+        if target is None:
+            raise ckpt.CheckpointError(f"no valid checkpoint at or before step {s.step} "
+                                       f"left in {self.ckpt_dir} to recover from")
         from_step = s.step
-        st = self.restore(target)
+        st = self.restore(target, verified=True)
         t = self.state
         self.state = State(target, max(t.samples_seen, r.skip_to_sample or 0), t.tokens_seen,
                            t.lr_scale * r.lr_scale,
@@ -557,14 +718,18 @@ class Trainer:
         s = self.state
         self.settle()
         start = int((d.event or {}).get("start_step", s.step))
-        candidates = [c for c in ckpt.steps(self.ckpt_dir) if c <= start]
-        target = int(distributed.broadcast_object(max(candidates) if candidates else 0,
-                                                  self.world, self.device))
+        # The newest valid checkpoint at or before the start (bad ones are set aside).
+        target = self._newest_valid(start) if self.world.is_main else None
+        self._flush_checkpoint_events(log)
+        target = distributed.broadcast_object(target, self.world, self.device)
+        if target is None:
+            raise ckpt.CheckpointError(f"no valid checkpoint at or before step {start} left "
+                                       f"in {self.ckpt_dir} to roll back to")
         samples_seen, tokens_seen = s.samples_seen, s.tokens_seen
         history = [*s.rollbacks, {"from_step": s.step, "to_step": target,
                                   "reason": d.reason, "detail": d.detail}]
         lr_scale = s.lr_scale * self.cfg.guards.rollback_lr_scale
-        st = self.restore(target, modules_only=True)
+        st = self.restore(target, modules_only=True, verified=True)
         self.state = State(target, samples_seen, tokens_seen, lr_scale, history)
         self._rewind_next = True
         # The guard keeps its counters and history (the budget must run out), but takes the
