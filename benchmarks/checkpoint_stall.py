@@ -56,7 +56,7 @@ def state_bytes(tree: object) -> int:
 
 def upload_throughput(root: Path, step: int) -> dict:
     """Upload the checkpoint to a moto_server on loopback with the trainer's uploader."""
-    from infra.storage import StorageOptions
+    from core.store import StorageOptions
     from training.remote import RemoteCheckpoints
 
     with socket.socket() as s:

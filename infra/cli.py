@@ -21,9 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C'd command
+from core.protocol import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
 
 # Errors of a write that has no file name (a write(2) on an open file): the output's.
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
@@ -170,7 +168,7 @@ def packing_line(p: dict[str, Any]) -> str:
 def cmd_prep(args: argparse.Namespace) -> int:
     from concurrent.futures.process import BrokenProcessPool
 
-    from infra.storage import StorageError
+    from core.store import StorageError
     from tasks.config import ConfigError, load_config
     from tasks.pipeline import STEP_NOTE, OutputConflict, run_prep
     from tasks.readers import IngestError
@@ -225,8 +223,8 @@ def cmd_prep(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from infra.storage import StorageError
-    from training.manifest import verify
+    from core.dataset import verify
+    from core.store import StorageError
 
     try:
         problems = verify(args.dataset)

@@ -14,12 +14,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Protocol
 
+from core.protocol import EXIT_DIVERGED, EXIT_ERROR, EXIT_OK
+
 # How one attempt ended. The supervisor decides what to do from this alone.
 Ending = Literal["done", "node_lost", "diverged", "oom", "bad_input", "crashed", "cancelled"]
 ENDINGS: tuple[str, ...] = ("done", "node_lost", "diverged", "oom", "bad_input", "crashed",
                             "cancelled")
 
-EXIT_OK, EXIT_ERROR, EXIT_CRASHED, EXIT_DIVERGED = 0, 1, 2, 3
 
 # Kubernetes object names are DNS-1123 labels (63 chars; the Job controller adds suffixes
 # to pod names, so keep run names shorter).

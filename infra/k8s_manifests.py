@@ -34,7 +34,8 @@ from typing import Any, Literal
 
 import yaml
 
-from infra.jobs import EXIT_DIVERGED, EXIT_ERROR, JobSpec
+from core.protocol import EXIT_DIVERGED, EXIT_ERROR
+from infra.jobs import JobSpec
 
 # Labels every object and pod of an attempt carries; the backend finds pods by them.
 LABEL_APP = "app.kubernetes.io/name"
@@ -62,7 +63,7 @@ SCAN_SKIPS: dict[str, str] = {
     "checkov.io/skip1": "CKV_K8S_15=the tag is pinned, so IfNotPresent gets the same image "
                         "without a registry round-trip on every (gang) restart",
     "checkov.io/skip2": "CKV_K8S_35=the S3 client reads its credentials from the environment "
-                        "(infra/storage.py); they come from the Secret, never the manifest",
+                        "(core/store.py); they come from the Secret, never the manifest",
     "checkov.io/skip3": "CKV_K8S_40=uid 1000 is the image's user (infra/Dockerfile); the pod "
                         "cannot escalate (no privilege escalation, no capabilities, seccomp)",
     "checkov.io/skip4": "CKV_K8S_43=pinned by version tag; pin digests at release with "

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.protocol import parse_event
 from infra.jobs import JobBackend, JobHandle, JobSpec, JobStatus
 
-EVENT_PREFIX = "BALLAST_EVENT "  # training/train.py writes these
 LOG_TAIL = 500  # log lines read per poll
 
 
@@ -100,18 +100,8 @@ _BUDGET = {"node_lost": "max_node_losses", "diverged": "max_recoveries",
 
 
 def parse_events(log_text: str) -> list[dict[str, Any]]:
-    out = []
-    for line in log_text.splitlines():
-        i = line.find(EVENT_PREFIX)
-        if i < 0:
-            continue
-        try:
-            ev = json.loads(line[i + len(EVENT_PREFIX):])
-        except json.JSONDecodeError:
-            continue  # a line cut by a log tail
-        if isinstance(ev, dict):
-            out.append(ev)
-    return out
+    # A line cut by a log tail parses as no event.
+    return [ev for line in log_text.splitlines() if (ev := parse_event(line)) is not None]
 
 
 def _progress(attempt: Attempt, events: list[dict[str, Any]]) -> None:

@@ -11,20 +11,15 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from infra.storage import StorageOptions
+from core.config import Strict, format_validation_error, read_yaml
+from core.errors import ConfigError
+from core.store import StorageOptions
+
+__all__ = ["ConfigError", "PrepConfig", "load_config", "parse_config"]
 
 STAGES = ("ingest", "exact", "near", "quality", "tokenize", "mixture", "pack")
-
-
-class ConfigError(ValueError):
-    """A config that cannot be used; the message lists every problem with its key path."""
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 Format = Literal["auto", "jsonl", "parquet", "txt", "hf"]
@@ -225,32 +220,6 @@ class PrepConfig(Strict):
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out or "(top level)"
-
-
-def format_validation_error(err: ValidationError, where: str) -> str:
-    lines = [f"invalid config {where}:"]
-    for e in err.errors():
-        # pydantic puts the failing validator's name into the path for unions; drop them.
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif e["type"] == "missing":
-            msg = "required key is missing"
-        got = e.get("input")
-        shown = "" if e["type"] in ("missing", "extra_forbidden") else f" (got {got!r:.80})"
-        lines.append(f"  {_loc(loc)}: {msg}{shown}")
-    return "\n".join(lines)
-
-
 def parse_config(data: Any, where: str = "", base_dir: Path | None = None) -> PrepConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"invalid config {where}: expected a mapping at the top level")
@@ -279,17 +248,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Pr
     """Read a YAML config. Relative source paths are resolved against the config's
     directory; `output` is resolved against the working directory (as a CLI user expects)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        where = "" if Path(path).is_absolute() else f" (resolved against {Path.cwd()})"
-        raise ConfigError(f"config file {path} does not exist{where}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"cannot read config file {path}: {e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    data = read_yaml(path)
     if isinstance(data, dict) and overrides:
         data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
     return parse_config(data, where=str(path), base_dir=path.parent.resolve())

@@ -1,7 +1,7 @@
 """The output dataset (the contract between prep and training): a HF `datasets`
 DatasetDict (train / validation) saved as Arrow shards in `save_to_disk`'s layout, the
 tokenizer next to it, and manifest.json with the sha256 of every file. The check of a
-dataset against its manifest lives with its reader, in training/manifest.py.
+dataset against its manifest lives with its reader, in core/dataset.py.
 
 The shards are written streaming, one at a time, with `datasets`' own ArrowWriter: the
 files are byte for byte what `DatasetDict.save_to_disk(num_shards=...)` writes from the
@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from infra.storage import Store, open_store, remove_temp_files, temp_beside
+from core.dataset import COLUMN_DOCS, FORMAT, MANIFEST, arrow_stats, row_schema
+from core.files import remove_temp_files, sha256_bytes, sha256_file, temp_beside
+from core.store import Store, open_store
 from tasks.config import PrepConfig
-from tasks.pack_stage import packed_done_key, packed_key, row_schema
+from tasks.pack_stage import packed_done_key, packed_key
 from tasks.stage import output_store
 from tasks.tokenize_stage import TOKENIZER_KEY, run_tokenizer
-from training.files import sha256_file
-from training.manifest import FORMAT, MANIFEST, arrow_stats
 
 if TYPE_CHECKING:
     from datasets import Features
@@ -210,7 +210,7 @@ def _arrow_entry(path: Path, seq_len: int) -> dict[str, Any]:
 
 def _put(target: Store, key: str, data: bytes) -> dict[str, Any]:
     target.put(key, data)
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    return {"sha256": sha256_bytes(data), "bytes": len(data)}
 
 
 def write_split(target: Store, name: str, batches: Iterator[pa.RecordBatch], rows: int,
@@ -297,10 +297,7 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
         "seed": cfg.seed,
         "seq_len": seq_len,
         "pack": cfg.pack.model_dump(),
-        "columns": {"input_ids": "int32[seq_len]", "position_ids": "int32[seq_len], "
-                    "restart at 0 at every document", "segment_ids": "int32[seq_len], "
-                    "1..k per document in the row, 0 on padding",
-                    "loss_mask": "int8[seq_len], 0 on padding"},
+        "columns": COLUMN_DOCS,
         "tokenizer": {"kind": cfg.tokenizer.kind, "vocab_size": tok.vocab_size,
                       "eos_id": tok.eos_id, "pad_id": tok.pad_id, "file": "tokenizer.json",
                       "sha256": files["tokenizer.json"]["sha256"]},

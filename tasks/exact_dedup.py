@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from infra.storage import Store
+from core.store import Store
 from tasks.config import PrepConfig
 from tasks.records import parquet_bytes_to_table, table_to_parquet_bytes
 from tasks.stage import (

@@ -22,7 +22,7 @@ from array import array
 
 import numpy as np
 
-from infra.storage import Store
+from core.store import Store
 from tasks import minhash
 from tasks.config import NearDedupConfig, PrepConfig
 from tasks.exact_dedup import apply_dups, write_dups

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from core.dataset import COLUMNS, row_schema
 from tasks.config import PrepConfig
 from tasks.mixture_stage import part_key
 from tasks.pack import Rows, pack_bfd, pack_concat
@@ -23,7 +24,6 @@ from tasks.stage import output_store
 from tasks.tokenize_stage import run_tokenizer
 
 STAGE = "pack"
-ROW_COLUMNS = ("input_ids", "position_ids", "segment_ids", "loss_mask")
 ROW_GROUP = 1024  # packed rows per Parquet row group (one packer batch)
 
 
@@ -33,15 +33,6 @@ def packed_key(part: str) -> str:
 
 def packed_done_key(part: str) -> str:
     return f"_done/pack/{part.replace('/', '-')}.json"
-
-
-def row_schema(seq_len: int) -> pa.Schema:
-    return pa.schema([
-        ("input_ids", pa.list_(pa.int32(), seq_len)),
-        ("position_ids", pa.list_(pa.int32(), seq_len)),
-        ("segment_ids", pa.list_(pa.int32(), seq_len)),
-        ("loss_mask", pa.list_(pa.int8(), seq_len)),
-    ])
 
 
 def _docs(table: pa.Table) -> Iterator[np.ndarray]:
@@ -61,7 +52,7 @@ def _fixed(a: np.ndarray, dtype: pa.DataType, seq_len: int) -> pa.Array:
 def rows_batch(rows: Rows, seq_len: int) -> pa.RecordBatch:
     cols = [_fixed(getattr(rows, name).astype(np.int8 if name == "loss_mask" else np.int32),
                    dtype, seq_len)
-            for name, dtype in zip(ROW_COLUMNS, (pa.int32(), pa.int32(), pa.int32(), pa.int8()),
+            for name, dtype in zip(COLUMNS, (pa.int32(), pa.int32(), pa.int32(), pa.int8()),
                                    strict=True)]
     return pa.RecordBatch.from_arrays(cols, schema=row_schema(seq_len))
 

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from infra.storage import Store
+from core.store import Store
 from tasks import (
     dataset,
     exact_dedup,

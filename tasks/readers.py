@@ -45,7 +45,7 @@ from typing import Any, BinaryIO
 
 import zstandard
 
-from infra.storage import StorageError, StorageOptions, open_store
+from core.store import StorageError, StorageOptions, open_store
 from tasks.config import SourceConfig
 from tasks.records import LOCATION_KEY
 

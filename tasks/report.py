@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from infra.storage import Store
+from core.store import Store
 from tasks.stage import ShardStats, SourceStats, read_done
 
 REPORT_KEY = "report.json"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from infra.storage import Store, open_store
+from core.store import Store, open_store
 from tasks.config import PrepConfig
 from tasks.records import (
     DOC_SCHEMA,
@@ -32,7 +32,7 @@ from tasks.records import (
 
 @lru_cache(maxsize=8)
 def _store(uri: str, options_json: str) -> Store:
-    from infra.storage import StorageOptions
+    from core.store import StorageOptions
 
     return open_store(uri, StorageOptions.model_validate_json(options_json))
 

@@ -11,10 +11,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from core.dataset import verify
 from tasks.config import parse_config
 from tasks.pipeline import run_prep
 from tests.helpers import read_jsonl, shared_file, write_jsonl
-from training.manifest import verify
 
 
 @pytest.fixture(scope="module")

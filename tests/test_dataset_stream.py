@@ -16,17 +16,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from infra.storage import LocalStore, Store
+from core.dataset import MANIFEST, arrow_stats, row_schema, verify
+from core.files import sha256_file
+from core.store import LocalStore, Store
 from tasks import dataset
 from tasks.config import parse_config
 from tasks.mixture_stage import read_plan, train_partitions, validation_partitions
-from tasks.pack_stage import packed_done_key, packed_key, row_schema
+from tasks.pack_stage import packed_done_key, packed_key
 from tasks.pipeline import run_prep
 from tasks.records import table_to_parquet_bytes
 from tasks.tokenize_stage import TOKENIZER_KEY
 from tests.helpers import read_jsonl, shared_file, write_jsonl
-from training.files import sha256_file
-from training.manifest import MANIFEST, arrow_stats, verify
 
 
 class RemoteLikeStore(LocalStore):
@@ -207,7 +207,7 @@ MEASURE = """
 import json, sys
 from pathlib import Path
 import pyarrow as pa
-from infra.storage import LocalStore
+from core.store import LocalStore
 from tests.test_dataset_stream import write_streaming
 root = Path(sys.argv[1])
 before = pa.default_memory_pool().max_memory()

@@ -19,7 +19,7 @@ import pytest
 import zstandard
 
 import tasks.readers as readers
-from infra.storage import StorageOptions
+from core.store import StorageOptions
 from tasks.config import PrepConfig, SourceConfig, parse_config
 from tasks.ingest import Unit, ingest_unit, plan_units
 from tasks.readers import BadRecord, InputFile, RawDoc, read_file, resolve_inputs, split_input

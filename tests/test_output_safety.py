@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 
-from infra.s3 import S3Store
-from infra.storage import LocalStore, StorageOptions, Store
+from core.dataset import verify
+from core.s3 import S3Store
+from core.store import LocalStore, StorageOptions, Store
 from tasks import dataset
 from tasks.config import parse_config
 from tasks.pipeline import RUN_KEY, run_prep
 from tests.helpers import read_jsonl, shared_file, write_jsonl
-from training.manifest import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,7 +53,7 @@ def _claim_cfg(uri: str, seed: int) -> dict[str, Any]:
 def _claimer(seed: int, jobs: Any, results: Any, barrier: Any) -> None:
     """One racer: for each output URI it is sent, open the store, wait for the other racer,
     then claim the output with its own config (seed differs per racer)."""
-    from infra.storage import open_store
+    from core.store import open_store
     from tasks.pipeline import OutputConflict, claim_output
 
     while (uri := jobs.get()) is not None:

@@ -16,12 +16,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from core.dataset import verify
 from tasks.config import parse_config
 from tasks.ingest import plan_units
 from tasks.pipeline import OutputConflict, run_prep
 from tasks.readers import IngestError
 from tests.helpers import edit_words, read_jsonl, shared_file
-from training.manifest import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 WORD = re.compile(r"[A-Za-z0-9_\x80-\U0010ffff]+")

@@ -15,7 +15,7 @@ import pytest
 import zstandard
 
 import tasks.readers as readers
-from infra.storage import LocalStore, StorageError, StorageOptions
+from core.store import LocalStore, StorageError, StorageOptions
 from tasks.config import SourceConfig
 from tasks.readers import (
     RAW_LIMIT,

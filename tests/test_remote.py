@@ -25,7 +25,7 @@ import pytest
 import torch
 from botocore.exceptions import ClientError
 
-from infra.storage import StorageError, StorageOptions
+from core.store import StorageError, StorageOptions
 from training import checkpoint as ckpt
 from training.remote import (
     RUN_RECORD,

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from infra.s3 import S3Store
-from infra.storage import LocalStore, StorageError, StorageOptions, Store, open_store
+from core.s3 import S3Store
+from core.store import LocalStore, StorageError, StorageOptions, Store, open_store
 
 PREFIX = "runs/r1"
 MIB = 1024 * 1024
@@ -460,7 +460,7 @@ def test_credentials_never_in_errors(
 
 
 def test_local_delete_drops_emptied_directories(tmp_path):
-    from infra.storage import LocalStore
+    from core.store import LocalStore
 
     s = LocalStore(tmp_path / "store")
     s.put("step-1/a", b"1")

@@ -16,11 +16,12 @@ import pytest
 import torch
 import yaml
 
+from core.protocol import EXIT_DIVERGED, EXIT_ERROR
 from tests.helpers import watch_latest
 from training import checkpoint as ckpt
 from training.config import parse_train_config
 from training.metrics import read
-from training.train import EXIT_DIVERGED, EXIT_ERROR, Faults, Trainer, main
+from training.train import Faults, Trainer, main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}

@@ -17,18 +17,12 @@ import pytest
 import torch
 import yaml
 
+from core.protocol import EVENT_PREFIX, EXIT_DIVERGED, EXIT_ERROR, EXIT_OK
 from tests.test_train import cfg, dataset  # noqa: F401  (the module-scoped dataset fixture)
 from training import checkpoint as ckpt
 from training.config import TrainConfigError, parse_train_config
 from training.metrics import read
-from training.train import (
-    EVENT_PREFIX,
-    EXIT_DIVERGED,
-    EXIT_ERROR,
-    EXIT_OK,
-    Faults,
-    Trainer,
-)
+from training.train import Faults, Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 

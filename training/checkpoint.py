@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from training.files import fsync_dir, pid_alive, sha256_file
+from core.files import fsync_dir, pid_alive, sha256_file
 
 LATEST = "latest"
 STATE = "state.pt"

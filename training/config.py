@@ -5,32 +5,24 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
     model_validator,
 )
 
-from infra.storage import StorageOptions
+from core.config import Strict, format_validation_error, read_yaml
+from core.errors import ConfigError
+from core.store import StorageOptions
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(ConfigError):
     """A training config that cannot be used; the message names every bad key."""
-
-
-class Strict(BaseModel):
-    # allow_inf_nan=False: `lr: .inf` or `.nan` in any float field is an error naming the
-    # key, not a run that trains on NaN weights.
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class ModelConfig(Strict):
@@ -253,47 +245,14 @@ def parse_train_config(data: Any, where: str = "") -> TrainConfig:
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as e:
-        raise TrainConfigError(_format(e, where)) from None
-
-
-def _format(err: ValidationError, where: str) -> str:
-    lines = [f"invalid training config {where}:"]
-    for e in err.errors():
-        loc = ""
-        for part in e["loc"]:
-            loc += f"[{part}]" if isinstance(part, int) else (f".{part}" if loc else str(part))
-        msg = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
-            e["type"], e["msg"])
-        got = ("" if e["type"] in ("missing", "extra_forbidden")
-               else f" (got {e.get('input')!r:.80})")
-        lines.append(f"  {loc or '(top level)'}: {msg}{got}")
-    return "\n".join(lines)
-
-
-ENV_PREFIX = "env:"  # --config env:NAME reads the YAML from $NAME
+        raise TrainConfigError(format_validation_error(e, where, "training config")) from None
 
 
 def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Read a YAML training config. A prep config with a `train:` section is accepted
     too (the section is used), so one file can describe a whole pipeline run."""
-    if str(path).startswith(ENV_PREFIX):
-        # The config carried inline by the job (the kubernetes backend puts the file the
-        # flow validated into the pod's environment: no ConfigMap per run needed).
-        name = str(path)[len(ENV_PREFIX):]
-        text = os.environ.get(name)
-        if text is None:
-            raise TrainConfigError(f"config {path}: environment variable {name} is not set")
-    else:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            where = "" if Path(path).is_absolute() else f" (resolved against {Path.cwd()})"
-            raise TrainConfigError(f"config file {path} does not exist{where}") from None
+    data = read_yaml(path, TrainConfigError)
     path = Path(path)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise TrainConfigError(f"config file {path} is not valid YAML: {e}") from None
     if isinstance(data, dict) and "train" in data and "sources" in data:
         data = data["train"]
     if not isinstance(data, dict):

@@ -22,10 +22,8 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from infra.storage import StorageError, StorageOptions, open_store
-from training.manifest import MANIFEST, read_manifest, verify
-
-COLUMNS = ("input_ids", "position_ids", "segment_ids", "loss_mask")
+from core.dataset import COLUMNS, MANIFEST, read_manifest, verify
+from core.store import StorageError, StorageOptions, open_store
 
 
 class DatasetError(ValueError):

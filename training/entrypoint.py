@@ -19,8 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from core.protocol import EXIT_CRASHED
+
 EXIT_DIR_ENV = "BALLAST_EXIT_DIR"
-EXIT_CRASHED = 2
 
 
 def record_exit(code: int) -> None:

@@ -59,9 +59,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from infra.storage import StorageError, StorageOptions, Store, join, open_store
+from core.errors import IntegrityError, NotFound, StorageError
+from core.files import fsync_dir, pid_alive, sha256_file
+from core.redact import redact
+from core.retry import retry
+from core.store import StorageOptions, Store, open_store
 from training.checkpoint import LATEST, META, CheckpointError, step_name, write_latest
-from training.files import fsync_dir, pid_alive, sha256_file
 
 __all__ = [
     "RUN_RECORD",
@@ -80,13 +83,9 @@ _MIB = 1024 * 1024
 _MAX_BACKOFF_S = 60.0
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_USERINFO = re.compile(r"(://)[^/@\s]+@")
 # What a RUN.json may hold (it is read from storage: untrusted, and echoed in one line).
 _RECORD_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 _RECORD_FINGERPRINT = re.compile(r"[0-9a-f]{8,64}")
-# Phrases infra.storage / infra.s3 use for "this object is missing or corrupt". Such errors
-# are facts about the remote data, not the network: retrying them only wastes time.
-_INTEGRITY_PHRASES = ("does not exist", "checksum mismatch")
 
 
 class RemoteCheckpointError(RuntimeError):
@@ -99,18 +98,14 @@ class RemoteOwnershipError(CheckpointError):
     deleted in it. Bad input (the trainer exits 1), not a storage failure."""
 
 
-class _IntegrityError(StorageError):
-    """A remote object is missing, of the wrong size or has the wrong sha256."""
-
-
 class _Aborted(Exception):
     """close(drain=False) interrupted an upload."""
 
 
 def _is_integrity(exc: BaseException) -> bool:
-    if isinstance(exc, _IntegrityError):
-        return True
-    return isinstance(exc, StorageError) and any(p in str(exc) for p in _INTEGRITY_PHRASES)
+    """A fact about the remote data (missing, wrong size or sha256), not the network:
+    retrying it only wastes time."""
+    return isinstance(exc, IntegrityError | NotFound)
 
 
 def _parse_meta(data: bytes, where: str) -> dict[str, dict[str, Any]]:
@@ -423,7 +418,7 @@ class RemoteCheckpoints:
         for step in candidates:
             try:
                 self._restore_one(step, by_step.get(step, set()), local_root)
-            except (_IntegrityError, CheckpointError) as exc:
+            except (IntegrityError, CheckpointError) as exc:
                 self._log(
                     f"remote checkpoint: WARNING skipping {self.uri}/{step_name(step)}, it is "
                     f"partial or corrupt: {self._scrub(str(exc))}"
@@ -449,7 +444,7 @@ class RemoteCheckpoints:
         for step in sorted((s for s in by_step if s <= max_step), reverse=True):
             try:
                 self._restore_one(step, by_step[step], local_root)
-            except (_IntegrityError, CheckpointError) as exc:
+            except (IntegrityError, CheckpointError) as exc:
                 self._log(f"remote checkpoint: WARNING skipping {self.uri}/{step_name(step)}, "
                           f"it is partial or corrupt: {self._scrub(str(exc))}")
                 continue
@@ -635,7 +630,7 @@ class RemoteCheckpoints:
                     lambda f=f: self._verify_remote(f"{name}/{f.name}", f.size, f.sha256),
                     fatal=_is_integrity,
                 )
-            except _IntegrityError:
+            except IntegrityError:
                 return False
         return True
 
@@ -749,7 +744,7 @@ class RemoteCheckpoints:
     def _restore_one(self, step: int, names: set[str], local_root: Path) -> None:
         name = step_name(step)
         if META not in names:
-            raise _IntegrityError(f"no {META} (upload never finished)")
+            raise IntegrityError(f"no {META} (upload never finished)")
         meta_key = f"{name}/{META}"
         meta_bytes = self._retry(
             f"read {self.uri}/{meta_key}", lambda: self._store.get(meta_key), fatal=_is_integrity
@@ -758,7 +753,7 @@ class RemoteCheckpoints:
         # Cheap checks (listing + HEAD) before downloading anything.
         for fname, want in files.items():
             if fname not in names:
-                raise _IntegrityError(f"{fname} listed in {META} is missing")
+                raise IntegrityError(f"{fname} listed in {META} is missing")
             self._retry(
                 f"check {self.uri}/{name}/{fname}",
                 lambda fname=fname, want=want: self._verify_remote(
@@ -780,7 +775,7 @@ class RemoteCheckpoints:
                     fatal=_is_integrity,
                 )
                 if sha256_file(dest) != want["sha256"]:
-                    raise _IntegrityError(f"{fname} downloaded with a sha256 not matching {META}")
+                    raise IntegrityError(f"{fname} downloaded with a sha256 not matching {META}")
             (tmp / META).write_bytes(meta_bytes)
             for p in tmp.iterdir():
                 with open(p, "rb") as fh:
@@ -791,8 +786,8 @@ class RemoteCheckpoints:
             os.replace(tmp, final)
             fsync_dir(local_root)
         except StorageError as exc:
-            if _is_integrity(exc) and not isinstance(exc, _IntegrityError):
-                raise _IntegrityError(str(exc)) from None
+            if _is_integrity(exc) and not isinstance(exc, IntegrityError):
+                raise IntegrityError(str(exc)) from None
             raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -806,34 +801,30 @@ class RemoteCheckpoints:
         fatal: Callable[[BaseException], bool] = lambda e: False,
     ) -> T:
         """Run `fn`, retrying StorageError/OSError with exponential backoff. Errors for
-        which `fatal` is true are raised at once; integrity ones as _IntegrityError."""
-        attempts = self.retries + 1
-        for attempt in range(1, attempts + 1):
-            try:
-                return fn()
-            except (StorageError, OSError) as exc:
-                if fatal(exc):
-                    if _is_integrity(exc) and not isinstance(exc, _IntegrityError):
-                        raise _IntegrityError(str(exc)) from None
-                    raise
-                if attempt == attempts:
-                    raise
-                delay = min(self.backoff_s * 2 ** (attempt - 1), _MAX_BACKOFF_S)
-                self._log(
-                    f"remote checkpoint: {what} failed (attempt {attempt}/{attempts}), "
-                    f"retrying in {delay:.2f} s: {self._scrub(str(exc))}"
-                )
-                if self._stop.wait(delay):
-                    raise _Aborted(what) from None
-        raise AssertionError("unreachable")
+        which `fatal` is true are raised at once; integrity ones as IntegrityError."""
+
+        def on_retry(attempt: int, delay: float, exc: BaseException) -> None:
+            self._log(
+                f"remote checkpoint: {what} failed (attempt {attempt}/{self.retries + 1}), "
+                f"retrying in {delay:.2f} s: {self._scrub(str(exc))}"
+            )
+
+        try:
+            return retry(fn, attempts=self.retries + 1, base_s=self.backoff_s,
+                         max_s=_MAX_BACKOFF_S, retry_on=(StorageError, OSError), fatal=fatal,
+                         on_retry=on_retry, sleep=self._stop.wait)
+        except (StorageError, OSError) as exc:
+            if self._stop.is_set():
+                raise _Aborted(what) from None
+            if fatal(exc) and _is_integrity(exc) and not isinstance(exc, IntegrityError):
+                raise IntegrityError(str(exc)) from None
+            raise
 
     def _get_or_none(self, key: str) -> bytes | None:
         try:
             return self._store.get(key)
-        except StorageError as exc:
-            if "does not exist" in str(exc):
-                return None
-            raise
+        except NotFound:
+            return None
 
     def _read_latest(self, warn: bool) -> int | None:
         """The step remote `latest` names; None if absent, unreadable or malformed."""
@@ -841,7 +832,7 @@ class RemoteCheckpoints:
             data = self._retry(
                 f"read {self.uri}/{LATEST}", lambda: self._get_or_none(LATEST), fatal=_is_integrity
             )
-        except _IntegrityError as exc:
+        except IntegrityError as exc:
             if warn:
                 self._log(f"remote checkpoint: WARNING ignoring corrupt {LATEST}: {exc}")
             return None
@@ -853,77 +844,39 @@ class RemoteCheckpoints:
         return step
 
     def _verify_remote(self, key: str, size: int, sha256: str) -> None:
-        """Raise _IntegrityError unless the remote object has this size and sha256."""
+        """Raise IntegrityError unless the remote object has this size and sha256."""
         info = self._remote_info(key)
         if info is None:
-            raise _IntegrityError(f"{self.uri}/{key} does not exist")
+            raise IntegrityError(f"{self.uri}/{key} does not exist")
         got_size, got_sha = info
         if got_size != size:
-            raise _IntegrityError(f"{self.uri}/{key} has {got_size} bytes, expected {size}")
+            raise IntegrityError(f"{self.uri}/{key} has {got_size} bytes, expected {size}")
         if got_sha is None:
             # Written by a tool that sets no sha256 metadata: the size is all a HEAD can
             # tell, and get_file/our own hash check the content on download.
             return
         if got_sha != sha256:
-            raise _IntegrityError(
+            raise IntegrityError(
                 f"{self.uri}/{key} has sha256 {got_sha[:12]}…, expected {sha256[:12]}…"
             )
 
     def _remote_info(self, key: str) -> tuple[int, str | None] | None:
-        """(size, sha256 if known) of a remote object, or None if it does not exist."""
-        store = self._store
-        from infra.s3 import S3Store  # boto3 is only needed for s3:// URIs
-
-        if isinstance(store, S3Store):
-            return self._s3_head(store, key)
-        local = store.local_path(key)
-        if local is not None:
-            if not local.is_file():
-                return None
-            return local.stat().st_size, sha256_file(local)
-        data = self._get_or_none(key)
-        return None if data is None else (len(data), hashlib.sha256(data).hexdigest())
-
-    def _s3_head(self, store: Any, key: str) -> tuple[int, str | None] | None:
-        # A HEAD gives size and our sha256 metadata without downloading the object. The
-        # Store protocol has no such call, so go to the S3 client, translating errors
-        # ourselves (type and code only: botocore messages can echo request details).
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        full = join(store.prefix, key)
-        try:
-            head = store.client.head_object(Bucket=store.bucket, Key=full)
-        except ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in ("404", "NoSuchKey", "NotFound"):
-                return None
-            err = StorageError(f"cannot check {self.uri}/{key}: {code or 'error'}")
-        except (BotoCoreError, OSError) as exc:
-            err = StorageError(
-                f"cannot check {self.uri}/{key}: {type(exc).__name__} "
-                f"(object storage at {store.endpoint} unreachable?)"
-            )
-        else:
-            sha = (head.get("Metadata") or {}).get("sha256")
-            return int(head["ContentLength"]), sha
-        raise err  # outside the except block: no botocore exception rides along
+        """(size, sha256 if known) of a remote object, or None if it does not exist: a
+        HEAD on S3 (our sha256 metadata, no download), the file itself locally."""
+        info = self._store.stat(key)
+        if info is None:
+            return None
+        local = self._store.local_path(key)
+        if info.sha256 is None and local is not None:
+            return info.size, sha256_file(local)
+        return info.size, info.sha256
 
     # -- logging -------------------------------------------------------------------------
 
     def _scrub(self, text: str) -> str:
         """Second line of defence: the store already redacts its errors, but no
         credential value from the environment may ever reach a log line or exception."""
-        names = {
-            self._options.access_key_env,
-            self._options.secret_key_env,
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-            "AWS_SESSION_TOKEN",
-        }
-        for value in sorted((os.environ.get(n) or "" for n in names), key=len, reverse=True):
-            if len(value) >= 4:
-                text = text.replace(value, "***")
-        return _USERINFO.sub(r"\1***@", text)
+        return redact(text, (self._options.access_key_env, self._options.secret_key_env))
 
     def _log(self, line: str) -> None:
         with contextlib.suppress(Exception):  # a broken log sink must not break uploads

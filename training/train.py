@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from infra.storage import StorageError
+from core.errors import StorageError
+from core.protocol import EXIT_CRASHED, EXIT_DIVERGED, EXIT_ERROR, EXIT_OK, format_event
 from training import checkpoint as ckpt
 from training import distributed
 from training.config import TrainConfig, TrainConfigError, load_train_config
@@ -39,8 +40,6 @@ from training.model import GPT
 from training.optim import build_optimizer
 from training.remote import RemoteCheckpointError, RemoteCheckpoints, RemoteOwnershipError
 from training.schedule import accum_steps_at, set_lr
-
-EXIT_OK, EXIT_ERROR, EXIT_CRASHED, EXIT_DIVERGED = 0, 1, 2, 3
 
 
 @dataclass
@@ -89,7 +88,6 @@ class Recovery:
     lr_scale: float = 1.0
 
 
-EVENT_PREFIX = "BALLAST_EVENT "
 
 
 @dataclass
@@ -260,7 +258,7 @@ class Trainer:
         """One machine-readable line on stderr for whoever watches the process (the
         supervisor reads them from the job's logs, whatever the backend)."""
         if self.world.is_main:
-            print(EVENT_PREFIX + json.dumps(event, default=str), file=sys.stderr, flush=True)
+            print(format_event(event), file=sys.stderr, flush=True)
 
     def _finish_dcp(self) -> None:
         p, self._pending_dcp = self._pending_dcp, None

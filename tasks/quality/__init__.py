@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from core.config import key_path
 from tasks.quality.base import Drop, Rule, RuleParams
 from tasks.quality.c4 import C4
 from tasks.quality.fineweb import FineWeb
@@ -104,9 +105,7 @@ def parse_rules(spec: list[str | dict[str, Any]]) -> list[Rule[Any]]:
 def _explain(err: ValidationError, where: str, model: type[RuleParams]) -> str:
     problems = []
     for e in err.errors():
-        path = ""
-        for part in e["loc"]:
-            path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+        path = key_path(e["loc"])
         if e["type"] == "extra_forbidden":
             known = ", ".join(model.model_fields)
             problems.append(f"{where}.{path}: unknown parameter (known: {known})")

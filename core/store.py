@@ -9,63 +9,17 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import tempfile
-from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
+from core.errors import NotFound, StorageError
+from core.files import FILE_MODE, is_temp_name, temp_beside
 
-def _read_umask() -> int:
-    # os.umask can only be read by setting it, and it is process-wide: done once, here at
-    # import (before any thread of ours runs), never per write.
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-UMASK = _read_umask()
-# The mode a plain open(path, "w") gives a new file under this umask; mkstemp's 0600 is
-# widened to it, so the output is as readable as any other file its user writes.
-FILE_MODE = 0o666 & ~UMASK
-
-
-def temp_beside(dest: Path) -> tuple[int, Path]:
-    """A new, empty temporary file next to `dest` (same filesystem, so it can be renamed
-    onto it atomically), under a hidden temporary name (see `is_temp_name`) and with the
-    mode of a normal new file (FILE_MODE), not mkstemp's 0600. Returns (fd, path)."""
-    fd, name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, FILE_MODE)
-    except BaseException:
-        os.close(fd)
-        Path(name).unlink(missing_ok=True)
-        raise
-    return fd, Path(name)
-
-
-def is_temp_name(name: str) -> bool:
-    """Whether a file name is one of our temporary names (".<key name>.<random>.tmp"): a
-    file being written, or one left behind by a killed writer. Such files are never keys."""
-    return name.startswith(".") and name.endswith(".tmp")
-
-
-def remove_temp_files(root: Path) -> list[Path]:
-    """Delete every temporary-named file under the directory `root` (debris of killed
-    writes) and return them. Only for a directory no other process is writing into."""
-    removed = []
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            if is_temp_name(name):
-                p = Path(dirpath, name)
-                p.unlink(missing_ok=True)
-                removed.append(p)
-    return removed
-
-
-class StorageError(RuntimeError):
-    """A storage operation failed; the message names the URI, never credentials."""
+__all__ = ["LocalStore", "NotFound", "ObjectInfo", "StorageError", "StorageOptions", "Store",
+           "join", "open_store"]
 
 
 class StorageOptions(BaseModel):
@@ -83,6 +37,17 @@ class StorageOptions(BaseModel):
     multipart_threshold_mb: int = 64
 
 
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a store can say about one object without reading it: its size, the sha256
+    we recorded when writing it (None for objects written by other tools), and a version
+    tag that changes whenever the object does (S3 ETag; local size and mtime in ns)."""
+
+    size: int
+    sha256: str | None
+    version: str
+
+
 @runtime_checkable
 class Store(Protocol):
     uri: str
@@ -92,6 +57,8 @@ class Store(Protocol):
     def get(self, key: str) -> bytes: ...
     def exists(self, key: str) -> bool: ...
     def list(self, prefix: str = "") -> list[str]: ...
+    def list_sizes(self, prefix: str = "") -> dict[str, int]: ...
+    def stat(self, key: str) -> ObjectInfo | None: ...
     def delete(self, key: str) -> None: ...
     def put_file(self, key: str, path: str | Path) -> None: ...
     def get_file(self, key: str, path: str | Path) -> None: ...
@@ -187,12 +154,12 @@ class LocalStore:
         try:
             return self._path(key).read_bytes()
         except FileNotFoundError:
-            raise StorageError(f"{self.uri}/{key} does not exist") from None
+            raise NotFound(f"{self.uri}/{key} does not exist") from None
 
     def get_file(self, key: str, path: str | Path) -> None:
         src = self._path(key)
         if not src.is_file():
-            raise StorageError(f"{self.uri}/{key} does not exist")
+            raise NotFound(f"{self.uri}/{key} does not exist")
         shutil.copyfile(src, path)
 
     def exists(self, key: str) -> bool:
@@ -229,15 +196,27 @@ class LocalStore:
             except OSError:
                 break  # not empty (or gone): the ones above are not empty either
 
-    def iter_prefix(self, prefix: str = "") -> Iterator[str]:
-        yield from self.list(prefix)
+    def list_sizes(self, prefix: str = "") -> dict[str, int]:
+        return {k: self._path(k).stat().st_size for k in self.list(prefix)}
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        """Size and a size-mtime version; None if the key does not exist. A local
+        directory records no sha256 (hash `local_path(key)` where one is needed)."""
+        p = self._path(key)
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            return None
+        if not p.is_file():
+            return None
+        return ObjectInfo(st.st_size, None, f"{st.st_size}-{st.st_mtime_ns}")
 
 
 def open_store(uri: str | Path, options: StorageOptions | None = None) -> Store:
     """A store for a local path or an `s3://bucket/prefix` URI."""
     uri = str(uri)
     if uri.startswith("s3://"):
-        from infra.s3 import S3Store
+        from core.s3 import S3Store
 
         return S3Store(uri, options or StorageOptions())
     if "://" in uri and not uri.startswith("file://"):

@@ -1,6 +1,7 @@
-"""The dataset contract as training reads it: manifest.json, and `verify`, which checks a
-prepared dataset against its manifest and says exactly what does not match. The trainer
-refuses a dataset that does not verify."""
+"""The dataset contract between prep (which writes it) and training (which reads it): the
+packed-row columns, manifest.json, and `verify`, which checks a prepared dataset against its
+manifest and says exactly what does not match. The trainer refuses a dataset that does not
+verify."""
 
 from __future__ import annotations
 
@@ -13,11 +14,26 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from infra.storage import StorageError, StorageOptions, open_store
-from training.files import sha256_file
+from core.files import sha256_file
+from core.store import StorageError, StorageOptions, open_store
 
 MANIFEST = "manifest.json"
 FORMAT = "ballast-dataset/1"
+
+# One packed row: seq_len tokens of one or more documents.
+COLUMNS = ("input_ids", "position_ids", "segment_ids", "loss_mask")
+COLUMN_DOCS = {
+    "input_ids": "int32[seq_len]",
+    "position_ids": "int32[seq_len], restart at 0 at every document",
+    "segment_ids": "int32[seq_len], 1..k per document in the row, 0 on padding",
+    "loss_mask": "int8[seq_len], 0 on padding",
+}
+
+
+def row_schema(seq_len: int) -> pa.Schema:
+    """The Arrow schema of packed rows (fixed-size lists of seq_len)."""
+    return pa.schema([(name, pa.list_(pa.int8() if name == "loss_mask" else pa.int32(), seq_len))
+                      for name in COLUMNS])
 
 
 def arrow_stats(path: Path) -> tuple[int, int]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -26,7 +25,10 @@ from botocore.exceptions import (
 )
 from s3transfer.exceptions import RetriesExceededError
 
-from infra.storage import StorageError, StorageOptions, join
+from core.errors import IntegrityError, NotFound, StorageError
+from core.files import sha256_file
+from core.redact import hide_userinfo, redact
+from core.store import ObjectInfo, StorageOptions, join
 
 __all__ = ["S3Store"]
 
@@ -67,19 +69,6 @@ _AUTH_CODES = frozenset(
         "403",
     }
 )
-_USERINFO = re.compile(r"(://)[^/@\s]+@")
-
-
-def _hide_userinfo(text: str) -> str:
-    """Endpoint URLs may carry user:password@; never echo that part."""
-    return _USERINFO.sub(r"\1***@", text)
-
-
-def _sha256_file(path: str | Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def _parse_uri(uri: str) -> tuple[str, str]:
     if not uri.startswith("s3://"):
         raise StorageError(f"not an S3 URI: {uri!r} (expected s3://bucket/prefix)")
@@ -179,9 +168,9 @@ class S3Store:
             self.client: Any = self._session.client("s3", endpoint_url=endpoint, config=config)
         except ValueError as exc:  # botocore rejects malformed endpoint URLs here
             raise StorageError(
-                _hide_userinfo(f"invalid S3 endpoint URL for {self.uri}: {exc}")
+                hide_userinfo(f"invalid S3 endpoint URL for {self.uri}: {exc}")
             ) from None
-        self.endpoint = _hide_userinfo(str(self.client.meta.endpoint_url))
+        self.endpoint = hide_userinfo(str(self.client.meta.endpoint_url))
         threshold = max(1, options.multipart_threshold_mb) * _MIB
         self._transfer_config = TransferConfig(
             multipart_threshold=threshold,
@@ -276,6 +265,24 @@ class S3Store:
     def list(self, prefix: str = "") -> list[str]:
         return sorted(self.list_sizes(prefix))
 
+    def stat(self, key: str) -> ObjectInfo | None:
+        """Size, our sha256 metadata and the ETag from one HEAD (no download); None if
+        the key does not exist."""
+        full = self._full_key(key)
+
+        def op() -> ObjectInfo | None:
+            try:
+                head = self.client.head_object(Bucket=self.bucket, Key=full)
+            except ClientError as exc:
+                if _code(exc) not in _NOT_FOUND_CODES:
+                    raise
+                self._require_bucket("check", key)
+                return None
+            sha = (head.get("Metadata") or {}).get(_METADATA_SHA256)
+            return ObjectInfo(int(head["ContentLength"]), sha, str(head.get("ETag", "")))
+
+        return self._call("check", key, op)
+
     def list_sizes(self, prefix: str = "") -> dict[str, int]:
         """Keys under `prefix` with their sizes in bytes, from the same listing (so input
         planning can size work units without a HEAD request per object)."""
@@ -311,7 +318,7 @@ class S3Store:
         def op() -> None:
             # Hashing reads the file once more, which is cheap next to the upload and is
             # the only way to get a whole-object digest for multipart uploads.
-            digest = _sha256_file(path)
+            digest = sha256_file(path)
             with create_transfer_manager(self.client, self._transfer_config) as tm:
                 tm.upload(
                     str(path),
@@ -344,7 +351,7 @@ class S3Store:
             try:
                 with create_transfer_manager(self.client, self._transfer_config) as tm:
                     tm.download(self.bucket, full, tmp).result()
-                self._verify(key, head.get("Metadata") or {}, _sha256_file(tmp))
+                self._verify(key, head.get("Metadata") or {}, sha256_file(tmp))
                 os.replace(tmp, dest)
             except BaseException:
                 Path(tmp).unlink(missing_ok=True)
@@ -367,7 +374,7 @@ class S3Store:
     def _verify(self, key: str, metadata: dict[str, str], actual: str) -> None:
         expected = metadata.get(_METADATA_SHA256)
         if expected is not None and expected != actual:
-            raise StorageError(
+            raise IntegrityError(
                 f"checksum mismatch for {self._key_uri(key)}: metadata sha256 {expected}, "
                 f"content sha256 {actual} (object corrupted or overwritten by another writer)"
             )
@@ -412,7 +419,7 @@ class S3Store:
             if code == "NoSuchBucket":
                 msg = str(self._bucket_missing(action, key))
             elif code in _NOT_FOUND_CODES:
-                msg = f"{uri} does not exist"
+                return NotFound(self._redact(f"{uri} does not exist"))
             elif code in _AUTH_CODES:
                 msg = (
                     f"access denied trying to {action} {uri} ({code}): check the credentials "
@@ -443,30 +450,15 @@ class S3Store:
         return StorageError(self._redact(msg))
 
     def _redact(self, text: str) -> str:
-        secrets: set[str] = set()
-        for name in (
-            self.options.access_key_env,
-            self.options.secret_key_env,
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-            "AWS_SESSION_TOKEN",
-        ):
-            value = os.environ.get(name)
-            if value:
-                secrets.add(value)
+        values: list[str] = []
         try:
             # Credentials from profiles/IMDS are cached on the session after the first call.
             creds = self._session.get_credentials()
             if creds is not None:
-                secrets.update(v for v in (creds.access_key, creds.secret_key, creds.token) if v)
+                values = [v for v in (creds.access_key, creds.secret_key, creds.token) if v]
         except Exception:  # scrubbing must never mask the real error
             pass
-        # Longest first, so a secret containing another is removed whole. Very short values
-        # are skipped: they cannot be real keys and would shred the message.
-        for secret in sorted(secrets, key=len, reverse=True):
-            if len(secret) >= 4:
-                text = text.replace(secret, "***")
-        return _hide_userinfo(text)
+        return redact(text, (self.options.access_key_env, self.options.secret_key_env), values)
 
 
 def _code(exc: ClientError) -> str:

@@ -1,0 +1,19 @@
+"""Typed errors shared by every layer, so callers test a type, never message text."""
+
+from __future__ import annotations
+
+
+class StorageError(RuntimeError):
+    """A storage operation failed; the message names the URI, never credentials."""
+
+
+class NotFound(StorageError):
+    """The key (or bucket) does not exist."""
+
+
+class IntegrityError(StorageError):
+    """The object exists but is not what was written: a checksum or size mismatch."""
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names every bad key."""
