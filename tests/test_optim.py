@@ -13,11 +13,19 @@ from typing import Any
 
 import pytest
 import torch
+from pydantic import ValidationError
 from torch import nn
 from torch.nn import functional as F
 
 from training.config import OptimConfig, ScheduleConfig
-from training.optim import Lion, MuonWithAdamW, build_optimizer, param_groups
+from training.optim import (
+    OPTIMIZERS,
+    Lion,
+    MuonWithAdamW,
+    build_optimizer,
+    param_groups,
+    register,
+)
 from training.schedule import accum_steps_at, lr_multiplier, set_lr
 
 VOCAB, D, HIDDEN = 32, 16, 32
@@ -188,6 +196,29 @@ def test_build_optimizer_types() -> None:
     adamw = build_optimizer(_model(), OptimConfig(name="adamw", betas=(0.9, 0.99), eps=1e-6))
     assert adamw.param_groups[0]["betas"] == (0.9, 0.99) and adamw.param_groups[0]["eps"] == 1e-6
     assert adamw.param_groups[0]["foreach"] is True and adamw.param_groups[0]["fused"] is False
+
+
+def test_registry_is_the_list_of_choices() -> None:
+    """`optim.name` accepts exactly the registered optimizers and names them when refused;
+    registering a builder is all a new optimizer takes."""
+    assert list(OPTIMIZERS) == ["adamw", "lion", "adafactor", "muon"]
+    with pytest.raises(ValidationError) as err:
+        OptimConfig(name="sgd")
+    assert "Input should be 'adamw', 'lion', 'adafactor' or 'muon'" in str(err.value)
+
+    @register("sgd")
+    def _sgd(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.Optimizer:
+        return torch.optim.SGD(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    try:
+        opt = build_optimizer(_model(), OptimConfig(name="sgd", lr=0.05))
+        assert isinstance(opt, torch.optim.SGD) and opt.param_groups[0]["lr"] == 0.05
+        with pytest.raises(ValueError, match="registered twice"):
+            register("sgd")(_sgd)
+    finally:
+        del OPTIMIZERS["sgd"]
+    with pytest.raises(ValidationError):
+        OptimConfig(name="sgd")
 
 
 # ---------------------------------------------------------------- Lion by hand

@@ -20,8 +20,9 @@ from core.protocol import EXIT_DIVERGED, EXIT_ERROR
 from tests.helpers import watch_latest
 from training import checkpoint as ckpt
 from training.config import parse_train_config
+from training.faults import Faults
 from training.metrics import read
-from training.train import Faults, Trainer, main
+from training.train import Trainer, main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}

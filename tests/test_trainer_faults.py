@@ -21,15 +21,15 @@ from core.protocol import EVENT_PREFIX, EXIT_DIVERGED, EXIT_ERROR, EXIT_OK
 from tests.test_train import cfg, dataset  # noqa: F401  (the module-scoped dataset fixture)
 from training import checkpoint as ckpt
 from training.config import TrainConfigError, parse_train_config
+from training.faults import Faults
 from training.metrics import read
-from training.train import Faults, Trainer
+from training.train import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def train(config: dict[str, Any], faults: Faults | None = None,
-          trainer_class: type[Trainer] = Trainer) -> int:
-    return trainer_class(parse_train_config(config), faults).run()
+def train(config: dict[str, Any], faults: Faults | None = None) -> int:
+    return Trainer(parse_train_config(config), faults).run()
 
 
 def run_cli(config: dict[str, Any], tmp_path: Path, *args: str,
@@ -193,24 +193,22 @@ def test_rollback_skips_a_corrupt_checkpoint(dataset, tmp_path):  # noqa: F811
     """A rollback target that fails verification is set aside; the rollback goes to the
     newest valid checkpoint before it, and the run completes."""
 
-    class Damaging(Trainer):
+    class Damaging(Faults):
         """Step 6's checkpoint is damaged once written; steps 7 and 8 give a NaN loss on
         the first pass (two in a row: a divergence starting at step 7)."""
 
-        def _after_save(self, step: int) -> None:
-            super()._after_save(step)
+        def after_save(self, step: int, root: Path) -> None:
             if step == 6:
-                flip_byte(self.ckpt_dir / ckpt.step_name(step) / ckpt.STATE)
+                flip_byte(root / ckpt.step_name(step) / ckpt.STATE)
 
-        def train_step(self) -> dict[str, Any]:
-            self.faults.nan_at = set() if self.state.rollbacks else {7, 8}
-            return super().train_step()
+        def before_step(self, step: int, rollbacks: list[dict[str, Any]]) -> None:
+            self.nan_at = set() if rollbacks else {7, 8}
 
     run = tmp_path / "run"
     c = six_steps(dataset, run, steps=10,
                   guards={"max_nonfinite_steps": 2, "max_rollbacks": 1},
                   checkpoint={"every": 3, "keep_last": 5, "async_save": False})
-    assert train(c, None, Damaging) == EXIT_OK
+    assert train(c, Damaging()) == EXIT_OK
     [rollback] = events(run, "rollback")
     assert (rollback["trigger"], rollback["start_step"], rollback["to_step"]) == (
         "non_finite", 7, 3)

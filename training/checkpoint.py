@@ -10,6 +10,9 @@ Damage is survivable: `verify` tells a good checkpoint from a corrupt or partial
 garbled meta.json, a missing file, a sha256 that does not match), `move_aside` renames a bad
 one to `step-XXXXXXXX.corrupt-<time>` (which steps(), retention and restores ignore), and
 `clean_stale_tmp` removes what a writer killed half-way left behind.
+
+This module is the on-disk format; which writer a run uses (rank 0 alone, or every rank
+with DCP under FSDP2) is training.checkpoint_manager's choice.
 """
 
 from __future__ import annotations
@@ -219,14 +222,11 @@ def retain(root: str | Path, keep_last: int, keep_every: int | None,
            protect: set[int] | None = None) -> list[int]:
     """Delete checkpoints beyond the last `keep_last`, except every `keep_every`-th
     step and `protect`ed ones; returns the deleted steps."""
-    all_steps = steps(root)
-    keep = set(all_steps[-keep_last:]) | (protect or set())
-    if keep_every:
-        keep |= {s for s in all_steps if s % keep_every == 0}
+    from training.retention import to_delete
+
     latest = latest_step(root)
-    if latest is not None:
-        keep.add(latest)
-    deleted = [s for s in all_steps if s not in keep]
+    keep = (protect or set()) | ({latest} if latest is not None else set())
+    deleted = to_delete(steps(root), keep_last, keep_every, keep)
     for s in deleted:
         shutil.rmtree(Path(root) / step_name(s), ignore_errors=True)
     return deleted

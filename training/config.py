@@ -15,6 +15,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from core.config import Strict, format_validation_error, read_yaml
 from core.errors import ConfigError
@@ -62,7 +63,7 @@ class ModelConfig(Strict):
 
 
 class OptimConfig(Strict):
-    name: Literal["adamw", "lion", "adafactor", "muon"] = "adamw"
+    name: str = "adamw"  # a key of training.optim.OPTIMIZERS
     lr: float = Field(default=1e-3, gt=0)
     betas: tuple[float, float] = (0.9, 0.95)
     eps: float = 1e-8
@@ -75,6 +76,20 @@ class OptimConfig(Strict):
     # a handful of multi-tensor ops; its rounding differs from the default foreach path, so
     # switching it in the middle of a run changes the trajectory (resume stays exact).
     fused: bool = False
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _registered(cls, v: Any) -> Any:
+        # The registry lives with the builders (it imports torch), hence the late import;
+        # the message is the one a Literal of the same names gives.
+        from training.optim import OPTIMIZERS
+
+        if isinstance(v, str) and v in OPTIMIZERS:
+            return v
+        names = [repr(n) for n in OPTIMIZERS]
+        expected = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+        raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                  {"expected": expected})
 
 
 class ScheduleConfig(Strict):
@@ -175,7 +190,6 @@ class TrainConfig(Strict):
     eval_batches: int | None = Field(default=None, ge=1)  # None = the whole validation split
     log_every: int = Field(default=1, ge=1)  # every step: grad norm, loss, lr per step
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    num_workers: int = Field(default=0, ge=0)
     # Deterministic algorithms (exact resume is tested on CPU with this on).
     deterministic: bool = True
     shuffle: bool = True  # False keeps the dataset's order (curriculum runs)
@@ -188,6 +202,9 @@ class TrainConfig(Strict):
     guards: GuardConfig = GuardConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     storage: StorageOptions = StorageOptions()  # for s3:// URIs; unset = the environment
+    # How the `train` flow launches this run (validated by the launcher, infra/launch.py,
+    # which sits above training in the layers); the trainer itself ignores it.
+    launch: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _remote_run_name(self) -> TrainConfig:

@@ -1,5 +1,6 @@
 """The training data: a prepared dataset (verified against its manifest), read straight
-from its memory-mapped Arrow files, and a sampler whose whole state is one counter.
+from its memory-mapped Arrow files, a sampler whose whole state is one counter, and a
+loader that prefetches the next micro-batches by that counter while a step runs.
 
 The order is a pure function of (seed, epoch): epoch e is the permutation drawn from
 PCG64(seed, e), and the sampler's position is `samples_seen`. So a checkpoint stores one
@@ -9,11 +10,14 @@ counter forward.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,9 +147,12 @@ class Sampler:
     def _epoch(self, e: int) -> np.ndarray:
         if not self.shuffle:
             return np.arange(self.n)
-        if self._perm is None or self._perm[0] != e:
-            self._perm = (e, epoch_permutation(self.n, self.seed, e))
-        return self._perm[1]
+        # One read of the cache: the prefetch thread may replace it meanwhile (epoch edge).
+        perm = self._perm
+        if perm is None or perm[0] != e:
+            perm = (e, epoch_permutation(self.n, self.seed, e))
+            self._perm = perm
+        return perm[1]
 
     def take(self, samples_seen: int, k: int) -> np.ndarray:
         out = []
@@ -158,8 +165,81 @@ class Sampler:
             pos += len(chunk)
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
-    def epoch_of(self, samples_seen: int) -> int:
-        return samples_seen // self.n
+
+class Loader:
+    """Training micro-batches by sampler position, the next `depth` of them loaded by a
+    background thread while the current step computes (a synchronous gather stalls the
+    accelerator for the Arrow take and the host-to-device copy; nanoGPT prefetches too).
+
+    Exact by construction: a micro-batch is named by (position, size) and is a pure function
+    of them (`Sampler.take`, this rank's `select`ion, `Split.batch`), and a prefetched batch
+    is handed out only for the key it was loaded for. Sample j of a step is sample
+    `samples_seen + j` whatever the step's size, so consecutive steps (and a changing grad
+    accumulation) hit the prefetched batches; after a rollback or a data skip the position
+    jumps, the queued batches miss and are dropped. The loader holds no state of its own: the
+    position lives in the trainer (`samples_seen`, advanced only after a step consumed its
+    batches), so a checkpoint never records a batch that was merely prefetched.
+
+    `pin_memory` (CUDA): batches come back in page-locked memory, so the caller's
+    `.to(device, non_blocking=True)` overlaps the copy with compute. `depth=0` loads
+    synchronously, in the caller's thread. `close()` (or `with`) stops the thread; at most
+    `depth` micro-batch loads are ever pending, so neither close nor exit can hang."""
+
+    def __init__(self, split: Split, sampler: Sampler,
+                 select: Callable[[np.ndarray], np.ndarray] | None = None,
+                 pin_memory: bool = False, depth: int = 2) -> None:
+        if depth < 0:
+            raise ValueError(f"depth must be >= 0, got {depth}")
+        self.split, self.sampler, self.depth = split, sampler, depth
+        self._select = select
+        self._pin = pin_memory
+        self._ahead: collections.deque[tuple[tuple[int, int], Future[dict[str, torch.Tensor]]]]
+        self._ahead = collections.deque()
+        self._pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
+                      if depth else None)
+
+    def load(self, pos: int, k: int) -> dict[str, torch.Tensor]:
+        """The micro-batch of the `k` samples from position `pos`, loaded now."""
+        idx = self.sampler.take(pos, k)
+        if self._select is not None:
+            idx = self._select(idx)
+        batch = self.split.batch(idx)
+        return {n: t.pin_memory() for n, t in batch.items()} if self._pin else batch
+
+    def get(self, pos: int, k: int) -> dict[str, torch.Tensor]:
+        """`load(pos, k)`, from the prefetched batches when they hold it; then the next
+        `depth` micro-batches (positions pos+k, pos+2k...) are queued."""
+        if self._pool is None:
+            return self.load(pos, k)
+        batch = None
+        while self._ahead:
+            key, fut = self._ahead.popleft()
+            if key == (pos, k):
+                batch = fut.result()  # a load error surfaces here, as it would unprefetched
+                break
+            fut.cancel()  # a position the trainer left (rollback, skip): never used
+        if batch is None:
+            batch = self.load(pos, k)
+        nxt = self._ahead[-1][0][0] + k if self._ahead else pos + k
+        while len(self._ahead) < self.depth:
+            self._ahead.append(((nxt, k), self._pool.submit(self.load, nxt, k)))
+            nxt += k
+        return batch
+
+    def close(self) -> None:
+        """Drop the prefetched batches and stop the thread (idempotent)."""
+        for _, fut in self._ahead:
+            fut.cancel()
+        self._ahead.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def validation_batches(split: Split, batch: int, limit: int | None) -> list[np.ndarray]:

@@ -4,9 +4,10 @@ loss-curve PNG at the end."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from core.files import write_atomic
 
 
 class MetricsLog:
@@ -37,9 +38,7 @@ def truncate_after(path: str | Path, step: int) -> None:
             continue  # a line cut by the kill
         if rec.get("step", -1) <= step:
             kept.append(line)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(k + "\n" for k in kept), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, "".join(k + "\n" for k in kept))
 
 
 def read(path: str | Path) -> list[dict[str, Any]]:

@@ -2,6 +2,10 @@
 AdamW / Adafactor from torch, a hand-written Lion, and Muon for hidden matrices combined with
 AdamW for the rest into one `torch.optim.Optimizer`.
 
+`OPTIMIZERS` maps each `optim.name` to its builder; the config accepts exactly its keys. A new
+optimizer is one builder function decorated with `@register("name")` (options it needs go in
+`OptimConfig`).
+
 The model contract (see `training/model.py`): `model.named_parameters()`,
 `model.param_kind(name)` -> "embedding" | "norm" | "bias" | "hidden" | "output", and
 `model.width_mult` (muP width multiplier, 1.0 when muP is off).
@@ -47,6 +51,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -77,13 +82,14 @@ class GroupedModel(Protocol):
 def param_groups(model: GroupedModel | nn.Module, cfg: OptimConfig) -> list[dict[str, Any]]:
     """Parameter groups for `cfg.name`: one per kind present, in the order embedding, norm, bias,
     output, hidden, so group 0 is an unscaled `cfg.lr` group whenever the model has embeddings
-    (what `set_lr` returns for logging). With `cfg.name == "muon"` the 2-D "hidden" matrices form
-    the group named "hidden_muon" (`muon=True`, base lr `cfg.muon_lr`, lr_scale 1); every group
-    then has a `muon` flag. Frozen parameters (requires_grad False) are left out."""
+    (what `set_lr` returns for logging). For an optimizer registered with `matrix_groups` (muon)
+    the 2-D "hidden" matrices form the group named "hidden_muon" (`muon=True`, base lr
+    `cfg.muon_lr`, lr_scale 1); every group then has a `muon` flag. Frozen parameters
+    (requires_grad False) are left out."""
     width_mult = float(getattr(model, "width_mult", 1.0))
     if not (width_mult > 0 and math.isfinite(width_mult)):
         raise ValueError(f"model.width_mult must be a positive number, got {width_mult}")
-    use_muon = cfg.name == "muon"
+    use_muon = _entry(cfg.name).matrix_groups
     buckets: dict[str, list[nn.Parameter]] = {}
     for pname, p in model.named_parameters():
         if not p.requires_grad:
@@ -121,31 +127,47 @@ def param_groups(model: GroupedModel | nn.Module, cfg: OptimConfig) -> list[dict
     return groups
 
 
+Builder = Callable[[list[dict[str, Any]], OptimConfig], torch.optim.Optimizer]
+
+
+@dataclass(frozen=True)
+class OptimizerEntry:
+    """A registered optimizer: `build(groups, cfg)` makes it over `param_groups(model, cfg)`
+    and reads the OptimConfig options it uses; with `matrix_groups`, `param_groups` gives
+    2-D "hidden" matrices a group of their own ("hidden_muon", see `param_groups`)."""
+
+    build: Builder
+    matrix_groups: bool = False
+
+
+# name -> optimizer; `optim.name` in the config accepts exactly these keys (in this order in
+# its error message). Adding an optimizer: one builder decorated with `@register("name")`.
+OPTIMIZERS: dict[str, OptimizerEntry] = {}
+
+
+def register(name: str, *, matrix_groups: bool = False) -> Callable[[Builder], Builder]:
+    def add(build: Builder) -> Builder:
+        if name in OPTIMIZERS:
+            raise ValueError(f"optimizer {name!r} is registered twice")
+        OPTIMIZERS[name] = OptimizerEntry(build, matrix_groups)
+        return build
+
+    return add
+
+
+def _entry(name: str) -> OptimizerEntry:
+    entry = OPTIMIZERS.get(name)
+    if entry is None:
+        raise ValueError(f"unknown optimizer {name!r}")
+    return entry
+
+
 def build_optimizer(model: GroupedModel | nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
     """The optimizer `cfg.name` over `param_groups(model, cfg)` (see the module docstring)."""
-    groups = param_groups(model, cfg)
-    if cfg.name == "adamw":
-        return _adamw(groups, cfg)
-    if cfg.name == "adafactor":
-        return torch.optim.Adafactor(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if cfg.name == "lion":
-        # The config's betas default is AdamW's; use Lion's own unless the user set them.
-        betas = cfg.betas if "betas" in cfg.model_fields_set else LION_BETAS
-        return Lion(groups, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
-    if cfg.name == "muon":
-        return MuonWithAdamW(
-            [g for g in groups if g["muon"]],
-            [g for g in groups if not g["muon"]],
-            muon_lr=cfg.muon_lr,
-            muon_momentum=cfg.muon_momentum,
-            lr=cfg.lr,
-            betas=cfg.betas,
-            eps=cfg.eps,
-            weight_decay=cfg.weight_decay,
-        )
-    raise ValueError(f"unknown optimizer {cfg.name!r}")
+    return _entry(cfg.name).build(param_groups(model, cfg), cfg)
 
 
+@register("adamw")
 def _adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.AdamW:
     # foreach is the default multi-tensor path; `fused` is torch's single-kernel update (CPU
     # and CUDA), a few per cent faster on small models. Both are deterministic (exact resume
@@ -153,6 +175,41 @@ def _adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                              weight_decay=cfg.weight_decay, foreach=not cfg.fused,
                              fused=cfg.fused)
+
+
+@register("lion")
+def _lion(groups: list[dict[str, Any]], cfg: OptimConfig) -> Lion:
+    # The config's betas default is AdamW's; use Lion's own unless the user set them.
+    betas = cfg.betas if "betas" in cfg.model_fields_set else LION_BETAS
+    return Lion(groups, lr=cfg.lr, betas=betas, weight_decay=cfg.weight_decay)
+
+
+@register("adafactor")
+def _adafactor(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.Adafactor:
+    return torch.optim.Adafactor(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+@register("muon", matrix_groups=True)
+def _muon(groups: list[dict[str, Any]], cfg: OptimConfig) -> MuonWithAdamW:
+    return MuonWithAdamW(
+        [g for g in groups if g["muon"]],
+        [g for g in groups if not g["muon"]],
+        muon_lr=cfg.muon_lr,
+        muon_momentum=cfg.muon_momentum,
+        lr=cfg.lr,
+        betas=cfg.betas,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+    )
+
+
+def _closure_loss(closure: Callable[[], float] | None) -> float | None:
+    """What `step(closure)` returns: the closure re-evaluated with gradients enabled (step
+    itself runs under no_grad), or None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
 
 
 class Lion(torch.optim.Optimizer):
@@ -177,10 +234,7 @@ class Lion(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for group in self.param_groups:
             lr, wd = group["lr"], group["weight_decay"]
             beta1, beta2 = group["betas"]
@@ -304,10 +358,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _closure_loss(closure)
         for inner in (self._muon, self._adamw):
             if inner is not None:
                 inner.step()

@@ -34,10 +34,10 @@ Guarantees:
   already queued (storage slower than the checkpoint interval), the older one is dropped
   unless it is a `keep_every` milestone, so the backlog and the staged disk space stay
   bounded. Pass `skip_superseded=False` to upload every checkpoint.
-* Remote retention mirrors `training.checkpoint.retain`: after each successful upload, remote
-  checkpoints beyond the newest `keep_last` are deleted, except every `keep_every`-th step and
-  the one `latest` names. meta.json is deleted first so a half-deleted checkpoint never looks
-  complete.
+* Remote retention is local retention's rule (`training.retention.to_delete`): after each
+  successful upload, remote checkpoints beyond the newest `keep_last` are deleted, except
+  every `keep_every`-th step and the one `latest` names. meta.json is deleted first so a
+  half-deleted checkpoint never looks complete.
 * Nothing here logs or raises credentials: messages come from the store (which redacts its
   own) and are scrubbed once more of the credential values in the environment.
 """
@@ -65,6 +65,7 @@ from core.redact import redact
 from core.retry import retry
 from core.store import StorageOptions, Store, open_store
 from training.checkpoint import LATEST, META, CheckpointError, step_name, write_latest
+from training.retention import to_delete
 
 __all__ = [
     "RUN_RECORD",
@@ -415,24 +416,17 @@ class RemoteCheckpoints:
             candidates = [latest, *sorted((s for s in by_step if s < latest), reverse=True)]
         else:
             candidates = sorted(by_step, reverse=True)
-        for step in candidates:
-            try:
-                self._restore_one(step, by_step.get(step, set()), local_root)
-            except (IntegrityError, CheckpointError) as exc:
-                self._log(
-                    f"remote checkpoint: WARNING skipping {self.uri}/{step_name(step)}, it is "
-                    f"partial or corrupt: {self._scrub(str(exc))}"
-                )
-                continue
-            write_latest(local_root, step)
-            self._log(
-                f"remote checkpoint: restored {self.uri}/{step_name(step)} into "
-                f"{local_root / step_name(step)}"
-            )
-            return step
-        if candidates:
-            self._log(f"remote checkpoint: WARNING no complete checkpoint under {self.uri}")
-        return None
+        step = self._restore_first(candidates, by_step, local_root)
+        if step is None:
+            if candidates:
+                self._log(f"remote checkpoint: WARNING no complete checkpoint under {self.uri}")
+            return None
+        write_latest(local_root, step)
+        self._log(
+            f"remote checkpoint: restored {self.uri}/{step_name(step)} into "
+            f"{local_root / step_name(step)}"
+        )
+        return step
 
     def restore_at_most(self, local_root: Path, max_step: int) -> int | None:
         """Download the newest complete remote checkpoint at or before `max_step` (a
@@ -441,12 +435,21 @@ class RemoteCheckpoints:
         local_root.mkdir(parents=True, exist_ok=True)
         keys = self._retry(f"list {self.uri}", lambda: self._store.list(""))
         by_step = _group_steps(keys)
-        for step in sorted((s for s in by_step if s <= max_step), reverse=True):
+        candidates = sorted((s for s in by_step if s <= max_step), reverse=True)
+        return self._restore_first(candidates, by_step, local_root)
+
+    def _restore_first(self, candidates: list[int], by_step: dict[int, set[str]],
+                       local_root: Path) -> int | None:
+        """Restore the first of `candidates` (newest first) that is complete and verifies;
+        each partial or corrupt one is skipped with a warning. Its step, or None."""
+        for step in candidates:
             try:
-                self._restore_one(step, by_step[step], local_root)
+                self._restore_one(step, by_step.get(step, set()), local_root)
             except (IntegrityError, CheckpointError) as exc:
-                self._log(f"remote checkpoint: WARNING skipping {self.uri}/{step_name(step)}, "
-                          f"it is partial or corrupt: {self._scrub(str(exc))}")
+                self._log(
+                    f"remote checkpoint: WARNING skipping {self.uri}/{step_name(step)}, it is "
+                    f"partial or corrupt: {self._scrub(str(exc))}"
+                )
                 continue
             return step
         return None
@@ -697,17 +700,12 @@ class RemoteCheckpoints:
     def _retain(self, just_uploaded: int) -> None:
         keys = self._retry(f"list {self.uri}", lambda: self._store.list(""))
         by_step = _group_steps(keys)
-        complete = sorted(s for s, names in by_step.items() if META in names)
-        keep = set(complete[-self.keep_last :])
-        if self.keep_every:
-            keep |= {s for s in complete if s % self.keep_every == 0}
+        complete = [s for s, names in by_step.items() if META in names]
         latest = self._read_latest(warn=False)
-        if latest is not None:
-            keep.add(latest)
-        newest = max(keep | {just_uploaded})
-        # Partial step dirs older than the newest kept one are debris of failed uploads; newer
-        # ones may be an upload in progress elsewhere, so they stay.
-        doomed = [s for s in sorted(by_step) if s not in keep and (s in complete or s < newest)]
+        doomed = to_delete(complete, self.keep_last, self.keep_every,
+                           () if latest is None else (latest,),
+                           partial=[s for s in by_step if s not in complete],
+                           uploaded=just_uploaded)
         for s in doomed:
             names = sorted(by_step[s], key=lambda n: n != META)  # meta.json first
             for n in names:
