@@ -55,6 +55,7 @@ demo: $(STAMP)
 
 test: $(STAMP) $(CHECKOV)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	CHECKOV_VENV=$(CHECKOV_VENV) $(VENV)/bin/pytest -q
 
 bench: $(STAMP)

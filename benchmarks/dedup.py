@@ -223,7 +223,7 @@ def run_prep_process(cfg: dict, workdir: Path, until: str | None = None) -> dict
     cfg_path = workdir / f"config-{out.name}.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "infra.cli", "prep", str(cfg_path),
+    cmd = [sys.executable, "-m", "cli.main", "prep", str(cfg_path),
            "--no-progress", *(["--until", until] if until else [])]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)

@@ -28,8 +28,6 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -64,26 +62,6 @@ def api_post(api: str, path: str, body: dict[str, Any]) -> Any:
         return json.loads(r.read())
 
 
-def write_configs(tmp: Path, steps: int) -> tuple[Path, Path]:
-    from tasks.stdlib_corpus import topics
-
-    corpus = tmp / "topics.jsonl"
-    corpus.write_text("".join(json.dumps(r) + "\n" for r in topics()))
-    prep = tmp / "prep.yaml"
-    prep.write_text(yaml.safe_dump({
-        "output": str(tmp / "prep-out"), "workers": 1,
-        "sources": [{"name": "pydoc", "paths": [str(corpus)]}],
-        "dedup": {"exact": True, "near": False}, "quality": [],
-        "pack": {"seq_len": 64}, "dataset": {"validation_fraction": 0.05}}))
-    train = tmp / "ui-check.yaml"
-    train.write_text(yaml.safe_dump({
-        "dataset": str(tmp / "prep-out" / "dataset"), "run_dir": str(tmp / "run"),
-        "steps": steps, "micro_batch": 4, "eval_every": 20, "eval_batches": 2,
-        "model": {"d_model": 32, "n_layer": 2, "n_head": 2},
-        "checkpoint": {"every": 20, "keep_last": 2}, "schedule": {"warmup_steps": 3}}))
-    return prep, train
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ui"))
@@ -111,7 +89,10 @@ def main() -> int:
     results: dict[str, Any] = {"prefect_ui": f"http://127.0.0.1:{port}", "checks": {}}
     try:
         wait_healthy(api, server)
-        prep, train = write_configs(tmp, args.steps)
+        from tests.tiny_run import write_configs
+
+        prep, train = write_configs(tmp, args.steps, train_name="ui-check.yaml",
+                                    eval_every=20, checkpoint_every=20)
         t0 = time.monotonic()
         run = subprocess.run([sys.executable, "-m", "flows.pipeline", str(prep), str(train)],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

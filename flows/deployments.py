@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any, Literal
 from uuid import UUID
 
+from infra.jobs import POOL_BACKENDS, POOLS
+from infra.k8s_manifests import IMAGE
+
 ROOT = Path(__file__).resolve().parents[1]
-POOLS = {"process": "ballast-process", "kubernetes": "ballast-k8s"}
 DEFAULT_CRON = "0 3 * * *"  # nightly at 03:00 (the deployment's timezone: UTC)
-IMAGE = "ghcr.io/ballast-lm/ballast:0.1.0"  # infra/Dockerfile; the manifests use the same
 K8S_TEMPLATE = ROOT / "k8s" / "base" / "work-pool-template.json"
 
 
@@ -45,15 +46,19 @@ def deploy_all(prep_config: str, train_config: str, *,
                pool: str | None = None, cron: str | None = DEFAULT_CRON,
                output: str | None = None, run_dir: str | None = None,
                steps: int | None = None, image: str = IMAGE,
-               source: str | Path = ROOT, poll_s: float = 5.0) -> dict[str, UUID]:
+               source: str | Path = ROOT,
+               launch: dict[str, Any] | None = None) -> dict[str, UUID]:
     """Create the work pool if needed and register the three deployments; returns their
     ids by name ("pipeline/scheduled", "prep/prep-only", "train/train-only"). Config paths
-    are as the worker will see them (relative to `source`, or absolute)."""
+    are as the worker will see them (relative to `source`, or absolute). The training
+    runs launch with the pool's backend (`local` on a process pool, `kubernetes` on a
+    kubernetes pool) and the rest of the training config's `launch:` section, `launch`
+    overriding keys of it."""
     from prefect import Flow
 
     pool = pool or POOLS[pool_type]
     asyncio.run(_ensure_pool(pool, pool_type))
-    backend = "kubernetes" if pool_type == "kubernetes" else "local"
+    overrides = {"backend": POOL_BACKENDS[pool_type], **(launch or {})}
     # ignore_warnings: Prefect's hint to `.serve` instead is for local experiments; these
     # deployments are meant for a worker.
     common: dict[str, Any] = {"work_pool_name": pool, "build": False, "push": False,
@@ -68,7 +73,7 @@ def deploy_all(prep_config: str, train_config: str, *,
 
     ids = {}
     params = {"prep_config": prep_config, "train_config": train_config, "output": output,
-              "run_dir": run_dir, "steps": steps, "backend": backend, "poll_s": poll_s}
+              "run_dir": run_dir, "steps": steps, "launch": overrides}
     from prefect.schedules import Cron
 
     # One run at a time per deployment: a night whose run outlasts 24 hours must not start
@@ -85,8 +90,8 @@ def deploy_all(prep_config: str, train_config: str, *,
     ids["train/train-only"] = load("flows/train.py:train").deploy(
         name="train-only",
         parameters={k: v for k, v in {"config_path": train_config, "run_dir": run_dir,
-                                      "steps": steps, "backend": backend,
-                                      "poll_s": poll_s}.items() if v is not None},
+                                      "steps": steps, "launch": overrides}.items()
+                    if v is not None},
         concurrency_limit=1,
         description="Training under the supervisor, on an existing dataset", **common)
     return ids

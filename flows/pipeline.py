@@ -1,5 +1,5 @@
 """The `pipeline` flow: data prep, then training on the dataset it produced. The dataset
-URI is what passes from one to the other (ARCHITECTURE.md: the manifest is the contract).
+URI is what passes from one to the other (its manifest is the contract: core/dataset.py).
 Both run as subflows, so the Prefect UI shows each with its own tasks and artifacts.
 
     python -m flows.pipeline PREP_CONFIG TRAIN_CONFIG [--steps N] [--backend local|kubernetes]
@@ -18,13 +18,13 @@ from prefect.artifacts import create_markdown_artifact
 from flows.prep import prep
 from flows.runs import run_name
 from flows.train import train
+from infra.jobs import BACKENDS
 
 
 @flow(name="pipeline", flow_run_name=run_name)
 def pipeline(prep_config: str, train_config: str, output: str | None = None,
-             run_dir: str | None = None, steps: int | None = None, backend: str = "local",
-             nproc_per_node: int = 1, max_restarts: int = 3, poll_s: float = 5.0,
-             kube: dict[str, Any] | None = None) -> dict[str, Any]:
+             run_dir: str | None = None, steps: int | None = None,
+             launch: dict[str, Any] | None = None) -> dict[str, Any]:
     """Prep -> train. A re-run skips finished prep shards and resumes training from its
     latest checkpoint.
 
@@ -36,11 +36,10 @@ def pipeline(prep_config: str, train_config: str, output: str | None = None,
         run_dir: Where training keeps checkpoints and metrics; overrides the training
             config's. The same run dir on the next night resumes from its checkpoints.
         steps: Total optimizer steps; overrides the training config's.
-        backend: `local` (torchrun on the worker's machine) or `kubernetes`.
-        nproc_per_node: Processes (GPUs) per node.
-        max_restarts: Restarts after crashes and out-of-memory endings.
-        poll_s: Seconds between looks at the training job.
-        kube: Kubernetes options (namespace, image, GPUs per node...), kubernetes only.
+        launch: Overrides of the training config's `launch:` section for this run, key by
+            key: backend (`local`: torchrun on the worker's machine; `kubernetes`),
+            nnodes, nproc_per_node, max_restarts, max_node_losses, max_recoveries,
+            recovery_lr_scale, poll_s, kubernetes (namespace, image, gpus_per_node...).
     """
     logger = get_run_logger()
     prepared = prep(prep_config, output)
@@ -49,8 +48,7 @@ def pipeline(prep_config: str, train_config: str, output: str | None = None,
         raise ValueError(f"{prep_config}: prep produced no dataset (is `pack` disabled?)")
     logger.info(f"dataset ready: {dataset}")
     trained = train(train_config, dataset=dataset, run_dir=run_dir, steps=steps,
-                    backend=backend, nproc_per_node=nproc_per_node,
-                    max_restarts=max_restarts, poll_s=poll_s, kube=kube)
+                    launch=launch)
     create_markdown_artifact(key="pipeline-summary", markdown=summary_md(prepared, trained),
                              description="What this run made: the dataset and the model")
     return {"dataset": dataset, "train": trained}
@@ -89,9 +87,10 @@ def main() -> None:
     ap.add_argument("--output")
     ap.add_argument("--run-dir")
     ap.add_argument("--steps", type=int)
-    ap.add_argument("--backend", default="local", choices=["local", "kubernetes"])
+    ap.add_argument("--backend", choices=list(BACKENDS), help="override `launch.backend`")
     a = ap.parse_args()
-    r = pipeline(a.prep_config, a.train_config, a.output, a.run_dir, a.steps, a.backend)
+    r = pipeline(a.prep_config, a.train_config, a.output, a.run_dir, a.steps,
+                 {"backend": a.backend} if a.backend else None)
     print(json.dumps({"dataset": r["dataset"], **{k: r["train"][k] for k in
                                                   ("ending", "checkpoint", "loss_curve")}},
                      indent=2))

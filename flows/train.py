@@ -2,7 +2,8 @@
 training job to a backend (`local`: torchrun on this machine; `kubernetes`: a Job or JobSet),
 watches it, restarts it after crashes, node loss and divergence within a budget, and reports
 every attempt (logs, and the `train-attempts` table on the Artifacts page). Cancelling the
-flow run cancels the job.
+flow run cancels the job. The backend, the sizes and the restart budgets come from the
+config's `launch:` section (infra/launch.py).
 
     python -m flows.train CONFIG [--dataset URI] [--backend local|kubernetes] [--steps N]
 """
@@ -27,14 +28,22 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from core.files import write_atomic
 from flows.runs import run_name
-from infra.jobs import JobBackend, JobHandle, JobSpec
-from infra.supervisor import RECOVERY_FLAGS, Attempt, RestartPolicy, supervise
+from infra.jobs import BACKENDS, JobBackend, JobHandle, JobSpec, backend_entry, make_backend
+from infra.launch import LaunchConfig, load_launch
+from infra.supervisor import RECOVERY_FLAGS, Attempt, supervise
 from training import checkpoint as ckpt
 from training.config import TrainConfig, load_train_config
 
 CONFIG_ENV = "BALLAST_TRAIN_CONFIG"  # the config, inline in the pod's environment
 HANDLE = "supervisor/current-job.json"
+ATTEMPTS_KEY = "train-attempts"  # the attempts table's artifact key
+
+
+def attempts_description(name: str) -> str:
+    return (f"Attempts of {name}: how each ended, the step it reached, the checkpoint it "
+            "resumed from")
 
 
 class TrainingFailed(RuntimeError):
@@ -61,17 +70,8 @@ def run_token() -> str:
     return fid.replace("-", "")[:6] if fid else f"{int(time.time() * 10) % 36**6:x}"
 
 
-def make_backend(kind: str, run_dir: Path, kube: dict[str, Any] | None = None) -> JobBackend:
-    if kind == "local":
-        from infra.local_backend import LocalBackend
-
-        return LocalBackend(run_dir / "supervisor" / "jobs")
-    if kind == "kubernetes":
-        from infra.k8s_backend import KubernetesBackend
-        from infra.k8s_manifests import KubeOptions
-
-        return KubernetesBackend(KubeOptions(**(kube or {})))
-    raise ValueError(f"unknown backend {kind!r}: use local or kubernetes")
+def _backend(launch: LaunchConfig, run_dir: Path, name: str | None = None) -> JobBackend:
+    return make_backend(name or launch.backend, run_dir=run_dir, kubernetes=launch.kubernetes)
 
 
 def job_spec(config_path: str, backend: str, name: str, args: list[str], nnodes: int = 1,
@@ -80,7 +80,7 @@ def job_spec(config_path: str, backend: str, name: str, args: list[str], nnodes:
     validated, inline in its environment (`--config env:BALLAST_TRAIN_CONFIG`), so each run
     trains on its own config without a ConfigMap per run (the supervisor's Role creates
     only jobs and jobsets)."""
-    if backend == "local":
+    if backend_entry(backend).shares_disk:
         return JobSpec(name, str(Path(config_path).resolve()), tuple(args), nnodes=nnodes,
                        nproc_per_node=nproc_per_node)
     text = Path(config_path).read_text(encoding="utf-8")
@@ -113,7 +113,8 @@ def _cancel_job(flow: Any, flow_run: Any, state: Any) -> None:
     if data.get("flow_run") not in (None, str(flow_run.id)):
         return  # a job of another flow run: not this run's to stop
     handle = JobHandle.from_json(data)
-    make_backend(handle.backend, run_dir, p.get("kube")).cancel(handle)
+    launch = load_launch(p["config_path"], p.get("launch"))
+    _backend(launch, run_dir, handle.backend).cancel(handle)
     last = ckpt.latest_step(cfg.checkpoint_dir())
     ending = "cancelled" if state.is_cancelled() or state.is_cancelling() else "crashed"
     logger.info(f"training job {handle.name} stopped ({ending} flow run); last checkpoint: "
@@ -140,10 +141,7 @@ def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _write_rows(run_dir: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = run_dir / (ROWS + ".tmp")
-    tmp.parent.mkdir(parents=True, exist_ok=True)
-    tmp.write_text(json.dumps(rows, indent=1, default=str))
-    tmp.replace(run_dir / ROWS)
+    write_atomic(run_dir / ROWS, json.dumps(rows, indent=1, default=str))
 
 
 def _post_table(flow_run_id: Any, rows: list[dict[str, Any]], name: str) -> None:
@@ -154,9 +152,8 @@ def _post_table(flow_run_id: Any, rows: list[dict[str, Any]], name: str) -> None
 
     with get_client(sync_client=True) as client:
         client.create_artifact(ArtifactCreate(
-            key="train-attempts", type="table", data=rows, flow_run_id=flow_run_id,
-            description=f"Attempts of {name}: how each ended, the step it reached, the "
-                        "checkpoint it resumed from"))
+            key=ATTEMPTS_KEY, type="table", data=rows, flow_run_id=flow_run_id,
+            description=attempts_description(name)))
 
 
 def _leftover(backend: JobBackend, run_dir: Path, spec: JobSpec, log: Any) -> JobHandle | None:
@@ -214,10 +211,7 @@ def _flow_run_alive(flow_run_id: str) -> bool:
 @flow(name="train", on_cancellation=[_cancel_job], on_crashed=[_cancel_job],
       flow_run_name=run_name)
 def train(config_path: str, dataset: str | None = None, run_dir: str | None = None,
-          steps: int | None = None, backend: str = "local", nproc_per_node: int = 1,
-          nnodes: int = 1, max_restarts: int = 3, max_node_losses: int = 10,
-          max_recoveries: int = 1, recovery_lr_scale: float = 0.5, poll_s: float = 5.0,
-          kube: dict[str, Any] | None = None,
+          steps: int | None = None, launch: dict[str, Any] | None = None,
           extra_args: list[str] | None = None) -> dict[str, Any]:
     """Train on a prepared dataset under the supervisor; returns where the results are.
     Raises TrainingFailed (the flow run fails) when the run did not finish.
@@ -229,20 +223,16 @@ def train(config_path: str, dataset: str | None = None, run_dir: str | None = No
         run_dir: Where the run keeps checkpoints and metrics; overrides the config's. A
             second run with the same run dir resumes from its checkpoints.
         steps: Total optimizer steps; overrides the config's.
-        backend: `local` (torchrun on the worker's machine) or `kubernetes` (a Job or
-            JobSet per attempt).
-        nproc_per_node: Processes (GPUs) per node.
-        nnodes: Nodes (kubernetes only).
-        max_restarts: Restarts after crashes and out-of-memory endings.
-        max_node_losses: Restarts after a node was lost, drained or preempted.
-        max_recoveries: Restarts with rollback after the trainer diverged (exit 3).
-        recovery_lr_scale: Learning-rate factor for a restart after divergence.
-        poll_s: Seconds between looks at the job.
-        kube: Kubernetes options (namespace, image, GPUs per node...), kubernetes only.
+        launch: Overrides of the config's `launch:` section for this run, key by key:
+            backend (`local`: torchrun on the worker's machine; `kubernetes`: a Job or
+            JobSet per attempt), nnodes, nproc_per_node, max_restarts (crashes, out of
+            memory), max_node_losses, max_recoveries (rollbacks after a divergence),
+            recovery_lr_scale, poll_s, kubernetes (namespace, image, gpus_per_node...).
         extra_args: More `training.train` arguments, passed as they are.
     """
     logger = get_run_logger()
     cfg = _resolve(config_path, dataset, run_dir, steps)
+    lc = load_launch(config_path, launch)
     rd = Path(cfg.run_dir)
     rd.mkdir(parents=True, exist_ok=True)
     args: list[str] = []
@@ -250,14 +240,12 @@ def train(config_path: str, dataset: str | None = None, run_dir: str | None = No
         if value is not None:
             args += [flag, str(value)]
     args += list(extra_args or [])
-    spec = job_spec(config_path, backend, job_name(str(rd.resolve()), run_token()), args,
-                    nnodes, nproc_per_node)
-    policy = RestartPolicy(max_restarts, max_node_losses, max_recoveries, recovery_lr_scale,
-                           poll_s=poll_s)
-    jobs = make_backend(backend, rd, kube)
+    spec = job_spec(config_path, lc.backend, job_name(str(rd.resolve()), run_token()), args,
+                    lc.nnodes, lc.nproc_per_node)
+    jobs = _backend(lc, rd)
     adopt = _leftover(jobs, rd, spec, logger.info)
     logger.info(f"training {cfg.steps} steps in {rd.resolve()} on {cfg.dataset} "
-                f"({backend} backend, jobs {spec.name}-aN)")
+                f"({lc.backend} backend, jobs {spec.name}-aN)")
     from prefect.runtime import flow_run
 
     progress_id = create_progress_artifact(0.0, key="train-progress",
@@ -267,9 +255,8 @@ def train(config_path: str, dataset: str | None = None, run_dir: str | None = No
     def report(attempts: list[Attempt]) -> None:
         rows = [a.row() for a in attempts]
         _write_rows(rd, rows)
-        create_table_artifact(key="train-attempts", table=rows,
-                              description=f"Attempts of {spec.name}: how each ended, the "
-                                          "step it reached, the checkpoint it resumed from")
+        create_table_artifact(key=ATTEMPTS_KEY, table=rows,
+                              description=attempts_description(spec.name))
         posted["at"] = time.monotonic()
 
     def progress(a: Attempt) -> None:
@@ -286,7 +273,7 @@ def train(config_path: str, dataset: str | None = None, run_dir: str | None = No
         attempts_so_far[:] = attempts
         report(attempts)
 
-    outcome = supervise(jobs, spec, policy, log=logger.info, on_attempt=on_attempt,
+    outcome = supervise(jobs, spec, lc.policy(), log=logger.info, on_attempt=on_attempt,
                         on_progress=progress, handle_file=rd / HANDLE, adopt=adopt,
                         handle_extra={"flow_run": flow_run.get_id(), "config": spec.config})
     final_path = rd / "final.json"
@@ -354,10 +341,12 @@ def main() -> None:
     ap.add_argument("--dataset")
     ap.add_argument("--run-dir")
     ap.add_argument("--steps", type=int)
-    ap.add_argument("--backend", default="local", choices=["local", "kubernetes"])
-    ap.add_argument("--nproc-per-node", type=int, default=1)
+    ap.add_argument("--backend", choices=list(BACKENDS), help="override `launch.backend`")
+    ap.add_argument("--nproc-per-node", type=int, help="override `launch.nproc_per_node`")
     a = ap.parse_args()
-    r = train(a.config, a.dataset, a.run_dir, a.steps, a.backend, a.nproc_per_node)
+    launch = {k: v for k, v in (("backend", a.backend), ("nproc_per_node", a.nproc_per_node))
+              if v is not None}
+    r = train(a.config, a.dataset, a.run_dir, a.steps, launch or None)
     print(summary_text(r))
 
 

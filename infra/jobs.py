@@ -1,7 +1,8 @@
-"""The job-launch contract shared by the supervisor and its backends (../shared/ARCHITECTURE.md,
-"Launch and supervision"): a `JobBackend` has submit, status, logs and cancel. Backends:
-`local` (torchrun as a subprocess; infra/local_backend.py) and `kubernetes` (a batch/v1
-Job or a JobSet; infra/k8s_backend.py). The supervisor (infra/supervisor.py) sees only this.
+"""The job-launch contract shared by the supervisor and its backends: a `JobBackend` has
+submit, status, logs and cancel. Backends, by name in `BACKENDS` (the one place to add
+one): `local` (torchrun as a subprocess; infra/local_backend.py) and `kubernetes` (a
+batch/v1 Job or a JobSet; infra/k8s_backend.py). The supervisor (infra/supervisor.py) sees
+only the contract; the CLI, the flows and the deployments pick a backend by its name.
 
 Exit codes are the trainer's (training/train.py): 0 done, 1 bad config or data,
 3 diverged beyond the rollback budget, anything else crashed or killed.
@@ -10,11 +11,15 @@ Exit codes are the trainer's (training/train.py): 0 done, 1 bad config or data,
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from core.protocol import EXIT_DIVERGED, EXIT_ERROR, EXIT_OK
+
+if TYPE_CHECKING:
+    from infra.k8s_manifests import KubeOptions
 
 # How one attempt ended. The supervisor decides what to do from this alone.
 Ending = Literal["done", "node_lost", "diverged", "oom", "bad_input", "crashed", "cancelled"]
@@ -110,3 +115,53 @@ class JobBackend(Protocol):
     def logs(self, handle: JobHandle, tail: int | None = None) -> str: ...
 
     def cancel(self, handle: JobHandle) -> None: ...
+
+
+# --- the backends, by name ---------------------------------------------------------------
+
+
+def _local(*, run_dir: Path, **_: Any) -> JobBackend:
+    from infra.local_backend import LocalBackend
+
+    return LocalBackend(run_dir / "supervisor" / "jobs")
+
+
+def _kubernetes(*, kubernetes: KubeOptions | None = None, **_: Any) -> JobBackend:
+    from infra.k8s_backend import KubernetesBackend
+    from infra.k8s_manifests import KubeOptions
+
+    return KubernetesBackend(kubernetes or KubeOptions())
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A backend's factory and where it belongs in Prefect."""
+
+    factory: Callable[..., JobBackend]  # keywords: run_dir, kubernetes (each takes its own)
+    pool_type: str  # the Prefect work pool type whose flow runs launch with this backend
+    pool: str  # the default name of that work pool (`ballast deploy`, prefect.yaml)
+    # The trainer runs beside the flow and reads the config file from its disk; otherwise
+    # the config travels inline in the job's environment.
+    shares_disk: bool
+
+
+BACKENDS: dict[str, Backend] = {
+    "local": Backend(_local, "process", "ballast-process", shares_disk=True),
+    "kubernetes": Backend(_kubernetes, "kubernetes", "ballast-k8s", shares_disk=False),
+}
+# Work pool type -> its default pool name, and the backend its flow runs launch with.
+POOLS: dict[str, str] = {b.pool_type: b.pool for b in BACKENDS.values()}
+POOL_BACKENDS: dict[str, str] = {b.pool_type: name for name, b in BACKENDS.items()}
+
+
+def backend_entry(name: str) -> Backend:
+    try:
+        return BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}: use {' or '.join(BACKENDS)}") from None
+
+
+def make_backend(name: str, **opts: Any) -> JobBackend:
+    """The backend called `name`, made from the options it takes (`run_dir`: the run's
+    directory; `kubernetes`: KubeOptions); the others are ignored."""
+    return backend_entry(name).factory(**opts)

@@ -43,10 +43,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
+from core.retry import retry
 from infra.jobs import Ending, JobHandle, JobSpec, JobStatus, ending_from_exit_code
 from infra.k8s_manifests import LABEL_ATTEMPT, LABEL_RUN, KubeOptions
 
 log = logging.getLogger(__name__)
+
+_MAX_BACKOFF_S = 60.0  # between retries of one API call (the defaults never get near it)
 
 TRAINER_CONTAINER = "trainer"  # the container podFailurePolicy rules and logs() look at
 
@@ -633,32 +636,40 @@ class KubernetesBackend:
         import urllib3
         from kubernetes.client import ApiException
 
-        delay = self.backoff_s
-        for attempt in range(self.retries + 1):
-            last = attempt == self.retries
-            try:
-                return fn()
-            except ApiException as e:
+        def transient(e: BaseException) -> bool:
+            if not isinstance(e, ApiException):
+                return True  # a dropped connection
+            status = int(e.status or 0)
+            # 0: the client gave up before an answer (TLS trouble): as good as unreachable
+            return status == 429 or status >= 500 or status == 0
+
+        retry_after: list[float | None] = [None]
+
+        def on_retry(_attempt: int, _delay: float, e: BaseException) -> None:
+            if isinstance(e, ApiException):
                 status = int(e.status or 0)
-                if status in (401, 403):
-                    raise self._api_error(verb, resource, ns, e) from e
-                # 0: the client gave up before an answer (TLS trouble): as good as unreachable
-                if not (status == 429 or status >= 500 or status == 0):
-                    raise
-                if last:
-                    raise self._api_error(verb, resource, ns, e) from e
-                wait = _retry_after(e) if status == 429 else None
+                retry_after[0] = _retry_after(e) if status == 429 else None
                 log.warning("Kubernetes API %s %s answered %s; retrying", verb, resource, status)
-            except (urllib3.exceptions.HTTPError, OSError) as e:
-                if last:
-                    raise KubernetesBackendError(
-                        f"cannot reach the Kubernetes API server at {self.host} to {verb} "
-                        f"{resource} in namespace {ns}: {e}") from e
-                wait = None
+            else:
+                retry_after[0] = None
                 log.warning("Kubernetes API server %s unreachable (%s); retrying", self.host, e)
-            time.sleep(wait if wait is not None else delay)
-            delay *= 2
-        raise AssertionError("unreachable")
+
+        def sleep(delay: float) -> None:
+            time.sleep(retry_after[0] if retry_after[0] is not None else delay)
+
+        try:
+            return retry(fn, attempts=self.retries + 1, base_s=self.backoff_s,
+                         max_s=_MAX_BACKOFF_S,
+                         retry_on=(ApiException, urllib3.exceptions.HTTPError, OSError),
+                         fatal=lambda e: not transient(e), on_retry=on_retry, sleep=sleep)
+        except ApiException as e:
+            if int(e.status or 0) in (401, 403) or transient(e):
+                raise self._api_error(verb, resource, ns, e) from e
+            raise  # 404, 409, ...: the caller's to handle
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise KubernetesBackendError(
+                f"cannot reach the Kubernetes API server at {self.host} to {verb} "
+                f"{resource} in namespace {ns}: {e}") from e
 
     def _api_error(self, verb: str, resource: str, ns: str, e: Any) -> KubernetesBackendError:
         status = int(getattr(e, "status", 0) or 0)

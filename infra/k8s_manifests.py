@@ -43,6 +43,9 @@ LABEL_RUN = "ballast.dev/run"
 LABEL_ATTEMPT = "ballast.dev/attempt"
 
 APP = "ballast"
+# The trainer image (infra/Dockerfile): the default for trainer pods and flow-run pods. The
+# literal in prefect.yaml and the generated k8s/ files are checked against it by the tests.
+IMAGE = "ghcr.io/ballast-lm/ballast:0.1.0"
 CONTAINER = "trainer"  # podFailurePolicy's onExitCodes names this container
 COMMAND = ("python", "-m", "training.entrypoint")  # infra/Dockerfile's ENTRYPOINT too
 WORKDIR = "/work"  # writable emptyDir: run_dir and local checkpoints (infra/Dockerfile WORKDIR)
@@ -86,7 +89,7 @@ _MAX_LABEL = 63
 @dataclass(frozen=True)
 class KubeOptions:
     namespace: str = "ballast"
-    image: str = "ghcr.io/ballast-lm/ballast:0.1.0"
+    image: str = IMAGE
     kind: Literal["auto", "job", "jobset"] = "auto"  # auto: Job for 1 node, JobSet beyond
     # One 8-GPU node is the unit we plan for (k8s/ is generated from these defaults); pass
     # smaller values for smaller nodes. JobSpec.nproc_per_node must not exceed this.
@@ -382,7 +385,6 @@ def render(spec: JobSpec, opts: KubeOptions) -> list[dict[str, Any]]:
 
 # --- the Prefect work pool's base job template ---------------------------------------------
 
-WORK_POOL = "ballast-k8s"
 PREFECT_CONTAINER = "prefect-job"  # prefect-kubernetes requires this name for container 0
 
 

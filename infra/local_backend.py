@@ -21,18 +21,15 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from core.files import pid_alive, write_atomic
 from infra.jobs import JobHandle, JobSpec, JobStatus, ending_from_exit_code
 
 LOG, JOB, EXIT, CANCELLED = "log.txt", "job.json", "exit_code", "cancelled"
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     # A zombie is dead for our purposes: it exited and waits to be reaped.
     with contextlib.suppress(OSError):
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -139,9 +136,7 @@ def _wrap(exit_file: Path, cmd: list[str]) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     code = proc.wait()
-    tmp = exit_file.with_suffix(".tmp")
-    tmp.write_text(str(code))
-    os.replace(tmp, exit_file)
+    write_atomic(exit_file, str(code))
     return 0
 
 

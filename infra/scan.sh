@@ -46,7 +46,7 @@ from pathlib import Path
 
 import yaml
 
-from infra.k8s_lint import jobset_child_jobs, load_yaml_files
+from tests.k8s_lint import jobset_child_jobs, load_yaml_files
 
 jobs = [job for _, obj in load_yaml_files([Path("k8s")]) if obj.get("kind") == "JobSet"
         for job in jobset_child_jobs(obj)]

@@ -1,6 +1,6 @@
 """The supervisor: submits a training job, watches it, classifies how each attempt ended
-and decides what comes next (ARCHITECTURE.md, "Launch and supervision"). Plain Python over
-the JobBackend contract; the `train` flow (flows/train.py) runs it and reports to Prefect.
+and decides what comes next. Plain Python over the JobBackend contract; the `train` flow
+(flows/train.py) runs it and reports to Prefect.
 
 | ending    | what happens next                                                          |
 |-----------|----------------------------------------------------------------------------|
@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from core.files import write_atomic
 from core.protocol import parse_event
 from infra.jobs import JobBackend, JobHandle, JobSpec, JobStatus
 
@@ -162,11 +163,9 @@ def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None =
         adopted, adopt = adopt, None
         handle = adopted or backend.submit(run_spec)
         if handle_file is not None:
-            handle_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = handle_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps({**(handle_extra or {}), **handle.to_json(),
-                                       "args": list(run_spec.args)}))
-            tmp.replace(handle_file)  # a reader never sees half a handle
+            # Atomic: a reader never sees half a handle.
+            write_atomic(handle_file, json.dumps({**(handle_extra or {}), **handle.to_json(),
+                                                  "args": list(run_spec.args)}))
         a = Attempt(number, handle.name, list(run_spec.args), time.time(),
                     adopted=adopted is not None)
         attempts.append(a)

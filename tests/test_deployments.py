@@ -19,32 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tasks.stdlib_corpus import topics
+from tests.tiny_run import TINY, write_configs
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
-
-
-def write_configs(tmp: Path, steps: int = 30) -> tuple[Path, Path]:
-    """A prep config over pydoc's topic pages (ships with Python: no shared data needed),
-    byte tokens packed to 64, and a tiny training config on its output."""
-    corpus = tmp / "topics.jsonl"
-    corpus.write_text("".join(json.dumps(r) + "\n" for r in topics()))
-    prep = tmp / "prep.yaml"
-    prep.write_text(yaml.safe_dump({
-        "output": str(tmp / "prep-out"), "workers": 1,
-        "sources": [{"name": "pydoc", "paths": [str(corpus)]}],
-        "dedup": {"exact": True, "near": False}, "quality": [],
-        "pack": {"seq_len": 64}, "dataset": {"validation_fraction": 0.05},
-    }))
-    train = tmp / "train.yaml"
-    train.write_text(yaml.safe_dump({
-        "dataset": str(tmp / "prep-out" / "dataset"), "run_dir": str(tmp / "run"),
-        "steps": steps, "micro_batch": 4, "eval_every": 1000, "eval_batches": 2,
-        "model": TINY, "checkpoint": {"every": 10, "keep_last": 2},
-        "schedule": {"warmup_steps": 3},
-    }))
-    return prep, train
 
 
 async def _artifact(key: str) -> list[dict]:
@@ -75,7 +52,7 @@ def test_train_flow_reports_attempts(prefect_api, train_dataset, tmp_path):
         "micro_batch": 4, "eval_every": 1000, "model": TINY,
         "checkpoint": {"every": 10, "keep_last": 2}, "schedule": {"warmup_steps": 5},
         "guards": {"warmup_steps": 10, "max_rollbacks": 1}}))
-    result = train(str(cfg), poll_s=0.3,
+    result = train(str(cfg), launch={"poll_s": 0.3},
                    extra_args=["--fault", "lr_blowup_persistent@30-200"])
     assert result["ok"] and result["step"] == 60
     assert Path(result["loss_curve"]).is_file() and Path(result["checkpoint"]).is_dir()
@@ -105,7 +82,7 @@ def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
 
     prep, train = write_configs(tmp_path)
     ids = deploy_all(str(prep), str(train), pool_type="process", cron="0 3 * * *",
-                     poll_s=0.5)
+                     launch={"poll_s": 0.5})
     assert set(ids) == {"pipeline/scheduled", "prep/prep-only", "train/train-only"}
 
     async def deployment_info() -> tuple[list, str]:
@@ -129,6 +106,8 @@ def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
     described = " ".join(props["prep_config"]["description"].split())
     assert "relative to the worker's working directory" in described
     assert props["run_dir"]["description"].startswith("Where training keeps checkpoints")
+    assert " ".join(props["launch"]["description"].split()).startswith(
+        "Overrides of the training config's `launch:` section for this run")
     assert tz == "UTC" and limit == 1
 
     # What the UI's "Run" button does: a flow run from the deployment, scheduled now. Twice,
@@ -192,12 +171,15 @@ async def _final_state(run_id: Any) -> str:
 
 def test_prefect_yaml_matches_the_flows():
     """Every deployment in prefect.yaml names a flow that loads, passes only parameters
-    that flow takes, and uses one of the pools `ballast deploy` creates."""
+    that flow takes (a valid `launch:` override among them), uses one of the pools
+    `ballast deploy` creates, and runs its flow-run pods in the trainer image."""
     import inspect
 
     from prefect.flows import load_flow_from_entrypoint
 
     from flows.deployments import POOLS
+    from infra.k8s_manifests import IMAGE
+    from infra.launch import parse_launch
 
     spec = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     template = json.loads((ROOT / "k8s" / "base" / "work-pool-template.json").read_text())
@@ -213,8 +195,9 @@ def test_prefect_yaml_matches_the_flows():
         if d["work_pool"]["name"] == POOLS["kubernetes"]:
             assert set(d["work_pool"]["job_variables"]) <= set(
                 template["variables"]["properties"]), d["name"]
-        backend = d["parameters"].get("backend")
-        if backend is not None:
+            assert d["work_pool"]["job_variables"]["image"] == IMAGE, d["name"]
+        if "launch" in d["parameters"]:
+            backend = parse_launch(None, d["parameters"]["launch"]).backend
             assert backend == ("kubernetes" if d["work_pool"]["name"] == POOLS["kubernetes"]
                                else "local"), d["name"]
         names.add(f"{f.name}/{d['name']}")
@@ -265,7 +248,7 @@ def test_cancelling_the_flow_run_cancels_the_job(prefect_api, tmp_path):
 
     run_prep(load_config(str(prep)), progress=False)
     deploy_all(str(prep), str(train), pool_type="process", pool="ballast-cancel", cron=None,
-               poll_s=0.5)
+               launch={"poll_s": 0.5})
     run = run_deployment("train/train-only", timeout=0)
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
     worker = subprocess.Popen(
@@ -333,5 +316,5 @@ def test_kubernetes_pool_deployments_register(prefect_api, tmp_path):
     pool, dep = asyncio.run(read())
     template = json.loads((ROOT / "k8s" / "base" / "work-pool-template.json").read_text())
     assert pool.type == "kubernetes" and pool.base_job_template == template
-    assert dep.parameters["backend"] == "kubernetes"
+    assert dep.parameters["launch"] == {"backend": "kubernetes"}
     assert dep.job_variables.get("image") == IMAGE

@@ -1,5 +1,5 @@
 """The Kubernetes manifests: infra/k8s_manifests.py render(), the generated k8s/ files, the
-kustomize output, our lint (infra/k8s_lint.py), the official schemas (kubernetes-validate,
+kustomize output, our lint (tests/k8s_lint.py), the official schemas (kubernetes-validate,
 strict), the JobSet CRD's top level (a schema vendored under tests/fixtures/jobset/), the
 Prefect work pool template, the Dockerfile and, where checkov is installed, the scan."""
 
@@ -21,7 +21,6 @@ import kubernetes_validate.utils as kv
 import pytest
 import yaml
 
-from infra import k8s_lint
 from infra.jobs import JobSpec
 from infra.k8s_manifests import (
     COMMAND,
@@ -41,6 +40,7 @@ from infra.k8s_manifests import (
     stale,
     work_pool_template,
 )
+from tests import k8s_lint
 from training.config import parse_train_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -431,8 +431,14 @@ def test_validation_catches_what_it_should() -> None:
 
 
 def test_train_config_and_rbac() -> None:
-    cfg = parse_train_config(yaml.safe_load((K8S / "base" / CONFIG_KEY).read_text()),
-                             "k8s/base/train.yaml")
+    from infra.launch import parse_launch
+
+    data = yaml.safe_load((K8S / "base" / CONFIG_KEY).read_text())
+    cfg = parse_train_config(data, "k8s/base/train.yaml")
+    # Its `launch:` section (the trainer ignores it) is valid, and one trainer process per
+    # GPU of the pods it asks for.
+    launch = parse_launch(data.get("launch"), where="k8s/base/train.yaml")
+    assert launch.nproc_per_node <= max(launch.kubernetes.gpus_per_node, 1)
     assert cfg.dataset.startswith("s3://")
     assert cfg.checkpoint.remote and cfg.checkpoint.remote.startswith("s3://")
     # checkpoint.remote is a root; the run's own prefix is where it always was.

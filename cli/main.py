@@ -170,6 +170,7 @@ def cmd_prep(args: argparse.Namespace) -> int:
 
     from core.store import StorageError
     from tasks.config import ConfigError, load_config
+    from tasks.inputs import InputsChanged
     from tasks.pipeline import STEP_NOTE, OutputConflict, run_prep
     from tasks.readers import IngestError
     from tasks.report import AccountingError
@@ -181,7 +182,8 @@ def cmd_prep(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, {"output": args.output, "workers": args.workers})
         output = cfg.output
         report = run_prep(cfg, until=args.until, progress=not args.no_progress)
-    except (ConfigError, IngestError, OutputConflict, StorageError, ValueError) as e:
+    except (ConfigError, IngestError, OutputConflict, InputsChanged, StorageError,
+            ValueError) as e:
         print_error(str(e))
         return EXIT_ERROR
     except AccountingError as e:
@@ -254,6 +256,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     from flows.deployments import deploy_all
+    from infra.jobs import POOLS
 
     ids = deploy_all(args.prep_config, args.train_config, pool_type=args.pool_type,
                      pool=args.pool, cron=args.cron or None, output=args.output,
@@ -261,13 +264,15 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     out = Console()
     for name, dep_id in ids.items():
         out.print(f"deployment {name}: {dep_id}", markup=False)
-    pool = args.pool or {"process": "ballast-process", "kubernetes": "ballast-k8s"}[
-        args.pool_type]
+    pool = args.pool or POOLS[args.pool_type]
     out.print(f"start a worker: prefect worker start --pool {pool}", markup=False)
     return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from infra.jobs import POOLS
+    from infra.k8s_manifests import IMAGE
+
     p = argparse.ArgumentParser(prog="ballast", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prep", help="run data prep from a YAML config (no server needed)")
@@ -292,14 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
                                         "schedule, prep only, train only) on a work pool")
     dep.add_argument("--prep-config", default="configs/demo.yaml")
     dep.add_argument("--train-config", default="configs/train-demo.yaml")
-    dep.add_argument("--pool-type", choices=["process", "kubernetes"], default="process")
-    dep.add_argument("--pool", help="work pool name (default ballast-process / ballast-k8s)")
+    dep.add_argument("--pool-type", choices=list(POOLS), default="process")
+    dep.add_argument("--pool", help=f"work pool name (default {' / '.join(POOLS.values())})")
     dep.add_argument("--cron", default="0 3 * * *", help="pipeline schedule ('' for none)")
     dep.add_argument("--output", help="prep output override")
     dep.add_argument("--run-dir", help="training run dir override")
     dep.add_argument("--steps", type=int, help="training steps override")
-    dep.add_argument("--image", default="ghcr.io/ballast-lm/ballast:0.1.0",
-                     help="image for the kubernetes pool")
+    dep.add_argument("--image", default=IMAGE, help="image for the kubernetes pool")
     dep.set_defaults(func=cmd_deploy)
     return p
 

@@ -1,0 +1,2 @@
+"""The `ballast` command line (cli/main.py): the top layer, over the flows, infra, prep and
+the trainer."""
