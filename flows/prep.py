@@ -1,5 +1,6 @@
-"""The `prep` flow: the data-prep pipeline as Prefect tasks mapped over shards. It reads
-like the pipeline diagram; the work lives in tasks/.
+"""The `prep` flow: the prep stage graph (tasks/graph.py) as Prefect tasks, one task per
+step, generated from the graph and mapped over the step's items; the work lives in
+tasks/stages/.
 
     python -m flows.prep CONFIG [--runner local|dask] [--workers N]
 """
@@ -7,37 +8,113 @@ like the pipeline diagram; the work lives in tasks/.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import inspect
+import json
+import uuid
+from functools import partial
 from typing import Any
 
-from prefect import Flow, flow, get_run_logger, unmapped
+from prefect import Flow, Task, flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 
 from flows.runs import run_name
-from tasks.config import load_config
-from tasks.dataset import dataset_uri
-from tasks.mixture_stage import train_partitions, validation_partitions
-from tasks.near_dedup import band_groups
-from tasks.pack_stage import packing_summary
-from tasks.pipeline import enabled_stages
-from tasks.wrappers import (
-    dataset_task,
-    exact_apply_task,
-    exact_hash_task,
-    exact_select_task,
-    ingest_task,
-    mixture_order_task,
-    mixture_plan_task,
-    near_apply_task,
-    near_bucket_task,
-    near_cluster_task,
-    near_signature_task,
-    pack_task,
-    plan_task,
-    quality_task,
-    report_task,
-    tokenize_task,
-    tokenizer_task,
+from tasks.config import PrepConfig, load_config
+from tasks.graph import (
+    STAGES,
+    Run,
+    Step,
+    enabled_stages,
+    item_name,
+    write_dataset,
+    writes_dataset,
 )
+from tasks.layout import output_store
+from tasks.pipeline import RUN_KEY, prepare_output
+from tasks.report import build as build_report
+from tasks.stages.dataset import dataset_uri
+from tasks.stages.ingest import Unit
+
+
+def _output_run_id(_ctx: Any, inputs: dict[str, Any]) -> str:
+    try:
+        return json.loads(output_store(inputs["cfg"]).get(RUN_KEY))["run_id"]
+    except Exception:  # no claimed output: never reuse a cached result
+        return uuid.uuid4().hex
+
+
+def _source_key(step: Step) -> CachePolicy:
+    """The step and its function's source: every step's task runs the same wrapper, so
+    TASK_SOURCE alone would neither tell steps apart nor see a step's code change."""
+    def key(_ctx: Any, _inputs: dict[str, Any]) -> str:
+        try:
+            src = inspect.getsource(step.fn)
+        except (OSError, TypeError):
+            src = f"{step.fn.__module__}.{step.fn.__qualname__}"
+        return hashlib.sha256(f"{step.name}\0{src}".encode()).hexdigest()
+
+    return CachePolicy.from_cache_key_fn(key)
+
+
+# Every step's task gains:
+# - retries: writes are atomic and deterministic, so a retried item cannot duplicate
+#   output. Transient storage errors (throttling, a dropped connection) are worth a retry;
+#   a bad config is not, and fails before these tasks run;
+# - a cache policy: inputs + source + the output's run id, with persisted results, so a
+#   re-run of the flow does not even schedule finished items. The run id is new whenever
+#   the output is made anew, so a deleted output is never taken for a finished one.
+#   (Inside each task the step's done check still runs: the output is the truth.)
+RETRIES: dict[str, Any] = {"retries": 2, "retry_delay_seconds": [2, 10]}
+RUN_ID = CachePolicy.from_cache_key_fn(_output_run_id)
+
+
+def _task_name(step: Step) -> str:
+    return step.name.replace(": ", "-")  # "near: buckets" -> "near-buckets"
+
+
+def _run_name(name: str, parameters: dict[str, Any]) -> str:
+    return f"{name}-{item_name(parameters['item'])}"
+
+
+def step_task(step: Step) -> Task:
+    """The Prefect task of one step: runs `item` unless the output already has it."""
+    def run_step(cfg: PrepConfig, args: tuple[Any, ...], item: Any) -> None:
+        if not step.is_done(output_store(cfg), item):
+            step.fn(cfg, *args, item)
+
+    name = _task_name(step)
+    return task(run_step, name=name,
+                task_run_name=None if step.over is None else partial(_run_name, name),
+                cache_policy=INPUTS + TASK_SOURCE + _source_key(step) + RUN_ID,
+                persist_result=True, **RETRIES)
+
+
+STEP_TASKS: dict[str, Task] = {s.name: step_task(s) for st in STAGES for s in st.steps}
+# A stage's report entry, read once its steps are done (in a task, as the steps read
+# the output: the flow itself never opens it).
+# Named "<stage>-summary" for its first entry, "<stage>-<key>" for any other.
+REPORT_TASKS: dict[str, Task] = {
+    key: task(read, name=f"{st.name}-summary" if i == 0 else f"{st.name}-{key}")
+    for st in STAGES for i, (key, read) in enumerate(st.reports)}
+
+
+@task(name="plan-inputs")
+def plan_task(cfg: PrepConfig) -> list[Unit]:
+    return prepare_output(cfg, get_run_logger().info)
+
+
+@task(name="report")
+def report_task(cfg: PrepConfig, stages: list[tuple[str, list[str]]],
+                extra: dict[str, Any]) -> dict[str, Any]:
+    return build_report(output_store(cfg), stages, extra)
+
+
+@task(name="write-dataset", cache_policy=INPUTS + TASK_SOURCE + RUN_ID, persist_result=True,
+      **RETRIES)
+def dataset_task(cfg: PrepConfig, extra: dict[str, Any],
+                 accounting: dict[str, Any]) -> dict[str, Any]:
+    return write_dataset(cfg, extra, accounting)
 
 
 @flow(name="prep", log_prints=True, flow_run_name=run_name)
@@ -55,67 +132,29 @@ def prep(config_path: str, output: str | None = None, until: str | None = None) 
     """
     cfg = load_config(config_path, {"output": output})
     stages = enabled_stages(cfg, until)
-    c = unmapped(cfg)
-
-    units = plan_task(cfg)
-    shards = [s for part in ingest_task.map(c, units).result() for s in part]
-    accounted = [("ingest", [u.name for u in units])]
-    extra: dict[str, Any] = {"config_fingerprint": cfg.fingerprint(), "seed": cfg.seed}
-    prev = unmapped("ingest")
-
-    if "exact" in stages:
-        exact_hash_task.map(c, prev, shards).wait()
-        exact_select_task(cfg, prev.value, shards)
-        exact_apply_task.map(c, prev, shards).wait()
-        accounted.append(("exact", shards))
-        prev = unmapped("exact")
-
-    if "near" in stages:
-        near_signature_task.map(c, prev, shards).wait()
-        near_bucket_task.map(c, unmapped(shards), band_groups(cfg)).wait()
-        extra["near"] = near_cluster_task(cfg, shards)
-        near_apply_task.map(c, prev, shards).wait()
-        accounted.append(("near", shards))
-        prev = unmapped("near")
-
-    if "quality" in stages:
-        quality_task.map(c, prev, shards).wait()
-        accounted.append(("quality", shards))
-        prev = unmapped("quality")
-
-    if "tokenize" in stages:
-        tokenizer_task(cfg, prev.value, shards)
-        tokenize_task.map(c, prev, shards).wait()
-        accounted.append(("tokenize", shards))
-        prev = unmapped("tokenize")
-
-    if "mixture" in stages:
-        extra["mixture"] = mixture_plan_task(cfg, shards)
-        mixture_order_task.map(c, shards).wait()
-        accounted.append(("mixture", shards))
-        prev = unmapped("mixture")
-
+    run = Run(cfg, plan_task(cfg),
+              extra={"config_fingerprint": cfg.fingerprint(), "seed": cfg.seed})
+    accounted: list[tuple[str, list[str]]] = []
+    for stage in stages:
+        for step in stage.steps:
+            t, args = STEP_TASKS[step.name], step.args(run)
+            if step.over is None:
+                t(cfg, args, run.shards)
+            else:  # .result(): a failed item fails the flow here, after its retries
+                t.map(unmapped(cfg), unmapped(args), step.items(run)).result()
+        for key, _read in stage.reports:
+            run.extra[key] = REPORT_TASKS[key](run)
+        if stage.accounting is not None:
+            accounted.append((stage.name, stage.accounting(run)))
+            run.prev = stage.name
+    run.extra["final_stage"] = run.prev
+    report = report_task(cfg, accounted, run.extra)
     dataset = None
-    if "pack" in stages:
-        parts = train_partitions(cfg, extra["mixture"])
-        vparts = validation_partitions(extra["mixture"])
-        packed = pack_task.map(c, unmapped(shards), [*parts, *vparts]).result()
-        extra["packing"] = {"strategy": cfg.pack.strategy, "seq_len": cfg.pack.seq_len,
-                            "train": packing_summary(packed[:len(parts)]),
-                            "validation": packing_summary(packed[len(parts):])}
-
-    extra.update(final_stage=prev.value, shards=shards)
-    report = report_task(cfg, accounted, extra)
-    if "pack" in stages:
-        manifest = dataset_task(cfg, parts, {"mixture": extra["mixture"],
-                                             "packing": extra["packing"],
-                                             "accounting": report["stages"]}, vparts)
+    if writes_dataset(stages):
+        report["dataset"] = dataset_task(cfg, run.extra, report["stages"])
         dataset = dataset_uri(cfg)
-        report["dataset"] = {"uri": dataset, "splits": {
-            k: {"rows": v["rows"], "real_tokens": v["real_tokens"]}
-            for k, v in manifest["splits"].items()}}
     publish_artifacts(report)
-    return {"dataset": dataset, "output": cfg.output, "final_stage": prev.value,
+    return {"dataset": dataset, "output": cfg.output, "final_stage": run.prev,
             "report": report}
 
 

@@ -16,13 +16,14 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from core.config import Strict, format_validation_error, read_yaml
 from core.errors import ConfigError
 from core.store import StorageOptions
+from tasks.formats import CHOICES as FORMAT_CHOICES
 
 __all__ = ["ConfigError", "PrepConfig", "load_config", "parse_config"]
 
-STAGES = ("ingest", "exact", "near", "quality", "tokenize", "mixture", "pack")
 
-
-Format = Literal["auto", "jsonl", "parquet", "txt", "hf"]
+# A registered input format's name, or auto. A Literal built from the registry, so that an
+# unknown value is refused naming the key and every choice, as other choices are.
+Format = Literal[FORMAT_CHOICES]  # type: ignore[valid-type]
 
 
 class SourceConfig(Strict):
@@ -31,7 +32,7 @@ class SourceConfig(Strict):
     # from the config file's directory.
     paths: list[str] = Field(min_length=1)
     # auto: by extension (.jsonl, .jsonl.gz, .jsonl.zst, .json[.gz], .parquet, .txt);
-    # a directory written by `datasets.save_to_disk` is `hf`.
+    # a directory written by `datasets.save_to_disk` is `hf` (see tasks.formats).
     format: Format = "auto"
     text_field: str = "text"
     id_field: str | None = None

@@ -1,6 +1,6 @@
-"""Runs the prep stages in order on one machine, shard by shard, skipping every shard a
-previous run finished. This is what `ballast prep` runs; flows/prep.py composes the same
-steps as Prefect tasks."""
+"""Runs the prep stage graph (tasks/graph.py) on one machine, in a process pool, step by
+step, skipping every item a previous run finished. This is what `ballast prep` runs;
+flows/prep.py runs the same graph as Prefect tasks."""
 
 from __future__ import annotations
 
@@ -22,20 +22,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from core.store import Store
-from tasks import (
-    dataset,
-    exact_dedup,
-    mixture_stage,
-    near_dedup,
-    pack_stage,
-    quality_filter,
-    tokenize_stage,
-)
-from tasks.config import STAGES, PrepConfig
-from tasks.ingest import ingest_unit, plan_units
+from tasks.config import PrepConfig
+from tasks.graph import Run, Step, enabled_stages, write_dataset, writes_dataset
+from tasks.inputs import check_inputs, check_overlap
+from tasks.layout import output_store
 from tasks.report import build as build_report
 from tasks.report import write as write_report
-from tasks.stage import is_done, output_store, read_done
+from tasks.stages.ingest import Unit, plan_units
 
 T = TypeVar("T")
 RUN_KEY = "_run.json"
@@ -240,20 +233,6 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def enabled_stages(cfg: PrepConfig, until: str | None = None) -> list[str]:
-    if until is not None and until not in STAGES:
-        raise ValueError(f"unknown stage {until!r}; stages are: {', '.join(STAGES)}")
-    on = {"ingest": True, "exact": cfg.dedup.exact, "near": cfg.dedup.near is not None,
-          "quality": True, "tokenize": True, "mixture": True, "pack": True}
-    out = []
-    for s in STAGES:
-        if on[s]:
-            out.append(s)
-        if s == until:
-            break
-    return out
-
-
 def claim_output(store: Store, cfg: PrepConfig) -> None:
     """Refuse to mix the files of two different configs in one output: resuming is only
     correct when the config that made the existing files is the same.
@@ -281,66 +260,52 @@ def claim_output(store: Store, cfg: PrepConfig) -> None:
             f"this config {fp}); choose another output or delete it")
 
 
-def _todo(store: Store, stage: str, names: list[str]) -> list[str]:
-    return [n for n in names if not is_done(store, stage, n)]
+def prepare_output(cfg: PrepConfig, log: Callable[[str], None]) -> list[Unit]:
+    """What every runner does before any work: refuse overlapping inputs and output,
+    resolve every input into units, claim the output, and compare the inputs with those
+    the output was made from (tasks/inputs.py; InputsChanged if they differ)."""
+    check_overlap(cfg)  # before anything is read or written
+    units = plan_units(cfg)  # every input resolved before any work starts
+    store = output_store(cfg)
+    claim_output(store, cfg)
+    check_inputs(store, cfg, (f for u in units for f in u.files), log)
+    return units
 
 
 def run_prep(cfg: PrepConfig, until: str | None = None, runner: LocalRunner | None = None,
              progress: bool = True) -> dict[str, Any]:
     """Run the enabled stages up to `until`; return the report (also in report.json)."""
     stages = enabled_stages(cfg, until)
-    units = plan_units(cfg)  # every input resolved before any work starts
-    store = output_store(cfg)
-    claim_output(store, cfg)
     own = runner is None
-    runner = runner or LocalRunner(cfg.workers, progress=progress)
+    runner = runner or LocalRunner(cfg.workers, progress=progress)  # starts no process
+    console = runner.console
+    units = prepare_output(cfg, lambda msg: console.print(msg, markup=False, highlight=False,
+                                                          soft_wrap=True))
+    store = output_store(cfg)
     runner.warm()
     timings: dict[str, float] = {}
-    extra: dict[str, Any] = {"config_fingerprint": cfg.fingerprint(), "seed": cfg.seed}
+    run = Run(cfg, units, extra={"config_fingerprint": cfg.fingerprint(), "seed": cfg.seed})
     try:
-        t0 = time.perf_counter()
-        todo = [u for u in units if not is_done(store, "ingest", u.name)]
-        runner.map(partial(ingest_unit, cfg), todo, "ingest", done=len(units) - len(todo))
-        timings["ingest"] = time.perf_counter() - t0
-        shards = [s for u in units for s in read_done(store, "ingest", u.name)["shards"]]
-        accounted: list[tuple[str, list[str]]] = [("ingest", [u.name for u in units])]
-        prev = "ingest"
-        for stage in stages[1:]:
+        accounted: list[tuple[str, list[str]]] = []
+        for stage in stages:
             t0 = time.perf_counter()
-            if stage == "exact":
-                run_exact(cfg, store, runner, prev, shards)
-            elif stage == "near":
-                extra["near"] = run_near(cfg, store, runner, prev, shards)
-            elif stage == "quality":
-                todo = _todo(store, stage, shards)
-                runner.map(partial(quality_filter.filter_shard, cfg, prev), todo, "quality",
-                           done=len(shards) - len(todo))
-            elif stage == "tokenize":
-                run_tokenize(cfg, store, runner, prev, shards)
-            elif stage == "mixture":
-                extra["mixture"] = run_mixture(cfg, store, runner, shards)
-            elif stage == "pack":
-                extra["packing"] = run_pack(cfg, store, runner, shards)
-            timings[stage] = time.perf_counter() - t0
-            if stage != "pack":  # pack works on rows, not documents: reported apart
-                accounted.append((stage, shards))
-                prev = stage
-        extra["final_stage"] = prev
-        extra["shards"] = shards
+            for step in stage.steps:
+                run_step(runner, store, step, run)
+            for key, read in stage.reports:
+                run.extra[key] = read(run)
+            timings[stage.name] = time.perf_counter() - t0
+            if stage.accounting is not None:
+                accounted.append((stage.name, stage.accounting(run)))
+                run.prev = stage.name
+        run.extra["final_stage"] = run.prev
         # Built (and checked) before the dataset is written: a run whose documents do not
         # add up raises here and never produces a dataset.
-        report = build_report(store, accounted, extra)
-        if "pack" in stages:
+        report = build_report(store, accounted, run.extra)
+        if writes_dataset(stages):
             t0, start = time.perf_counter(), time.time()
-            plan = extra["mixture"]
-            manifest = dataset.write_dataset(cfg, mixture_stage.train_partitions(cfg, plan), {
-                "mixture": extra["mixture"], "packing": extra["packing"],
-                "accounting": report["stages"]}, mixture_stage.validation_partitions(plan))
+            report["dataset"] = write_dataset(cfg, run.extra, report["stages"])
             timings["dataset"] = time.perf_counter() - t0
             runner.times["dataset"] = (round(start, 3), round(time.time(), 3))
-            report["dataset"] = {"uri": dataset.dataset_uri(cfg),
-                                 "splits": {k: {"rows": v["rows"], "real_tokens": v["real_tokens"]}
-                                            for k, v in manifest["splits"].items()}}
         report["stage_seconds"] = {k: round(v, 3) for k, v in timings.items()}
         report["step_seconds"] = dict(runner.seconds)
         report["step_epoch_seconds"] = {k: list(v) for k, v in runner.times.items()}
@@ -355,67 +320,12 @@ def run_prep(cfg: PrepConfig, until: str | None = None, runner: LocalRunner | No
             runner.close()
 
 
-def run_exact(cfg: PrepConfig, store: Store, runner: LocalRunner, prev: str,
-              shards: list[str]) -> None:
-    todo = [s for s in shards if not store.exists(exact_dedup.hashes_key(s))]
-    runner.map(partial(exact_dedup.hash_shard, cfg, prev), todo, "exact: hash",
-               done=len(shards) - len(todo))
-    if not store.exists(exact_dedup.DUPS_KEY):
-        runner.map(partial(exact_dedup.select, cfg, prev), [shards], "exact: select")
-    todo = _todo(store, "exact", shards)
-    runner.map(partial(exact_dedup.apply_shard, cfg, prev), todo, "exact: apply",
-               done=len(shards) - len(todo))
-
-
-def run_near(cfg: PrepConfig, store: Store, runner: LocalRunner, prev: str,
-             shards: list[str]) -> dict[str, Any]:
-    todo = [s for s in shards if not store.exists(near_dedup.sig_key(s))]
-    runner.map(partial(near_dedup.signature_shard, cfg, prev), todo, "near: signatures",
-               done=len(shards) - len(todo))
-    groups = near_dedup.band_groups(cfg)
-    todo_g = [g for g in groups if not all(store.exists(near_dedup.bucket_key(b)) for b in g)]
-    runner.map(partial(near_dedup.bucket_bands, cfg, shards), todo_g, "near: buckets",
-               done=len(groups) - len(todo_g))
-    if not store.exists(near_dedup.CLUSTER_KEY):
-        runner.map(partial(near_dedup.cluster, cfg), [shards], "near: cluster")
-    summary = json.loads(store.get(near_dedup.CLUSTER_KEY))
-    todo = _todo(store, "near", shards)
-    runner.map(partial(near_dedup.apply_shard, cfg, prev), todo, "near: apply",
-               done=len(shards) - len(todo))
-    return summary
-
-
-def run_tokenize(cfg: PrepConfig, store: Store, runner: LocalRunner, prev: str,
-                 shards: list[str]) -> None:
-    if not store.exists(tokenize_stage.TOKENIZER_KEY):
-        runner.map(partial(tokenize_stage.prepare_tokenizer, cfg, prev), [shards],
-                   f"tokenizer: {cfg.tokenizer.kind}")
-    todo = _todo(store, "tokenize", shards)
-    runner.map(partial(tokenize_stage.tokenize_shard, cfg, prev), todo, "tokenize",
-               done=len(shards) - len(todo))
-
-
-def run_mixture(cfg: PrepConfig, store: Store, runner: LocalRunner,
-                shards: list[str]) -> dict[str, Any]:
-    if not store.exists(mixture_stage.PLAN_KEY):
-        runner.map(partial(mixture_stage.plan, cfg), [shards], "mixture: plan")
-    plan = json.loads(store.get(mixture_stage.PLAN_KEY))
-    todo = _todo(store, "mixture", shards)
-    runner.map(partial(mixture_stage.scatter_shard, cfg), todo, "mixture: order",
-               done=len(shards) - len(todo))
-    return plan
-
-
-def run_pack(cfg: PrepConfig, store: Store, runner: LocalRunner,
-             shards: list[str]) -> dict[str, Any]:
-    plan = mixture_stage.read_plan(cfg)
-    train = mixture_stage.train_partitions(cfg, plan)
-    val = mixture_stage.validation_partitions(plan)
-    parts = [*train, *val]
-    todo = [p for p in parts if not store.exists(pack_stage.packed_done_key(p))]
-    runner.map(partial(pack_stage.pack_partition, cfg, shards), todo,
-               f"pack: {cfg.pack.strategy}", done=len(parts) - len(todo))
-    stats = {p: json.loads(store.get(pack_stage.packed_done_key(p))) for p in parts}
-    return {"strategy": cfg.pack.strategy, "seq_len": cfg.pack.seq_len,
-            "train": pack_stage.packing_summary([stats[p] for p in train]),
-            "validation": pack_stage.packing_summary([stats[p] for p in val])}
+def run_step(runner: LocalRunner, store: Store, step: Step, run: Run) -> None:
+    """Run a step's unfinished items in the pool; a finished run-once step is skipped
+    without a progress bar."""
+    items = step.items(run)
+    todo = [it for it in items if not step.is_done(store, it)]
+    if step.over is None and not todo:
+        return
+    runner.map(partial(step.fn, run.cfg, *step.args(run)), todo, step.title(run.cfg),
+               done=len(items) - len(todo))

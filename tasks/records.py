@@ -62,6 +62,3 @@ def table_to_parquet_bytes(table: pa.Table) -> bytes:
 def parquet_bytes_to_table(data: bytes) -> pa.Table:
     return pq.read_table(pa.BufferReader(data))
 
-
-def empty(schema: pa.Schema) -> pa.Table:
-    return schema.empty_table()

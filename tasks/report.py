@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from core.store import Store
-from tasks.stage import ShardStats, SourceStats, read_done
+from tasks.layout import ShardStats, SourceStats, read_done
 
 REPORT_KEY = "report.json"
 

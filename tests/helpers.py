@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -70,3 +73,29 @@ def watch_latest(s3_client: Any, bucket: str, prefix: str, seen: list[str],
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     return t
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli_env() -> dict[str, str]:
+    # No COLUMNS/LINES from the test runner's terminal: the CLI sees what a pipe gives it.
+    return {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+
+
+def run_cli(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    """`ballast ARGS` in a subprocess from the repository root, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env=cli_env(),
+                          **kw)  # type: ignore[call-overload]
+
+
+def assert_one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """The CLI's contract for bad input: one line on stderr naming the cause, no
+    traceback. Returns the line."""
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]

@@ -62,8 +62,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Expected, Path, dict]
 
 
 def test_the_corpus_covers_every_reason_in_the_readers() -> None:
-    code = (ROOT / "tasks" / "readers.py").read_text(encoding="utf-8")
-    in_code = set(re.findall(r'(?:BadRecord|_bad)\(\s*"([a-z0-9_]+)"', code))
+    files = [ROOT / "tasks" / "readers.py", *sorted((ROOT / "tasks" / "formats").glob("*.py"))]
+    code = "\n".join(f.read_text(encoding="utf-8") for f in files)
+    in_code = set(re.findall(r'(?:BadRecord|\bbad)\(\s*"([a-z0-9_]+)"', code))
     assert in_code == set(REASONS)
 
 

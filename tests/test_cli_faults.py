@@ -21,6 +21,8 @@ import psutil
 import pytest
 import yaml
 
+from tests.helpers import assert_one_line_error, cli_env, run_cli
+
 ROOT = Path(__file__).resolve().parents[1]
 EXIT_INTERRUPTED = 130
 
@@ -50,26 +52,6 @@ def write_config(path: Path, data: Path, out: Path | str, workers: int = 2) -> P
         "quality": ["length"],
     }))
     return path
-
-
-def cli_env() -> dict[str, str]:
-    # No COLUMNS/LINES from the test runner's terminal: the CLI sees what a pipe gives it.
-    return {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-
-
-def run_cli(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "infra.cli", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, env=cli_env(),
-                          **kw)  # type: ignore[call-overload]
-
-
-def assert_one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> str:
-    assert "Traceback" not in r.stderr, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, r.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +90,7 @@ def running_prep(cfg: Path, out_dir: Path, **popen: object) -> Iterator[
     whatever of those this test started is still alive (by pid), so that a failing test
     leaks nothing either."""
     with open(out_dir / "stderr.txt", "wb") as err:  # a file: no pipe to fill and block
-        proc = subprocess.Popen([sys.executable, "-m", "infra.cli", "prep", str(cfg),
+        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "prep", str(cfg),
                                  "--no-progress"], cwd=ROOT, stdout=subprocess.DEVNULL,
                                 stderr=err, env=cli_env(), **popen)  # type: ignore[call-overload]
         kids: list[psutil.Process] = []

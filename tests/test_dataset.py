@@ -195,13 +195,13 @@ def test_partitions_follow_the_token_count(data, tmp_path, monkeypatch):
     PARTITION_TOKENS; every planned token still reaches the dataset exactly once."""
     from datasets import load_from_disk
 
-    from tasks import mixture_stage
+    from tasks.stages import mixture
 
-    monkeypatch.setattr(mixture_stage, "PARTITION_TOKENS", 20_000)
+    monkeypatch.setattr(mixture, "PARTITION_TOKENS", 20_000)
     out = tmp_path / "run"
     report = run_prep(parse_config(cfg_dict(data, out, dataset={"validation_fraction": 0.2})),
                       progress=False)
-    plan = json.loads((out / mixture_stage.PLAN_KEY).read_text())
+    plan = json.loads((out / mixture.PLAN_KEY).read_text())
     assert plan["train_partitions"] > 4
     assert plan["train_partitions"] * 20_000 >= plan["total_realised_tokens"]
     assert plan["validation_partitions"] > 1

@@ -19,13 +19,13 @@ import pytest
 from core.dataset import MANIFEST, arrow_stats, row_schema, verify
 from core.files import sha256_file
 from core.store import LocalStore, Store
-from tasks import dataset
 from tasks.config import parse_config
-from tasks.mixture_stage import read_plan, train_partitions, validation_partitions
-from tasks.pack_stage import packed_done_key, packed_key
 from tasks.pipeline import run_prep
 from tasks.records import table_to_parquet_bytes
-from tasks.tokenize_stage import TOKENIZER_KEY
+from tasks.stages import dataset
+from tasks.stages.mixture import read_plan, train_partitions, validation_partitions
+from tasks.stages.pack import packed_done_key, packed_key
+from tasks.stages.tokenize import TOKENIZER_KEY
 from tests.helpers import read_jsonl, shared_file, write_jsonl
 
 

@@ -87,7 +87,7 @@ def test_exact_duplicates_across_sources_keep_the_first_source(tmp_path):
 def test_exact_select_in_passes_gives_the_same_duplicates(tmp_path, monkeypatch):
     """A corpus larger than one pass of exact select is split by hash value into passes;
     the duplicates and the copies kept are those of a single pass."""
-    from tasks import exact_dedup
+    from tasks.stages import exact
 
     rng = random.Random(2)
     web = [r["text"] for r in read_jsonl(shared_file("web_openwebtext_1k.jsonl"), 60)]
@@ -95,7 +95,7 @@ def test_exact_select_in_passes_gives_the_same_duplicates(tmp_path, monkeypatch)
     path = write_jsonl(tmp_path / "docs.jsonl", rows)
     results = []
     for pass_docs in (1 << 24, 37):
-        monkeypatch.setattr(exact_dedup, "PASS_DOCS", pass_docs)
+        monkeypatch.setattr(exact, "PASS_DOCS", pass_docs)
         out = tmp_path / f"out-{pass_docs}"
         cfg = parse_config({"output": str(out), "workers": 1, "quality": [],
                             "ingest": {"shard_docs": 29},

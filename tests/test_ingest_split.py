@@ -21,14 +21,15 @@ import zstandard
 import tasks.readers as readers
 from core.store import StorageOptions
 from tasks.config import PrepConfig, SourceConfig, parse_config
-from tasks.ingest import Unit, ingest_unit, plan_units
-from tasks.readers import BadRecord, InputFile, RawDoc, read_file, resolve_inputs, split_input
+from tasks.formats import BadRecord, InputFile, RawDoc, jsonl
+from tasks.layout import SourceStats, dropped_key, output_store, read_docs, read_done
+from tasks.readers import read_file, resolve_inputs, split_input
 from tasks.records import parquet_bytes_to_table
-from tasks.stage import SourceStats, dropped_key, output_store, read_docs, read_done
+from tasks.stages.ingest import Unit, ingest_unit, plan_units
 
 OPTS = StorageOptions()
 MAX_DOC = 64  # small, so that a modest record is `too_large` by max_doc_bytes
-LINE_LIMIT = 6 * MAX_DOC + (1 << 20)  # readers._line_limit: longer lines are not parsed
+LINE_LIMIT = 6 * MAX_DOC + (1 << 20)  # formats.jsonl.line_limit: longer lines are not parsed
 UNIT_SIZES = (1, 7, 100, 4096)
 
 Rec = RawDoc | BadRecord
@@ -101,7 +102,7 @@ def boundary_unit_sizes(data: bytes) -> list[int]:
 def test_jsonl_split_reads_exactly_like_serial(tmp_path: Path, block: int | None,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     if block is not None:  # tiny planning blocks: line starts found across block edges
-        monkeypatch.setattr(readers, "_PLAN_BLOCK", block)
+        monkeypatch.setattr(jsonl, "_PLAN_BLOCK", block)
     data = tricky_jsonl()
     p = tmp_path / "big.jsonl"
     p.write_bytes(data)
@@ -135,14 +136,14 @@ def test_part_starts_match_a_naive_oracle(tmp_path: Path,
     p = tmp_path / "o.jsonl"
     p.write_bytes(data)
     for block in (1, 3, 64, 1 << 20):
-        monkeypatch.setattr(readers, "_PLAN_BLOCK", block)
+        monkeypatch.setattr(jsonl, "_PLAN_BLOCK", block)
         for unit in (1, 2, 5, 17, 333, 2999, 3001):
             want: list[tuple[int, int]] = [(0, 1)]
             for b in range(unit, len(data), unit):
                 s = naive_first_line_at(data, b)
                 if s[0] < len(data) and s != want[-1]:
                     want.append(s)
-            got = readers._jsonl_part_starts(str(p), len(data), unit)
+            got = jsonl.part_starts(str(p), len(data), unit)
             assert got == want, (block, unit)
 
 

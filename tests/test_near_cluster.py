@@ -14,9 +14,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tasks import exact_dedup, minhash, near_dedup
+from tasks import minhash
 from tasks.config import parse_config
 from tasks.pipeline import run_prep
+from tasks.stages import exact, near
 from tests.helpers import edit_words, read_jsonl, shared_file
 
 
@@ -28,13 +29,13 @@ def reference_clusters(out: Path, shards: list[str], bands: int, threshold: floa
 
     sets: list[np.ndarray] = []
     for s in shards:
-        z = npz(near_dedup.shingles_key(s))
+        z = npz(near.shingles_key(s))
         sets += [z["shingles"][z["offsets"][r] : z["offsets"][r + 1]]
                  for r in range(len(z["offsets"]) - 1)]
     uf = minhash.UnionFind.of(len(sets))
     checked: dict[tuple[int, int], bool] = {}
     for band in range(bands):
-        z = npz(near_dedup.bucket_key(band))
+        z = npz(near.bucket_key(band))
         members, goff = z["members"].tolist(), z["offsets"].tolist()
         for g in range(len(goff) - 1):
             grp = members[goff[g] : goff[g + 1]]
@@ -81,16 +82,16 @@ def test_cluster_matches_the_plain_algorithm(tmp_path: Path, threshold: float) -
     report = run_prep(cfg, until="near", progress=False)
     out = tmp_path / "out"
     shards = report["shards"]
-    bands, _ = near_dedup.bands_rows(cfg.dedup.near)
+    bands, _ = near.bands_rows(cfg.dedup.near)
     roots, candidates, confirmed = reference_clusters(out, shards, bands, threshold)
 
-    summary = json.loads((out / near_dedup.CLUSTER_KEY).read_text())
+    summary = json.loads((out / near.CLUSTER_KEY).read_text())
     assert summary["removed"] > 20  # the corpus does exercise clustering
     assert summary["candidate_pairs"] == candidates
     assert summary["confirmed_pairs"] == confirmed
     dups = [{"shard": s, **d} for s in shards
-            if (out / exact_dedup.dups_key("near", s)).exists()
-            for d in pq.read_table(out / exact_dedup.dups_key("near", s)).to_pylist()]
+            if (out / exact.dups_key("near", s)).exists()
+            for d in pq.read_table(out / exact.dups_key("near", s)).to_pylist()]
     n_per = [pq.read_metadata(out / "docs" / "exact" / f"{s}.parquet").num_rows for s in shards]
     offsets = np.concatenate([[0], np.cumsum(n_per)])
     ids = [i for s in shards
@@ -106,7 +107,7 @@ def test_buckets_in_passes_are_the_same_buckets(tmp_path: Path, monkeypatch) -> 
     chained_corpus(tmp_path / "docs.jsonl")
     got = []
     for pass_docs in (1 << 21, 23):
-        monkeypatch.setattr(near_dedup, "BUCKET_PASS_DOCS", pass_docs)
+        monkeypatch.setattr(near, "BUCKET_PASS_DOCS", pass_docs)
         out = tmp_path / f"out-{pass_docs}"
         cfg = parse_config({
             "output": str(out), "workers": 1, "quality": [],
@@ -115,10 +116,10 @@ def test_buckets_in_passes_are_the_same_buckets(tmp_path: Path, monkeypatch) -> 
             "ingest": {"shard_docs": 37}, "dedup": {"exact": True, "near": {}},
         })
         run_prep(cfg, until="near", progress=False)
-        bands, _ = near_dedup.bands_rows(cfg.dedup.near)
+        bands, _ = near.bands_rows(cfg.dedup.near)
         arrays = []
         for band in range(bands):
-            with np.load(out / near_dedup.bucket_key(band)) as z:
+            with np.load(out / near.bucket_key(band)) as z:
                 arrays.append((z["members"].tolist(), z["offsets"].tolist()))
         got.append(arrays)
     assert sum(len(m) for m, _ in got[0]) > 50  # there are buckets to compare

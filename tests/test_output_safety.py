@@ -25,9 +25,9 @@ import pytest
 from core.dataset import verify
 from core.s3 import S3Store
 from core.store import LocalStore, StorageOptions, Store
-from tasks import dataset
 from tasks.config import parse_config
 from tasks.pipeline import RUN_KEY, run_prep
+from tasks.stages import dataset
 from tests.helpers import read_jsonl, shared_file, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,7 +204,7 @@ def test_verify_names_a_stale_temporary_file(built: Path, tmp_path: Path) -> Non
     assert "train/.data-00000-of-00002.arrow.q1w2e3r4.tmp" in text
     assert "validation/notes.txt" in text
 
-    r = subprocess.run([sys.executable, "-m", "infra.cli", "verify", str(copy)], cwd=ROOT,
+    r = subprocess.run([sys.executable, "-m", "cli.main", "verify", str(copy)], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 1
     assert "train/.data-00000-of-00002.arrow.q1w2e3r4.tmp" in r.stderr
@@ -289,7 +289,7 @@ def test_output_files_follow_the_umask(data: Path, tmp_path: Path, umask: int) -
     out = tmp_path / "run"
     cfg = tmp_path / "prep.yaml"
     cfg.write_text(yaml.safe_dump(prep_cfg(data, out)))
-    r = subprocess.run([sys.executable, "-m", "infra.cli", "prep", str(cfg), "--no-progress"],
+    r = subprocess.run([sys.executable, "-m", "cli.main", "prep", str(cfg), "--no-progress"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600, umask=umask)
     assert r.returncode == 0, r.stderr
     wrong = {}

@@ -18,9 +18,9 @@ import pytest
 
 from core.dataset import verify
 from tasks.config import parse_config
-from tasks.ingest import plan_units
 from tasks.pipeline import OutputConflict, run_prep
 from tasks.readers import IngestError
+from tasks.stages.ingest import plan_units
 from tests.helpers import edit_words, read_jsonl, shared_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -213,7 +213,7 @@ def test_other_config_on_same_output_is_refused(corpus, run):
 
 
 def _cli(cfg_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "infra.cli", "prep", str(cfg_path), *args],
+    return subprocess.run([sys.executable, "-m", "cli.main", "prep", str(cfg_path), *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, **(env or {})})
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,16 +17,20 @@ import zstandard
 
 import tasks.readers as readers
 from core.store import LocalStore, StorageError, StorageOptions
-from tasks.config import SourceConfig
-from tasks.readers import (
+from tasks.config import ConfigError, SourceConfig, parse_config
+from tasks.formats import (
+    CHOICES,
+    FORMATS,
     RAW_LIMIT,
     BadRecord,
-    IngestError,
+    Format,
     InputFile,
     RawDoc,
-    read_file,
-    resolve_inputs,
+    Records,
+    format_from_name,
+    jsonl,
 )
+from tasks.readers import IngestError, read_file, resolve_inputs
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 OPTS = StorageOptions()
@@ -125,7 +130,7 @@ def test_raw_is_truncated_with_marker(tmp_path: Path) -> None:
 
 def test_line_longer_than_any_valid_record_is_skipped_not_buffered(tmp_path: Path) -> None:
     p = tmp_path / "huge.jsonl"
-    limit = readers._line_limit(10)
+    limit = jsonl.line_limit(10)
     p.write_bytes(jl({"text": "x" * (limit + 10)}) + jl({"text": "after"}))
     recs = read_all(src(p), max_doc_bytes=10)
     assert [(type(r).__name__, r.location) for r in recs] == [
@@ -140,7 +145,7 @@ def test_bad_record_size_is_the_whole_record(tmp_path: Path) -> None:
     """`raw` is cut at RAW_LIMIT for the quarantine row; `size` (what ingest counts in
     bytes_in) is the record's whole length in the input, line ending excluded."""
     parsed = json.dumps({"text": "x" * 300_000}).encode()
-    unparsed = json.dumps({"text": "y" * (readers._line_limit(1000) + 10)}).encode()
+    unparsed = json.dumps({"text": "y" * (jsonl.line_limit(1000) + 10)}).encode()
     p = tmp_path / "sizes.jsonl"
     p.write_bytes(parsed + b"\r\n" + unparsed + b"\n" + b"{bad" + b"\n")
     recs = bads(read_all(src(p), max_doc_bytes=1000))
@@ -470,6 +475,51 @@ def test_resolve_directory_without_inputs(tmp_path: Path) -> None:
     assert "holds no input files" in err(src(tmp_path / "d"))
     (tmp_path / "d" / "x.jsonl").write_bytes(b"x")
     assert "holds no parquet files" in err(src(tmp_path / "d", format="parquet"))
+
+
+# --------------------------------------------------------------------------------------
+# The format registry
+# --------------------------------------------------------------------------------------
+
+
+def test_config_format_choices_are_the_registry() -> None:
+    assert CHOICES == ("auto", *FORMATS) == ("auto", "jsonl", "parquet", "txt", "hf")
+    with pytest.raises(ConfigError) as e:
+        parse_config({"output": "o", "sources": [{"name": "s", "paths": ["p"], "format": "csv"}]})
+    assert ("sources[0].format: Input should be 'auto', 'jsonl', 'parquet', 'txt' or 'hf' "
+            "(got 'csv')") in str(e.value)
+    exts = [e for f in FORMATS.values() for e in f.extensions]
+    assert len(exts) == len(set(exts)), "an extension claimed by two formats"
+
+
+def test_format_from_name() -> None:
+    assert [format_from_name(n) for n in ("a.jsonl", "a.JSON.GZ", "a.ndjson.zstd", "a.txt.zst",
+                                          "a.parquet", "a.parquet.gz", "a.csv", "a")] == [
+        "jsonl", "jsonl", "jsonl", "txt", "parquet", None, None, None]
+
+
+def test_a_registered_format_is_resolved_and_read(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new format is one Format in the registry: detection, messages and reading follow."""
+
+    def read_lines(recs: Records, f: InputFile, path: str) -> Iterator[RawDoc | BadRecord]:
+        with open(path, "rb") as fh:
+            for i, line in enumerate(fh, 1):
+                loc = f"{f.rel}#line={i}"
+                yield recs.text(line.decode().rstrip("\n"), {}, f"{recs.name}/{loc}", loc, line)
+
+    monkeypatch.setitem(FORMATS, "lines", Format(name="lines", read=read_lines,
+                                                 extensions=(".lines",)))
+    (tmp_path / "a.lines").write_bytes(b"one\n\ntwo\n")
+    (tmp_path / "b.lines.gz").write_bytes(gzip.compress(b"x"))  # not compressible: no input
+    recs = read_all(src(tmp_path))
+    assert [(type(r).__name__, r.location) for r in recs] == [
+        ("RawDoc", f"{tmp_path.name}/a.lines#line=1"),
+        ("BadRecord", f"{tmp_path.name}/a.lines#line=2"),
+        ("RawDoc", f"{tmp_path.name}/a.lines#line=3"),
+    ]
+    (tmp_path / "c.csv").write_bytes(b"")
+    assert ".parquet, .lines)" in err(src(tmp_path / "c.csv"))
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")

@@ -17,11 +17,11 @@ import pyarrow.parquet as pq
 
 from core.dataset import COLUMNS, row_schema
 from tasks.config import PrepConfig
-from tasks.mixture_stage import part_key
+from tasks.layout import output_store
 from tasks.pack import Rows, pack_bfd, pack_concat
 from tasks.records import PARQUET_OPTIONS
-from tasks.stage import output_store
-from tasks.tokenize_stage import run_tokenizer
+from tasks.stages.mixture import part_key, train_partitions, validation_partitions
+from tasks.stages.tokenize import load_run_tokenizer
 
 STAGE = "pack"
 ROW_GROUP = 1024  # packed rows per Parquet row group (one packer batch)
@@ -66,7 +66,7 @@ def pack_partition(cfg: PrepConfig, shards: list[str], part: str) -> dict:
     table = pa.concat_tables(tables) if tables else pa.table({"key": [], "tokens": []})
     del tables
     table = table.take(pc.sort_indices(table, sort_keys=[("key", "ascending")]))
-    tok = run_tokenizer(cfg)
+    tok = load_run_tokenizer(cfg)
     seq_len = cfg.pack.seq_len
     if cfg.pack.strategy == "bfd":
         batches = pack_bfd(_docs(table), seq_len, tok.pad_id, cfg.pack.window)
@@ -95,3 +95,20 @@ def packing_summary(parts: list[dict]) -> dict:
             "real_tokens": real, "pad_tokens": pad,
             "split_docs": sum(p["split_docs"] for p in parts),
             "efficiency": real / (real + pad) if real + pad else 1.0}
+
+
+def partitions(cfg: PrepConfig, plan: dict) -> list[str]:
+    """Every partition to pack: the training order's, then the validation split's."""
+    return [*train_partitions(cfg, plan), *validation_partitions(plan)]
+
+
+def summary(cfg: PrepConfig, plan: dict) -> dict:
+    """The packing of the whole run (every partition packed), for the report."""
+    store = output_store(cfg)
+
+    def stats(parts: list[str]) -> list[dict]:
+        return [json.loads(store.get(packed_done_key(p))) for p in parts]
+
+    return {"strategy": cfg.pack.strategy, "seq_len": cfg.pack.seq_len,
+            "train": packing_summary(stats(train_partitions(cfg, plan))),
+            "validation": packing_summary(stats(validation_partitions(plan)))}

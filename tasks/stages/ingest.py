@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from tasks.config import PrepConfig, SourceConfig
-from tasks.readers import BadRecord, InputFile, read_file, resolve_inputs, split_input
+from tasks.formats import BadRecord, InputFile
+from tasks.inputs import hash_input, part_entry
+from tasks.layout import DroppedRows, ShardStats, docs_key, output_store, write_shard
+from tasks.readers import local_input, read_local, resolve_inputs, split_input
 from tasks.records import DOC_SCHEMA, LOCATION_KEY, table_to_parquet_bytes
-from tasks.stage import DroppedRows, ShardStats, docs_key, output_store, write_shard
 
 STAGE = "ingest"
 # Small files are grouped into one unit of work up to this many bytes, so a source of
@@ -108,25 +110,32 @@ def ingest_unit(cfg: PrepConfig, unit: Unit) -> dict:
         for v in cols.values():
             v.clear()
 
+    inputs: list[dict] = []
     for f in unit.files:
-        for rec in read_file(src, f, cfg.storage, cfg.ingest.max_doc_bytes):
-            if isinstance(rec, BadRecord):
-                # The whole record's size: rec.raw is cut for display.
-                st.add_in(rec.size)
-                st.add_dropped(rec.reason, rec.size)
-                dropped.add(_utf8(rec.id or f"{src.name}/{rec.location}"), src.name,
-                            rec.reason, _utf8(rec.detail), rec.location, rec.raw)
-                continue
-            nbytes = len(rec.text.encode("utf-8"))
-            st.add_in(nbytes)
-            st.add_kept(nbytes)
-            cols["id"].append(rec.id)
-            cols["text"].append(rec.text)
-            cols["source"].append(src.name)
-            # The readers refuse a record with a LOCATION_KEY field: nothing is overwritten.
-            cols["meta"].append(_meta_json({**rec.meta, LOCATION_KEY: rec.location}))
-            if len(cols["id"]) >= cfg.ingest.shard_docs:
-                flush()
+        with local_input(src, f, cfg.storage) as path:
+            # What was read, for the run's inventory (tasks/inputs.py): hashed in one
+            # sequential read just before the reader's, which the page cache then serves.
+            inputs.append(part_entry(f, hash_input(f, path)))
+            for rec in read_local(src, f, path, cfg.ingest.max_doc_bytes):
+                if isinstance(rec, BadRecord):
+                    # The whole record's size: rec.raw is cut for display.
+                    st.add_in(rec.size)
+                    st.add_dropped(rec.reason, rec.size)
+                    dropped.add(_utf8(rec.id or f"{src.name}/{rec.location}"), src.name,
+                                rec.reason, _utf8(rec.detail), rec.location, rec.raw)
+                    continue
+                nbytes = len(rec.text.encode("utf-8"))
+                st.add_in(nbytes)
+                st.add_kept(nbytes)
+                cols["id"].append(rec.id)
+                cols["text"].append(rec.text)
+                cols["source"].append(src.name)
+                # The readers refuse a record with a LOCATION_KEY field: nothing is
+                # overwritten.
+                cols["meta"].append(_meta_json({**rec.meta, LOCATION_KEY: rec.location}))
+                if len(cols["id"]) >= cfg.ingest.shard_docs:
+                    flush()
     if cols["id"] or not shards:
         flush()  # an empty unit still gets one (empty) shard, so every stage sees it
-    return write_shard(store, STAGE, unit.name, None, dropped, stats, {"shards": shards})
+    return write_shard(store, STAGE, unit.name, None, dropped, stats,
+                       {"shards": shards, "inputs": inputs})

@@ -26,9 +26,9 @@ from core.dataset import COLUMN_DOCS, FORMAT, MANIFEST, arrow_stats, row_schema
 from core.files import remove_temp_files, sha256_bytes, sha256_file, temp_beside
 from core.store import Store, open_store
 from tasks.config import PrepConfig
-from tasks.pack_stage import packed_done_key, packed_key
-from tasks.stage import output_store
-from tasks.tokenize_stage import TOKENIZER_KEY, run_tokenizer
+from tasks.layout import output_store
+from tasks.stages.pack import packed_done_key, packed_key
+from tasks.stages.tokenize import TOKENIZER_KEY, load_run_tokenizer
 
 if TYPE_CHECKING:
     from datasets import Features
@@ -269,7 +269,7 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
             return manifest
     seq_len = cfg.pack.seq_len
     schema = row_schema(seq_len)
-    tok = run_tokenizer(cfg)
+    tok = load_run_tokenizer(cfg)
     fp = cfg.fingerprint()
     parts = {"train": train_parts, "validation": validation_parts or ["validation"]}
     max_shards = {"train": cfg.dataset.train_shards,

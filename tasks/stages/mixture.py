@@ -18,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.config import PrepConfig
+from tasks.layout import DroppedRows, ShardStats, output_store, write_shard
 from tasks.mixture import doc_keys, expand_repeats, order_keys, plan_mixture, select_documents
 from tasks.records import table_to_parquet_bytes
-from tasks.stage import DroppedRows, ShardStats, output_store, write_shard
-from tasks.tokenize_stage import read_tokens, tokens_key
+from tasks.stages.tokenize import read_tokens, tokens_key
 
 STAGE = "mixture"
 PLAN_KEY = "mixture/plan.json"
@@ -201,10 +201,3 @@ def scatter_shard(cfg: PrepConfig, shard: str) -> dict:
     return write_shard(store, STAGE, shard, None, dropped, stats,
                        {"realised_tokens": realised})
 
-
-def realised_tokens(markers: list[dict]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for m in markers:
-        for src, n in m.get("realised_tokens", {}).items():
-            out[src] = out.get(src, 0) + n
-    return out

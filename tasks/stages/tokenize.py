@@ -15,8 +15,8 @@ import xxhash
 
 from core.store import Store
 from tasks.config import PrepConfig
+from tasks.layout import DroppedRows, ShardStats, docs_key, output_store, write_shard
 from tasks.records import table_to_parquet_bytes
-from tasks.stage import DroppedRows, ShardStats, docs_key, output_store, write_shard
 from tasks.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
 
 STAGE = "tokenize"
@@ -75,7 +75,8 @@ def _tokenizer(text: str) -> Tokenizer:
     return load_tokenizer(text)
 
 
-def run_tokenizer(cfg: PrepConfig) -> Tokenizer:
+def load_run_tokenizer(cfg: PrepConfig) -> Tokenizer:
+    """The run's tokenizer, as the tokenizer step stored it (parsed once per process)."""
     return _tokenizer(output_store(cfg).get(TOKENIZER_KEY).decode())
 
 
@@ -106,7 +107,7 @@ def _encode_column(tok: Tokenizer, texts: pa.ChunkedArray) -> tuple[np.ndarray, 
 
 def tokenize_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
     store = output_store(cfg)
-    tok = run_tokenizer(cfg)
+    tok = load_run_tokenizer(cfg)
     docs = pq.read_table(pa.BufferReader(store.get(docs_key(input_stage, shard))),
                          columns=["id", "text", "source"])
     ids, sources = (docs[c].to_pylist() for c in ("id", "source"))
@@ -139,12 +140,3 @@ def tokenize_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
 def read_tokens(store: Store, shard: str, columns: list[str] | None = None) -> pa.Table:
     return pq.read_table(pa.BufferReader(store.get(tokens_key(shard))), columns=columns)
 
-
-def token_totals(markers: list[dict]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for m in markers:
-        for src, t in m.get("tokens", {}).items():
-            o = out.setdefault(src, {"train": 0, "validation": 0})
-            for k, v in t.items():
-                o[k] += v
-    return out

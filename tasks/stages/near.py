@@ -25,8 +25,8 @@ import numpy as np
 from core.store import Store
 from tasks import minhash
 from tasks.config import NearDedupConfig, PrepConfig
-from tasks.exact_dedup import apply_dups, write_dups
-from tasks.stage import output_store, read_docs
+from tasks.layout import output_store, read_docs
+from tasks.stages.exact import apply_dups, write_dups
 
 STAGE = "near"
 CLUSTER_KEY = "near/cluster.json"
@@ -321,6 +321,11 @@ def cluster(cfg: PrepConfig, shards: list[str], max_checks: int = 8) -> dict:
     # The summary is written after the duplicates: its presence means clustering is done.
     store.put(CLUSTER_KEY, json.dumps(summary, sort_keys=True).encode())
     return summary
+
+
+def read_summary(cfg: PrepConfig) -> dict:
+    """What `cluster` found (its summary, for the report)."""
+    return json.loads(output_store(cfg).get(CLUSTER_KEY))
 
 
 def _roots(parent: np.ndarray) -> np.ndarray:

@@ -15,8 +15,7 @@ import xxhash
 
 from core.store import Store
 from tasks.config import PrepConfig
-from tasks.records import parquet_bytes_to_table, table_to_parquet_bytes
-from tasks.stage import (
+from tasks.layout import (
     DroppedRows,
     ShardStats,
     doc_location,
@@ -25,6 +24,7 @@ from tasks.stage import (
     read_docs,
     write_shard,
 )
+from tasks.records import parquet_bytes_to_table, table_to_parquet_bytes
 
 STAGE = "exact"
 DUPS_KEY = "exact/dups.json"  # written last: select is done

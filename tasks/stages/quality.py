@@ -7,9 +7,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.config import PrepConfig
-from tasks.quality import filter_document, parse_rules
-from tasks.records import DOC_SCHEMA
-from tasks.stage import (
+from tasks.layout import (
     DroppedRows,
     ShardStats,
     doc_location,
@@ -17,6 +15,8 @@ from tasks.stage import (
     read_docs,
     write_shard,
 )
+from tasks.quality import filter_document, parse_rules
+from tasks.records import DOC_SCHEMA
 
 STAGE = "quality"
 
