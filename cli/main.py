@@ -181,7 +181,8 @@ def cmd_prep(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, {"output": args.output, "workers": args.workers})
         output = cfg.output
-        report = run_prep(cfg, until=args.until, progress=not args.no_progress)
+        report = run_prep(cfg, until=args.until, progress=not args.no_progress,
+                          from_scratch=args.from_scratch)
     except (ConfigError, IngestError, OutputConflict, InputsChanged, StorageError,
             ValueError) as e:
         print_error(str(e))
@@ -218,18 +219,23 @@ def cmd_prep(args: argparse.Namespace) -> int:
         out.print(f"dataset: {report['dataset']['uri']}  (load with datasets.load_from_disk; "
                   f"check with `ballast verify {report['dataset']['uri']}`)", markup=False)
     text_stage = [s for s in report["stages"] if s in ("ingest", "exact", "near", "quality")][-1]
-    out.print(f"output: {cfg.output}  (report: {cfg.output.rstrip('/')}/report.json, "
-              f"kept documents: docs/{text_stage}/, dropped: dropped/<stage>/)",
-              markup=False)
+    version = (report.get("version") or {}).get("version", 1)
+    where = "" if version == 1 else f"v{version:04d}/"
+    out.print(f"output: {cfg.output}  (version {version}; report: "
+              f"{cfg.output.rstrip('/')}/{where}report.json, kept documents: "
+              f"docs/{text_stage}/, dropped: dropped/<stage>/)", markup=False)
     return EXIT_OK
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from core.dataset import verify
+    from core.dataset import resolve, verify
     from core.store import StorageError
 
     try:
-        problems = verify(args.dataset)
+        uri = resolve(args.dataset)  # a dataset root: its newest version
+        if uri != args.dataset:
+            stderr_console().print(f"{args.dataset}: newest version {uri}", markup=False)
+        problems = verify(uri)
     except StorageError as e:
         print_error(str(e))
         return EXIT_ERROR
@@ -282,6 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "tokenize, mixture, pack)")
     prep.add_argument("--workers", type=int, help="override `workers:` (processes)")
     prep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    prep.add_argument("--from-scratch", action="store_true",
+                      help="when inputs an earlier version read have changed or gone: build "
+                           "a new version from all current inputs (default: refuse)")
     prep.set_defaults(func=cmd_prep)
     ver = sub.add_parser("verify", help="check a prepared dataset against its manifest")
     ver.add_argument("dataset", help="dataset directory or s3:// URI (<output>/dataset)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from core.files import sha256_file
-from core.store import StorageError, StorageOptions, open_store
+from core.store import NotFound, StorageError, StorageOptions, open_store
 
 MANIFEST = "manifest.json"
 FORMAT = "ballast-dataset/1"
+# A dataset root holds version 1 itself and each later version in vNNNN/; `latest` names
+# the newest ("v0002\n"), written last. A root without `latest` has one version.
+LATEST = "latest"
+_VERSION_DIR = re.compile(r"^v\d{4,}$")
 
 # One packed row: seq_len tokens of one or more documents.
 COLUMNS = ("input_ids", "position_ids", "segment_ids", "loss_mask")
@@ -48,6 +53,24 @@ def arrow_stats(path: Path) -> tuple[int, int]:
     return rows, real
 
 
+def is_version_key(key: str) -> bool:
+    """A key of the versions beside version 1 in a dataset root (not version 1's own)."""
+    return key == LATEST or bool(_VERSION_DIR.match(key.split("/", 1)[0]))
+
+
+def resolve(uri: str, options: StorageOptions | None = None) -> str:
+    """The newest version of the dataset at `uri`: `uri` itself when it holds no `latest`
+    (one version, or a version's own directory), else the version `latest` names."""
+    store = open_store(uri, options)
+    try:
+        name = store.get(LATEST).decode("utf-8").strip()
+    except NotFound:
+        return uri
+    if not _VERSION_DIR.match(name):
+        raise StorageError(f"{uri}/{LATEST} names no version: {name[:40]!r}")
+    return uri if name == "v0001" else f"{uri.rstrip('/')}/{name}"
+
+
 def verify(uri: str, options: StorageOptions | None = None, deep: bool = True) -> list[str]:
     """Every way the dataset at `uri` differs from its manifest (empty = it verifies):
     missing or unexpected files, sizes, sha256, rows and tokens per shard, the tokenizer,
@@ -63,12 +86,13 @@ def verify(uri: str, options: StorageOptions | None = None, deep: bool = True) -
         return [f"{uri}/{MANIFEST}: format {manifest.get('format')!r}, expected {FORMAT!r}"]
     problems = []
     listed: dict[str, Any] = manifest.get("files", {})
-    present = set(store.list()) - {MANIFEST}
+    present = {k for k in store.list() if not is_version_key(k)} - {MANIFEST}
     root = store.local_path("")
     # Every file on disk, not only the keys a store lists: LocalStore.list() hides its
     # temporary names, and one of those here is the debris of a killed write.
     on_disk = set() if root is None else {
-        Path(d, n).relative_to(root).as_posix() for d, _, names in os.walk(root) for n in names}
+        k for d, _, names in os.walk(root) for n in names
+        if not is_version_key(k := Path(d, n).relative_to(root).as_posix())}
     for rel in sorted(set(listed) - present):
         problems.append(f"missing file {rel}")
     for rel in sorted(present - set(listed)):

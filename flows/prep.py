@@ -25,16 +25,17 @@ from tasks.graph import (
     STAGES,
     Run,
     Step,
+    all_versions,
     enabled_stages,
     item_name,
     write_dataset,
     writes_dataset,
 )
 from tasks.layout import output_store
-from tasks.pipeline import RUN_KEY, prepare_output
+from tasks.pipeline import RUN_KEY, prepare_output, run_extra
 from tasks.report import build as build_report
 from tasks.stages.dataset import dataset_uri
-from tasks.stages.ingest import Unit
+from tasks.versions import Prepared, finish_version
 
 
 def _output_run_id(_ctx: Any, inputs: dict[str, Any]) -> str:
@@ -80,7 +81,7 @@ def _run_name(name: str, parameters: dict[str, Any]) -> str:
 def step_task(step: Step) -> Task:
     """The Prefect task of one step: runs `item` unless the output already has it."""
     def run_step(cfg: PrepConfig, args: tuple[Any, ...], item: Any) -> None:
-        if not step.is_done(output_store(cfg), item):
+        if not step.is_done(cfg, item):
             step.fn(cfg, *args, item)
 
     name = _task_name(step)
@@ -100,25 +101,31 @@ REPORT_TASKS: dict[str, Task] = {
 
 
 @task(name="plan-inputs")
-def plan_task(cfg: PrepConfig) -> list[Unit]:
-    return prepare_output(cfg, get_run_logger().info)
+def plan_task(cfg: PrepConfig, from_scratch: bool = False) -> Prepared:
+    return prepare_output(cfg, get_run_logger().info, from_scratch)
 
 
 @task(name="report")
-def report_task(cfg: PrepConfig, stages: list[tuple[str, list[str]]],
-                extra: dict[str, Any]) -> dict[str, Any]:
-    return build_report(output_store(cfg), stages, extra)
+def report_task(cfg: PrepConfig, stages: list[tuple[str, list[str], bool]],
+                extra: dict[str, Any], all_versions: list[str] | None) -> dict[str, Any]:
+    return build_report(cfg, stages, extra, all_versions)
 
 
 @task(name="write-dataset", cache_policy=INPUTS + TASK_SOURCE + RUN_ID, persist_result=True,
       **RETRIES)
-def dataset_task(cfg: PrepConfig, extra: dict[str, Any],
-                 accounting: dict[str, Any]) -> dict[str, Any]:
-    return write_dataset(cfg, extra, accounting)
+def dataset_task(cfg: PrepConfig, extra: dict[str, Any], accounting: dict[str, Any],
+                 all_versions: dict[str, Any] | None) -> dict[str, Any]:
+    return write_dataset(cfg, extra, accounting, all_versions)
+
+
+@task(name="finish-version")
+def finish_task(prepared: Prepared, shards: list[str], wrote_dataset: bool) -> None:
+    finish_version(prepared, shards, wrote_dataset)
 
 
 @flow(name="prep", log_prints=True, flow_run_name=run_name)
-def prep(config_path: str, output: str | None = None, until: str | None = None) -> dict[str, Any]:
+def prep(config_path: str, output: str | None = None, until: str | None = None,
+         from_scratch: bool = False) -> dict[str, Any]:
     """Ingest -> exact dedup -> near dedup -> quality -> tokenize -> mixture -> pack ->
     dataset. Returns the dataset URI and the summary; a re-run skips finished shards.
 
@@ -129,39 +136,84 @@ def prep(config_path: str, output: str | None = None, until: str | None = None) 
             overrides the config's `output`.
         until: Stop after this stage (ingest, exact, near, quality, tokenize, mixture,
             pack); empty runs every enabled stage.
+        from_scratch: When inputs an earlier version read have changed or gone, build a
+            new version from all current inputs (by default such a run is refused). New
+            files and appended rows never need it: they go into a new version by
+            themselves.
     """
     cfg = load_config(config_path, {"output": output})
     stages = enabled_stages(cfg, until)
-    run = Run(cfg, plan_task(cfg),
-              extra={"config_fingerprint": cfg.fingerprint(), "seed": cfg.seed})
-    accounted: list[tuple[str, list[str]]] = []
+    prepared = plan_task(cfg, from_scratch)
+    cfg = prepared.cfg
+    run = Run(cfg, prepared.units, extra=run_extra(prepared), prior=prepared.prior,
+              prior_units=prepared.prior_units)
+    accounted: list[tuple[str, list[str], bool]] = []
     for stage in stages:
         for step in stage.steps:
             t, args = STEP_TASKS[step.name], step.args(run)
             if step.over is None:
-                t(cfg, args, run.shards)
+                t(cfg, args, step.items(run)[0])
             else:  # .result(): a failed item fails the flow here, after its retries
                 t.map(unmapped(cfg), unmapped(args), step.items(run)).result()
         for key, _read in stage.reports:
             run.extra[key] = REPORT_TASKS[key](run)
         if stage.accounting is not None:
-            accounted.append((stage.name, stage.accounting(run)))
+            accounted.append((stage.name, stage.accounting(run), stage.versioned))
             run.prev = stage.name
     run.extra["final_stage"] = run.prev
-    report = report_task(cfg, accounted, run.extra)
+    report = report_task(cfg, accounted, run.extra, all_versions(run, accounted))
     dataset = None
     if writes_dataset(stages):
-        report["dataset"] = dataset_task(cfg, run.extra, report["stages"])
+        report["dataset"] = dataset_task(cfg, run.extra, report["stages"],
+                                         report.get("all_versions"))
         dataset = dataset_uri(cfg)
-    publish_artifacts(report)
+    if until is None:
+        finish_task(prepared, run.shards, writes_dataset(stages))
+    publish_artifacts(report, new=not prepared.nothing_new)
     return {"dataset": dataset, "output": cfg.output, "final_stage": run.prev,
             "report": report}
 
 
-def publish_artifacts(report: dict[str, Any]) -> None:
-    """Tables in the Prefect UI (Artifacts page): accounting, mixture, packing; and the
-    accounting as one log line per stage."""
+def version_md(report: dict[str, Any], new: bool) -> str:
+    """What this run added: the version, the inputs it read, documents in / kept /
+    dropped by reason, new tokens."""
+    v = report.get("version") or {"version": 1, "parent": None, "added": []}
+    name = f"v{v['version']:04d}"
+    if not new:
+        return f"**No new data**: the inputs are as version {name} read them; nothing redone."
+    stages = report["stages"]
+    docs_in = stages["ingest"]["total"]["docs_in"] if "ingest" in stages else 0
+    text = [s for s in stages if s in ("ingest", "exact", "near", "quality")]
+    kept = stages[text[-1]]["total"]["kept"] if text else 0
+    dropped: dict[str, int] = {}
+    for s in text:
+        for reason, n in stages[s]["total"]["dropped"].items():
+            dropped[reason] = dropped.get(reason, 0) + n
+    tokens = report.get("tokens") or {}
+    parent = f"v{v['parent']:04d}" if v.get("parent") else "none"
+    lines = [f"## Version {name} (parent: {parent})", "",
+             f"- documents in: **{docs_in:,}**, kept: **{kept:,}**",
+             "- dropped: " + (", ".join(f"{r}: {n:,}" for r, n in sorted(
+                 dropped.items(), key=lambda kv: -kv[1])) or "none"),
+             f"- new tokens: {tokens.get('train', 0):,} train, "
+             f"{tokens.get('validation', 0):,} validation"]
+    added = v.get("added") or []
+    if added:
+        lines += ["", "| input | added |", "|---|---|"]
+        lines += [f"| `{a['uri']}` | {a['kind']}"
+                  + (f" from byte {a['from_byte']:,}" if "from_byte" in a else "") + " |"
+                  for a in added[:50]]
+    else:
+        lines.append("- inputs: all (the first version)")
+    return "\n".join(lines)
+
+
+def publish_artifacts(report: dict[str, Any], new: bool = True) -> None:
+    """Tables in the Prefect UI (Artifacts page): what this run added, accounting,
+    mixture, packing; and the accounting as one log line per stage."""
     logger = get_run_logger()
+    create_markdown_artifact(key="prep-version", markdown=version_md(report, new),
+                             description="What this run added to the dataset")
     rows = []
     for name, st in report["stages"].items():
         t = st["total"]

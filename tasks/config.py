@@ -168,6 +168,11 @@ class PrepConfig(Strict):
     mixture: MixtureConfig = MixtureConfig()
     pack: PackConfig = PackConfig()
     dataset: OutputDatasetConfig = OutputDatasetConfig()
+    # The dataset version this run builds. Set by the runner, not in a config file: 1 for
+    # a fresh output, one more for each later run that takes in new data. Not part of the
+    # fingerprint (every version of an output has the same config); part of every task's
+    # inputs, so no cached result of one version stands in for another's.
+    version: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
     def _mixture_sources(self) -> PrepConfig:
@@ -217,7 +222,7 @@ class PrepConfig(Strict):
 
     def fingerprint(self) -> str:
         """A stable hash of everything that changes the output."""
-        body = self.model_dump(mode="json", exclude={"workers", "output"})
+        body = self.model_dump(mode="json", exclude={"workers", "output", "version"})
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -21,10 +21,9 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from core.store import Store
 from tasks.config import PrepConfig
 from tasks.inputs import listed, marker_parts, with_parts
-from tasks.layout import done_key, output_store, read_done
+from tasks.layout import done_key, output_store, read_done, version_store
 from tasks.stages import dataset, exact, mixture, near, pack, quality, tokenize
 from tasks.stages.ingest import Unit, ingest_unit
 
@@ -39,10 +38,20 @@ class Run:
     # The report's entries besides the accounting; the stages' summaries land here
     # (Stage.reports), "shards" and "inputs" among them.
     extra: dict[str, Any] = field(default_factory=dict)
+    # The shards of the earlier dataset versions this version builds on (tasks/versions.py):
+    # new documents are deduplicated against them; the mixture and packing take them in.
+    prior: list[str] = field(default_factory=list)
+    prior_units: list[str] = field(default_factory=list)  # their ingest units
 
     @property
     def shards(self) -> list[str]:
+        """This run's shards: those its units ingested."""
         return self.extra["shards"]
+
+    @property
+    def all_shards(self) -> list[str]:
+        """Every shard of the version: the earlier versions' it builds on, then this run's."""
+        return [*self.prior, *self.shards]
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,11 @@ class Step:
     inputs: tuple[str, ...] = ()
     # The name shown when the config completes it, formatted with cfg ("pack: {cfg...}").
     label: str = ""
+    # Its done keys are in the version's store (layout.version_store), not the output's:
+    # a step over all of a version's documents, made anew for each version.
+    versioned: bool = False
+    # A run-once step's item: every shard of the version (Run.all_shards), not this run's.
+    all_versions: bool = False
 
     def title(self, cfg: PrepConfig) -> str:
         return self.label.format(cfg=cfg) if self.label else self.name
@@ -67,9 +81,12 @@ class Step:
         return tuple(getattr(run, name) for name in self.inputs)
 
     def items(self, run: Run) -> list[Any]:
-        return list(self.over(run)) if self.over is not None else [run.shards]
+        if self.over is not None:
+            return list(self.over(run))
+        return [run.all_shards if self.all_versions else run.shards]
 
-    def is_done(self, store: Store, item: Any) -> bool:
+    def is_done(self, cfg: PrepConfig, item: Any) -> bool:
+        store = version_store(cfg) if self.versioned else output_store(cfg)
         keys = self.done(item)
         return all(store.exists(k) for k in ((keys,) if isinstance(keys, str) else keys))
 
@@ -80,6 +97,10 @@ def _always(_cfg: PrepConfig) -> bool:
 
 def _shards(run: Run) -> list[str]:
     return run.shards
+
+
+def _all_shards(run: Run) -> list[str]:
+    return run.all_shards
 
 
 @dataclass(frozen=True)
@@ -93,6 +114,14 @@ class Stage:
     accounting: Callable[[Run], list[str]] | None = _shards
     # (key, read) each: read(run), once the steps are done, goes into the report under key.
     reports: tuple[tuple[str, Callable[[Run], Any]], ...] = ()
+    # Its accounting markers are in the version's store (a stage over all of a version's
+    # documents), not the output's.
+    versioned: bool = False
+    # The names of its accounting over every version the run builds on.
+    accounting_all: Callable[[Run], list[str]] = _all_shards
+
+    def all_versions(self, run: Run) -> list[str]:
+        return self.accounting_all(run)
 
 
 def item_name(item: Any) -> str:
@@ -114,6 +143,10 @@ def _units(run: Run) -> list[Unit]:
 
 def _unit_names(run: Run) -> list[str]:
     return [u.name for u in run.units]
+
+
+def _all_unit_names(run: Run) -> list[str]:
+    return [*run.prior_units, *_unit_names(run)]
 
 
 def _unit_done(unit: Unit) -> str:
@@ -153,6 +186,17 @@ def _near_summary(run: Run) -> dict[str, Any]:
     return near.read_summary(run.cfg)
 
 
+def _new_tokens(run: Run) -> dict[str, int]:
+    """Tokens of this run's documents (a later version's: of the data it added)."""
+    store = output_store(run.cfg)
+    out = {"train": 0, "validation": 0}
+    for shard in run.shards:
+        for split in read_done(store, "tokenize", shard).get("tokens", {}).values():
+            for k in out:
+                out[k] += int(split.get(k, 0))
+    return out
+
+
 def _mixture_plan(run: Run) -> dict[str, Any]:
     return mixture.read_plan(run.cfg)
 
@@ -173,17 +217,20 @@ def _applied(stage: str) -> Callable[[str], str]:
 STAGES: list[Stage] = [
     Stage("ingest", (
         Step("ingest", ingest_unit, _unit_done, over=_units),
-    ), accounting=_unit_names,
+    ), accounting=_unit_names, accounting_all=_all_unit_names,
         reports=(("shards", _ingested_shards), ("inputs", _ingested_inputs))),
     Stage("exact", (
         Step("exact: hash", exact.hash_shard, exact.hashes_key, _shards, ("prev",)),
-        Step("exact: select", exact.select, partial(_key, exact.DUPS_KEY), None, ("prev",)),
+        Step("exact: select", exact.select, partial(_key, exact.DUPS_KEY), None,
+             ("prev", "prior"), versioned=True),
         Step("exact: apply", exact.apply_shard, _applied("exact"), _shards, ("prev",)),
     ), enabled=_exact_on),
     Stage("near", (
         Step("near: signatures", near.signature_shard, near.sig_key, _shards, ("prev",)),
-        Step("near: buckets", near.bucket_bands, _bucket_keys, _band_groups, ("shards",)),
-        Step("near: cluster", near.cluster, partial(_key, near.CLUSTER_KEY)),
+        Step("near: buckets", near.bucket_bands, _bucket_keys, _band_groups,
+             ("prior", "shards"), versioned=True),
+        Step("near: cluster", near.cluster, partial(_key, near.CLUSTER_KEY), None, ("prior",),
+             versioned=True),
         Step("near: apply", near.apply_shard, _applied("near"), _shards, ("prev",)),
     ), enabled=_near_on, reports=(("near", _near_summary),)),
     Stage("quality", (
@@ -193,15 +240,17 @@ STAGES: list[Stage] = [
         Step("tokenizer", tokenize.prepare_tokenizer, partial(_key, tokenize.TOKENIZER_KEY),
              None, ("prev",), label="tokenizer: {cfg.tokenizer.kind}"),
         Step("tokenize", tokenize.tokenize_shard, _applied("tokenize"), _shards, ("prev",)),
-    )),
+    ), reports=(("tokens", _new_tokens),)),
     Stage("mixture", (
-        Step("mixture: plan", mixture.plan, partial(_key, mixture.PLAN_KEY)),
-        Step("mixture: order", mixture.scatter_shard, _applied("mixture"), _shards),
-    ), reports=(("mixture", _mixture_plan),)),
+        Step("mixture: plan", mixture.plan, partial(_key, mixture.PLAN_KEY), versioned=True,
+             all_versions=True),
+        Step("mixture: order", mixture.scatter_shard, _applied("mixture"), _all_shards,
+             versioned=True),
+    ), accounting=_all_shards, reports=(("mixture", _mixture_plan),), versioned=True),
     Stage("pack", (
-        Step("pack", pack.pack_partition, pack.packed_done_key, _partitions, ("shards",),
-             label="pack: {cfg.pack.strategy}"),
-    ), accounting=None, reports=(("packing", _packing),)),
+        Step("pack", pack.pack_partition, pack.packed_done_key, _partitions, ("all_shards",),
+             label="pack: {cfg.pack.strategy}", versioned=True),
+    ), accounting=None, reports=(("packing", _packing),), versioned=True),
 ]
 
 
@@ -224,16 +273,29 @@ def writes_dataset(stages: Sequence[Stage]) -> bool:
     return any(s.name == "pack" for s in stages)
 
 
-def write_dataset(cfg: PrepConfig, extra: dict[str, Any],
-                  accounting: dict[str, Any]) -> dict[str, Any]:
+def write_dataset(cfg: PrepConfig, extra: dict[str, Any], accounting: dict[str, Any],
+                  all_versions: dict[str, Any] | None = None) -> dict[str, Any]:
     """The run's last step, after the report (a run whose documents do not add up never
-    gets here): the packed rows as a dataset. Returns the report's "dataset" entry."""
+    gets here): the packed rows as a dataset. Returns the report's "dataset" entry.
+    The manifest names the version, its parent and the inputs it added; a version that
+    builds on others also carries the accounting over all of their documents."""
     plan = extra["mixture"]
-    manifest = dataset.write_dataset(
-        cfg, mixture.train_partitions(cfg, plan),
-        {"mixture": plan, "packing": extra["packing"], "accounting": accounting,
-         "inputs": extra["inputs"]},
-        mixture.validation_partitions(plan))
+    manifest_extra = {"mixture": plan, "packing": extra["packing"], "accounting": accounting,
+                      "inputs": extra["inputs"], "version": extra["version"]}
+    if all_versions is not None:
+        manifest_extra["accounting_all_versions"] = all_versions
+    manifest = dataset.write_dataset(cfg, mixture.train_partitions(cfg, plan), manifest_extra,
+                                     mixture.validation_partitions(plan))
     return {"uri": dataset.dataset_uri(cfg),
             "splits": {k: {"rows": v["rows"], "real_tokens": v["real_tokens"]}
                        for k, v in manifest["splits"].items()}}
+
+
+def all_versions(run: Run, accounted: Sequence[tuple[str, list[str], bool]]
+                 ) -> dict[str, list[str]] | None:
+    """For a version that builds on earlier ones: each accounted stage's names over every
+    version (report.build's `all_versions`); None for a run that builds on nothing."""
+    if not run.prior:
+        return None
+    by_name = {s.name: s for s in STAGES}
+    return {name: by_name[name].all_versions(run) for name, _names, _v in accounted}

@@ -411,7 +411,8 @@ def check_inputs(store: Store, cfg: PrepConfig, files: Iterable[InputFile],
     """Before any work, once the output is claimed: record the inventory in a fresh
     output; in one made before, compare. All unchanged: one log line, and the run resumes.
     Anything else: InputsChanged naming what differs. An output made before inventories
-    were kept (ingest markers, no inventory) resumes unchecked."""
+    were kept (ingest markers, no inventory) resumes unchecked. (This is for the first
+    version, not yet finished; once it is, tasks/versions.py compares instead.)"""
     current = listed(files)
     recorded = read_inventory(store)
     if recorded is None:
@@ -431,6 +432,6 @@ def check_inputs(store: Store, cfg: PrepConfig, files: Iterable[InputFile],
             "finished work is not redone")
         return
     raise InputsChanged(
-        f"the inputs of {cfg.output} changed since its last run: {changes.describe()}; "
-        "taking new data into an existing output arrives with dataset versions (issue 12): "
-        "until then, use a new output")
+        f"the inputs of {cfg.output} changed before its first version was finished: "
+        f"{changes.describe()}; restore them to finish that version (later data then goes "
+        "into a version of its own), or use a new output")

@@ -43,6 +43,21 @@ def output_store(cfg: PrepConfig) -> Store:
     return _store(cfg.output, cfg.storage.model_dump_json())
 
 
+def version_name(version: int) -> str:
+    return f"v{version:04d}"
+
+
+def version_store(cfg: PrepConfig) -> Store:
+    """Where what a version computes over the whole corpus goes (mixture plan and order,
+    packed rows, report): the output itself for version 1, `<output>/vNNNN/` for a later
+    one. Per-shard files (documents, dropped, markers, hashes, signatures, tokens) of every
+    version share the output itself: shard names never repeat across versions."""
+    if cfg.version == 1:
+        return output_store(cfg)
+    return _store(f"{cfg.output.rstrip('/')}/{version_name(cfg.version)}",
+                  cfg.storage.model_dump_json())
+
+
 def docs_key(stage: str, shard: str) -> str:
     return f"docs/{stage}/{shard}.parquet"
 

@@ -23,12 +23,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from core.store import Store
 from tasks.config import PrepConfig
-from tasks.graph import Run, Step, enabled_stages, write_dataset, writes_dataset
-from tasks.inputs import check_inputs, check_overlap
-from tasks.layout import output_store
+from tasks.graph import Run, Step, all_versions, enabled_stages, write_dataset, writes_dataset
+from tasks.inputs import check_overlap
+from tasks.layout import output_store, version_store
 from tasks.report import build as build_report
 from tasks.report import write as write_report
-from tasks.stages.ingest import Unit, plan_units
+from tasks.stages.ingest import plan_units
+from tasks.versions import Prepared, finish_version, prepare_version
 
 T = TypeVar("T")
 RUN_KEY = "_run.json"
@@ -260,33 +261,44 @@ def claim_output(store: Store, cfg: PrepConfig) -> None:
             f"this config {fp}); choose another output or delete it")
 
 
-def prepare_output(cfg: PrepConfig, log: Callable[[str], None]) -> list[Unit]:
+def prepare_output(cfg: PrepConfig, log: Callable[[str], None],
+                   from_scratch: bool = False) -> Prepared:
     """What every runner does before any work: refuse overlapping inputs and output,
-    resolve every input into units, claim the output, and compare the inputs with those
-    the output was made from (tasks/inputs.py; InputsChanged if they differ)."""
+    resolve every input into units, claim the output, and decide which dataset version
+    this run builds from what the inputs hold now (tasks/versions.py)."""
     check_overlap(cfg)  # before anything is read or written
     units = plan_units(cfg)  # every input resolved before any work starts
-    store = output_store(cfg)
-    claim_output(store, cfg)
-    check_inputs(store, cfg, (f for u in units for f in u.files), log)
-    return units
+    claim_output(output_store(cfg), cfg)
+    return prepare_version(cfg, units, log, from_scratch)
+
+
+def run_extra(prepared: Prepared) -> dict[str, Any]:
+    """The report's entries that say which run this is."""
+    cfg = prepared.cfg
+    return {"config_fingerprint": cfg.fingerprint(), "seed": cfg.seed,
+            "version": {"version": cfg.version, "parent": prepared.parent,
+                        "added": prepared.added}}
 
 
 def run_prep(cfg: PrepConfig, until: str | None = None, runner: LocalRunner | None = None,
-             progress: bool = True) -> dict[str, Any]:
-    """Run the enabled stages up to `until`; return the report (also in report.json)."""
+             progress: bool = True, from_scratch: bool = False) -> dict[str, Any]:
+    """Run the enabled stages up to `until`; return the report (also in report.json, in
+    the version's store). On an existing output, only the data that arrived since its last
+    version is read, into a new version (tasks/versions.py)."""
     stages = enabled_stages(cfg, until)
     own = runner is None
     runner = runner or LocalRunner(cfg.workers, progress=progress)  # starts no process
     console = runner.console
-    units = prepare_output(cfg, lambda msg: console.print(msg, markup=False, highlight=False,
-                                                          soft_wrap=True))
+    prepared = prepare_output(cfg, lambda msg: console.print(
+        msg, markup=False, highlight=False, soft_wrap=True), from_scratch)
+    cfg = prepared.cfg
     store = output_store(cfg)
     runner.warm()
     timings: dict[str, float] = {}
-    run = Run(cfg, units, extra={"config_fingerprint": cfg.fingerprint(), "seed": cfg.seed})
+    run = Run(cfg, prepared.units, extra=run_extra(prepared), prior=prepared.prior,
+              prior_units=prepared.prior_units)
     try:
-        accounted: list[tuple[str, list[str]]] = []
+        accounted: list[tuple[str, list[str], bool]] = []
         for stage in stages:
             t0 = time.perf_counter()
             for step in stage.steps:
@@ -295,21 +307,25 @@ def run_prep(cfg: PrepConfig, until: str | None = None, runner: LocalRunner | No
                 run.extra[key] = read(run)
             timings[stage.name] = time.perf_counter() - t0
             if stage.accounting is not None:
-                accounted.append((stage.name, stage.accounting(run)))
+                accounted.append((stage.name, stage.accounting(run), stage.versioned))
                 run.prev = stage.name
         run.extra["final_stage"] = run.prev
         # Built (and checked) before the dataset is written: a run whose documents do not
         # add up raises here and never produces a dataset.
-        report = build_report(store, accounted, run.extra)
+        report = build_report(cfg, accounted, run.extra,
+                              all_versions(run, accounted))
         if writes_dataset(stages):
             t0, start = time.perf_counter(), time.time()
-            report["dataset"] = write_dataset(cfg, run.extra, report["stages"])
+            report["dataset"] = write_dataset(cfg, run.extra, report["stages"],
+                                              report.get("all_versions"))
             timings["dataset"] = time.perf_counter() - t0
             runner.times["dataset"] = (round(start, 3), round(time.time(), 3))
         report["stage_seconds"] = {k: round(v, 3) for k, v in timings.items()}
         report["step_seconds"] = dict(runner.seconds)
         report["step_epoch_seconds"] = {k: list(v) for k, v in runner.times.items()}
-        write_report(store, report)
+        write_report(version_store(cfg), report)
+        if until is None:
+            finish_version(prepared, run.shards, writes_dataset(stages))
         return report
     except BaseException:  # an error or Ctrl-C: stop the workers now, not after their units
         if own:
@@ -324,7 +340,7 @@ def run_step(runner: LocalRunner, store: Store, step: Step, run: Run) -> None:
     """Run a step's unfinished items in the pool; a finished run-once step is skipped
     without a progress bar."""
     items = step.items(run)
-    todo = [it for it in items if not step.is_done(store, it)]
+    todo = [it for it in items if not step.is_done(run.cfg, it)]
     if step.over is None and not todo:
         return
     runner.map(partial(step.fn, run.cfg, *step.args(run)), todo, step.title(run.cfg),

@@ -111,11 +111,21 @@ def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
     assert tz == "UTC" and limit == 1
 
     # What the UI's "Run" button does: a flow run from the deployment, scheduled now. Twice,
-    # as a nightly schedule does: the second run must resume, not fail on the first's jobs.
+    # as a nightly schedule does: the second run must resume, not fail on the first's jobs,
+    # and take in the data that arrived since (rows appended to the corpus), as dataset
+    # version 2, then train on it (30 more steps, as a user asks in the run form).
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
     states, outputs = [], []
+    corpus = tmp_path / "topics.jsonl"
+    old_rows = len(corpus.read_text().splitlines())
     for night in range(2):
-        run = run_deployment("pipeline/scheduled", timeout=0)
+        if night == 1:
+            with open(corpus, "a") as f:
+                for i in range(40):
+                    f.write(json.dumps({"text": f"news of night two, item {i}: " + "word " * 60})
+                            + "\n")
+        run = run_deployment("pipeline/scheduled", timeout=0,
+                             parameters={"steps": 60} if night else None)
         worker = subprocess.run(
             [sys.executable, "-m", "prefect", "worker", "start", "--pool", "ballast-process",
              "--run-once", "--type", "process"],
@@ -133,9 +143,19 @@ def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
             from training.checkpoint import step_name
 
             assert rows[0]["resumed from"] == step_name(30), rows
+        if night == 0:
+            assert "## Version v0001 (parent: none)" in asyncio.run(_artifact("prep-version"))
     final = json.loads((tmp_path / "run" / "final.json").read_text())
-    assert final["step"] == 30
-    assert final["dataset"]["uri"] == str(tmp_path / "prep-out" / "dataset")
+    v2 = tmp_path / "prep-out" / "dataset" / "v0002"
+    assert final["step"] == 60  # the second night trained on, on version 2
+    assert final["dataset"]["uri"] == str(v2)
+    manifest = json.loads((v2 / "manifest.json").read_text())
+    assert manifest["version"]["parent"] == 1
+    assert manifest["accounting"]["ingest"]["total"]["docs_in"] == 40
+    assert manifest["version"]["added"][0]["first_line"] == old_rows + 1
+    assert (tmp_path / "prep-out" / "dataset" / "latest").read_text() == "v0002\n"
+    added = asyncio.run(_artifact("prep-version"))
+    assert "## Version v0002 (parent: v0001)" in added and "documents in: **40**" in added
     # Each night submitted jobs of its own.
     jobs = sorted(p.name for p in (tmp_path / "run" / "supervisor" / "jobs").iterdir())
     assert len(jobs) == 2 and jobs[0] != jobs[1] and all(j.endswith("-a0") for j in jobs)
@@ -146,8 +166,8 @@ def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
     assert base64.b64decode(curve.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
     assert asyncio.run(_artifact("train-progress")) == 100
     summary = asyncio.run(_artifact("pipeline-summary"))
-    assert f"`{tmp_path / 'prep-out' / 'dataset'}`" in summary
-    assert "final validation loss: **" in summary and "(step 30)" in summary
+    assert f"`{v2}`" in summary
+    assert "final validation loss: **" in summary and "(step 60)" in summary, summary
 
 
 async def _flow_run_name(run_id: Any) -> str:

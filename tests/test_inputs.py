@@ -37,7 +37,8 @@ from tests.helpers import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 UNIT = 3000  # bytes per ingest unit in these tests: the big files are split into parts
-LINE = "inputs unchanged since the last run of this output"
+LINE = "inputs unchanged since the last run of this output"  # the first version, unfinished
+LINE_DONE = "inputs unchanged since version v0001"  # a finished version
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -300,7 +301,7 @@ def test_rerun_with_unchanged_inputs_does_no_work_and_says_so(built, capsys) -> 
     capsys.readouterr()
     again = prep(cfg_dict(data, out))
     err = capsys.readouterr().err
-    assert f"{LINE} (3 files)" in err
+    assert f"{LINE_DONE} (3 files): nothing new to take in" in err
     assert mtimes(out) == before  # no marker, shard or dataset file written again
     assert again["inputs"] == report["inputs"]
 
@@ -321,8 +322,8 @@ def test_rerun_after_appending_rows_and_adding_a_file_is_refused(ingested, tmp_p
     line = one_line_error(cli("prep", str(write_cfg(tmp_path / "c.yaml", cfg)),
                               "--no-progress"),
                           "1 grown", str(data / "web" / "small.jsonl"),
-                          "1 new", str(data / "web" / "added.jsonl"), "issue 12",
-                          "new output")
+                          "1 new", str(data / "web" / "added.jsonl"),
+                          "before its first version was finished", "new output")
     assert "changed (" not in line and "removed" not in line
     assert mtimes(Path(cfg["output"])) == before
 
@@ -373,8 +374,10 @@ def test_output_without_an_inventory_resumes_as_before(built, tmp_path, capsys) 
     old = tmp_path / "old"
     shutil.copytree(out, old)
     (old / INVENTORY_KEY).unlink()
+    shutil.rmtree(old / "_versions")
     capsys.readouterr()
     prep(cfg_dict(data, old), until="ingest")
-    assert LINE not in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert LINE not in err and LINE_DONE not in err
     assert not (old / INVENTORY_KEY).exists()
 

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from core.dataset import COLUMNS, MANIFEST, read_manifest, verify
+from core.dataset import COLUMNS, MANIFEST, read_manifest, resolve, verify
 from core.store import StorageError, StorageOptions, open_store
 
 
@@ -116,6 +116,11 @@ def load_data(uri: str, check: bool = True, options: StorageOptions | None = Non
     of every shard): training on silently altered data is worse than not training."""
     from datasets import load_from_disk
 
+    try:
+        # A dataset root with later versions beside the first: its newest (`latest`).
+        uri = resolve(uri, options)
+    except StorageError as e:
+        raise DatasetError(f"{uri}: {e}") from None
     if "://" in uri:
         uri = str(fetch_dataset(uri, dataset_cache(), options))
     if not (Path(uri) / "manifest.json").is_file():

@@ -26,7 +26,7 @@ from core.dataset import COLUMN_DOCS, FORMAT, MANIFEST, arrow_stats, row_schema
 from core.files import remove_temp_files, sha256_bytes, sha256_file, temp_beside
 from core.store import Store, open_store
 from tasks.config import PrepConfig
-from tasks.layout import output_store
+from tasks.layout import output_store, version_name, version_store
 from tasks.stages.pack import packed_done_key, packed_key
 from tasks.stages.tokenize import TOKENIZER_KEY, load_run_tokenizer
 
@@ -43,8 +43,16 @@ SCRATCH_DIR = "_scratch"
 DEFAULT_REMOTE_SCRATCH = Path("~/.cache/ballast/scratch")
 
 
-def dataset_uri(cfg: PrepConfig) -> str:
+def dataset_root(cfg: PrepConfig) -> str:
+    """Where the output's datasets are: version 1 itself, later versions in vNNNN/ beside
+    it, and `latest` naming the newest (core.dataset.resolve follows it)."""
     return f"{cfg.output.rstrip('/')}/{DATASET_DIR}"
+
+
+def dataset_uri(cfg: PrepConfig) -> str:
+    """The dataset of this run's version."""
+    root = dataset_root(cfg)
+    return root if cfg.version == 1 else f"{root}/{version_name(cfg.version)}"
 
 
 def scratch_dir(cfg: PrepConfig, step: str = DATASET_DIR) -> Path:
@@ -256,12 +264,13 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
     What a killed run of this step left is removed first: temporary-named files in the
     dataset directory (half-written shards; `verify` refuses a dataset holding them) and
     its staging directory. So two runs must not write one dataset at the same time."""
-    store = output_store(cfg)
+    store = version_store(cfg)
     target = open_store(dataset_uri(cfg), cfg.storage)
     root = target.local_path("")
     if root is not None:
         remove_temp_files(root)
-    scratch = scratch_dir(cfg)
+    scratch = scratch_dir(cfg, DATASET_DIR if cfg.version == 1
+                          else f"{DATASET_DIR}-{version_name(cfg.version)}")
     _drop_scratch(scratch)
     if target.exists(MANIFEST):  # finished by an earlier run of the same config
         manifest = json.loads(target.get(MANIFEST))
@@ -290,7 +299,9 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
                                      f"{fp}-{name}", schema, scratch))
     finally:
         _drop_scratch(scratch)
-    files["tokenizer.json"] = _put(target, "tokenizer.json", store.get(TOKENIZER_KEY))
+    # One tokenizer for every version of an output (token ids must mean the same).
+    files["tokenizer.json"] = _put(target, "tokenizer.json",
+                                   output_store(cfg).get(TOKENIZER_KEY))
     manifest = {
         "format": FORMAT,
         "config_fingerprint": fp,

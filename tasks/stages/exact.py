@@ -22,6 +22,7 @@ from tasks.layout import (
     docs_key,
     output_store,
     read_docs,
+    version_store,
     write_shard,
 )
 from tasks.records import parquet_bytes_to_table, table_to_parquet_bytes
@@ -50,12 +51,19 @@ def hash_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
 PASS_DOCS = 1 << 24
 
 
-def select(cfg: PrepConfig, input_stage: str, shards: list[str]) -> int:
-    """Find every duplicate and the first copy it duplicates. Holds 16 bytes per document
-    (not text), and at most PASS_DOCS documents' hashes at once: a larger corpus is
-    handled in passes, each over the hashes that fall in one range of values, so memory
-    stays bounded and each pass's duplicates are complete (equal hashes share a pass)."""
+def select(cfg: PrepConfig, input_stage: str, prior: list[str], new: list[str]) -> int:
+    """Find every duplicate among the `new` shards and the first copy it duplicates. Holds
+    16 bytes per document (not text), and at most PASS_DOCS documents' hashes at once: a
+    larger corpus is handled in passes, each over the hashes that fall in one range of
+    values, so memory stays bounded and each pass's duplicates are complete (equal hashes
+    share a pass).
+
+    `prior`: the shards of earlier dataset versions, whose hashes are the index new
+    documents are deduplicated against. They come first in input order, so a copy of an
+    earlier version's document is dropped naming that document; they lose nothing
+    themselves (a version, once made, never changes)."""
     store = output_store(cfg)
+    shards = [*prior, *new]
     counts = np.array([_hash_rows(store, s) for s in shards], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)])
     n_pass = max(1, -(-int(offsets[-1]) // PASS_DOCS))
@@ -84,9 +92,11 @@ def select(cfg: PrepConfig, input_stage: str, shards: list[str]) -> int:
         keepers.append(first[dup])
     dup_all = np.concatenate(dups) if dups else np.zeros(0, np.int64)
     kept_all = np.concatenate(keepers) if keepers else np.zeros(0, np.int64)
+    fresh = dup_all >= offsets[len(prior)]  # earlier versions' documents stay as they are
+    dup_all, kept_all = dup_all[fresh], kept_all[fresh]
     order = np.argsort(dup_all, kind="stable")
     write_dups(store, input_stage, shards, offsets, dup_all[order], kept_all[order], STAGE)
-    store.put(DUPS_KEY, json.dumps({"removed": len(dup_all)}).encode())
+    version_store(cfg).put(DUPS_KEY, json.dumps({"removed": len(dup_all)}).encode())
     return len(dup_all)
 
 

@@ -6,15 +6,24 @@ cannot become documents go to dropped/ingest/ with the reason and their location
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
 from tasks.config import PrepConfig, SourceConfig
 from tasks.formats import BadRecord, InputFile
 from tasks.inputs import hash_input, part_entry
-from tasks.layout import DroppedRows, ShardStats, docs_key, output_store, write_shard
+from tasks.layout import (
+    DroppedRows,
+    ShardStats,
+    docs_key,
+    output_store,
+    version_name,
+    write_shard,
+)
 from tasks.readers import local_input, read_local, resolve_inputs, split_input
 from tasks.records import DOC_SCHEMA, LOCATION_KEY, table_to_parquet_bytes
 
@@ -31,10 +40,24 @@ class Unit:
     index: int
     source: str
     files: tuple[InputFile, ...]
+    # The dataset version that reads it. Units of version 1 are named as they always were;
+    # a later version's carry its name, so that shard names never repeat across versions.
+    version: int = 1
 
     @property
     def name(self) -> str:
-        return f"u{self.index:05d}"
+        base = f"u{self.index:05d}"
+        return base if self.version == 1 else f"{version_name(self.version)}-{base}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "source": self.source, "version": self.version,
+                "files": [dataclasses.asdict(f) for f in self.files]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Unit:
+        files = tuple(InputFile(**{**f, "row_groups": None if f["row_groups"] is None
+                                   else tuple(f["row_groups"])}) for f in d["files"])
+        return cls(int(d["index"]), d["source"], files, int(d["version"]))
 
 
 def plan_units(cfg: PrepConfig, unit_bytes: int | None = None) -> list[Unit]:

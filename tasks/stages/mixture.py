@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from tasks.config import PrepConfig
-from tasks.layout import DroppedRows, ShardStats, output_store, write_shard
+from tasks.layout import DroppedRows, ShardStats, output_store, version_store, write_shard
 from tasks.mixture import doc_keys, expand_repeats, order_keys, plan_mixture, select_documents
 from tasks.records import table_to_parquet_bytes
 from tasks.stages.tokenize import read_tokens, tokens_key
@@ -69,7 +69,7 @@ def validation_partitions(plan: dict[str, Any]) -> list[str]:
 
 
 def read_plan(cfg: PrepConfig) -> dict[str, Any]:
-    return json.loads(output_store(cfg).get(PLAN_KEY))
+    return json.loads(version_store(cfg).get(PLAN_KEY))
 
 
 def _npy(a: np.ndarray) -> bytes:
@@ -80,10 +80,12 @@ def _npy(a: np.ndarray) -> bytes:
 
 def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
     """The mixture plan and each document's repeat count (mixture/repeats/<shard>.npy:
-    0 = left out, k = used k times; validation documents are used once, as they are)."""
-    store = output_store(cfg)
-    if store.exists(PLAN_KEY):
-        return json.loads(store.get(PLAN_KEY))
+    0 = left out, k = used k times; validation documents are used once, as they are).
+    `shards`: every shard of the version, earlier versions' too: the mixture is planned
+    anew for each version, over all of its documents."""
+    store, vstore = output_store(cfg), version_store(cfg)
+    if vstore.exists(PLAN_KEY):
+        return json.loads(vstore.get(PLAN_KEY))
     names = [s.name for s in cfg.sources]
     cols = ["id", "source", "split", "n_tokens"]
     per: dict[str, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]] = {n: [] for n in names}
@@ -134,22 +136,23 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
         s["planned_share"] = s["planned_tokens"] / planned_total
         s["realised_share"] = s["realised_tokens"] / total
     for shard, r in zip(shards, repeats, strict=True):
-        store.put(repeats_key(shard), _npy(r))
+        vstore.put(repeats_key(shard), _npy(r))
     result = {"sources": sources, "total_planned_tokens": planned_total,
               "total_realised_tokens": total,
               "train_partitions": partition_count(cfg, total),
               "validation_partitions": max(1, -(-val_tokens // PARTITION_TOKENS)),
               "warnings": [s["warning"] for s in sources.values() if s["warning"]]}
-    store.put(PLAN_KEY, json.dumps(result, indent=2, sort_keys=True).encode())
+    vstore.put(PLAN_KEY, json.dumps(result, indent=2, sort_keys=True).encode())
     return result
 
 
 def scatter_shard(cfg: PrepConfig, shard: str) -> dict:
     """Send each chosen (document, repeat) of a shard to its partition of the training
-    order; validation documents go to one partition of their own."""
-    store = output_store(cfg)
+    order; validation documents go to one partition of their own. Tokens are read from
+    the output; what the version's plan makes of them goes to the version's store."""
+    store = version_store(cfg)
     plan = json.loads(store.get(PLAN_KEY))
-    t = read_tokens(store, shard)
+    t = read_tokens(output_store(cfg), shard)
     counts = np.load(io.BytesIO(store.get(repeats_key(shard))))
     ids, sources, splits = (t[c].to_pylist() for c in ("id", "source", "split"))
     keys = doc_keys(ids, cfg.seed)

@@ -25,7 +25,7 @@ import numpy as np
 from core.store import Store
 from tasks import minhash
 from tasks.config import NearDedupConfig, PrepConfig
-from tasks.layout import output_store, read_docs
+from tasks.layout import output_store, read_docs, version_store
 from tasks.stages.exact import apply_dups, write_dups
 
 STAGE = "near"
@@ -120,13 +120,18 @@ def _npz_member(store: Store, key: str, name: str) -> np.ndarray:
 BUCKET_PASS_DOCS = 1 << 21
 
 
-def bucket_bands(cfg: PrepConfig, shards: list[str], bands: list[int]) -> int:
+def bucket_bands(cfg: PrepConfig, prior: list[str], new: list[str], bands: list[int]) -> int:
     """Group documents by band key for the given bands, one band at a time; keep groups
     of two or more, in key order and, inside a group, in input order. Each band is sorted
     in passes over ranges of key values (a pass's index grows with the key, so the passes
     concatenated are in key order): memory holds at most BUCKET_PASS_DOCS keys and their
-    sort, not one band of the whole corpus."""
+    sort, not one band of the whole corpus.
+
+    `prior`: the shards of earlier dataset versions (their signatures are the index new
+    documents are deduplicated against), first in input order. Only groups holding a new
+    document are kept: earlier versions never change, so their own groups decide nothing."""
     store = output_store(cfg)
+    shards = [*prior, *new]
     live: list[np.ndarray] = []  # rows with band keys (not empty), per shard
     bases: list[int] = []
     base = 0
@@ -135,6 +140,7 @@ def bucket_bands(cfg: PrepConfig, shards: list[str], bands: list[int]) -> int:
         live.append(np.flatnonzero(~empty))
         bases.append(base)
         base += len(empty)
+    first_new = bases[len(prior)] if new else base
     n_live = sum(len(r) for r in live)
     n_pass = max(1, -(-n_live // BUCKET_PASS_DOCS))
     groups = 0
@@ -166,13 +172,15 @@ def bucket_bands(cfg: PrepConfig, shards: list[str], bands: list[int]) -> int:
             starts = np.flatnonzero(new)
             sizes = np.diff(np.append(starts, len(new)))
             multi = sizes >= 2
+            if prior:  # members ascend in a group: a new one is there iff the last is new
+                multi &= members[starts + sizes - 1] >= first_new
             member_parts.append(members[np.repeat(multi, sizes)])
             size_parts.append(sizes[multi])
         sizes = np.concatenate(size_parts) if size_parts else np.zeros(0, np.int64)
         members = np.concatenate(member_parts) if member_parts else np.zeros(0, np.int64)
         offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         groups += len(sizes)
-        store.put(bucket_key(band), _npz(members=members, offsets=offsets))
+        version_store(cfg).put(bucket_key(band), _npz(members=members, offsets=offsets))
     return groups
 
 
@@ -217,35 +225,30 @@ def _new_groups(store: Store, bands: int) -> tuple[list[tuple[np.ndarray, np.nda
 class _ShingleScratch:
     """Shingle sets of the candidate documents, copied once into a local scratch file
     laid out for random access (each shard's file is read once, whatever the order of
-    the pairs), and read back by pread: memory stays at one shard's sets."""
+    the pairs), and read back by pread: memory stays at one shard's sets. A set is asked
+    for by the candidate's rank in `docs` (sorted), so nothing here grows with the corpus."""
 
     def __init__(self, store: Store, shards: list[str], offsets: np.ndarray, docs: np.ndarray,
                  path: str):
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        n = int(offsets[-1])
-        # rank of each candidate document in the scratch file (-1: not a candidate)
-        self.rank = np.full(n, -1, dtype=np.int64)
-        self.rank[docs] = np.arange(len(docs), dtype=np.int64)
         bounds = np.zeros(len(docs) + 1, dtype=np.int64)
         pos = 0
-        shard_of = np.searchsorted(offsets, docs, side="right") - 1
+        shard_of = np.searchsorted(offsets, docs, side="right") - 1  # ascending, as docs
         for si in np.unique(shard_of).tolist():
-            sel = docs[shard_of == si] - offsets[si]
+            lo, hi = (int(x) for x in np.searchsorted(shard_of, [si, si + 1]))
+            sel = docs[lo:hi] - offsets[si]
             z = _load_npz(store.get(shingles_key(shards[si])))
             sh, off = z["shingles"], z["offsets"]
             lens = off[sel + 1] - off[sel]
             parts = [sh[off[r] : off[r + 1]] for r in sel.tolist()]
             chunk = np.concatenate(parts).astype(np.uint32) if parts else np.zeros(0, np.uint32)
             os.pwrite(self.fd, chunk.tobytes(), pos * 4)
-            r0 = int(self.rank[docs[shard_of == si][0]])
-            bounds[r0 + 1 : r0 + 1 + len(sel)] = pos + np.cumsum(lens)
+            bounds[lo + 1 : hi + 1] = pos + np.cumsum(lens)
             pos += len(chunk)
         # array.array: its scalar reads return Python ints, several times faster than numpy's
         self.bounds = array("q", bounds.tobytes())
-        self.rank = array("q", self.rank.tobytes())
 
-    def get(self, doc: int) -> np.ndarray:
-        r = int(self.rank[doc])
+    def get(self, r: int) -> np.ndarray:
         a, b = int(self.bounds[r]), int(self.bounds[r + 1])
         return np.frombuffer(os.pread(self.fd, (b - a) * 4, a * 4), dtype=np.uint32)
 
@@ -253,21 +256,28 @@ class _ShingleScratch:
         os.close(self.fd)
 
 
-def cluster(cfg: PrepConfig, shards: list[str], max_checks: int = 8) -> dict:
+def cluster(cfg: PrepConfig, prior: list[str], new: list[str], max_checks: int = 8) -> dict:
     """Union-find over bucket members. Each member is linked to an earlier member of its
     bucket whose exact Jaccard reaches the threshold (the bucket's first member first,
     then up to `max_checks` others), so a chance band collision never merges clusters.
-    The document that stays is the cluster's first in input order."""
+    The document that stays is the cluster's first in input order: an earlier version's
+    document (`prior` shards come first) when the cluster has one; only documents of the
+    `new` shards are ever dropped."""
     near = cfg.dedup.near
     assert near is not None
     store = output_store(cfg)
+    shards = [*prior, *new]
     counts = [len(_npz_member(store, sig_key(s), "empty")) for s in shards]
     offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    n = int(offsets[-1])
     bands, rows = bands_rows(near)
-    groups, docs = _new_groups(store, bands)
-    parent = array("q", np.arange(n, dtype=np.int64).tobytes())
-    queried = array("q")  # every pair confirmed (i * n + j), to count distinct candidates
+    groups, docs = _new_groups(version_store(cfg), bands)
+    # Union-find over the candidates only (bucket members), by their rank in `docs`: its
+    # memory follows the documents that have a near copy, not the corpus. Ranks keep input
+    # order, so the smallest rank of a set is its first document.
+    groups = [(np.searchsorted(docs, m), o) for m, o in groups]
+    nc = len(docs)
+    parent = array("q", np.arange(nc, dtype=np.int64).tobytes())
+    queried = array("q")  # every pair confirmed (i * nc + j), to count distinct candidates
     verified = 0
 
     def find(i: int) -> int:
@@ -296,7 +306,7 @@ def cluster(cfg: PrepConfig, shards: list[str], max_checks: int = 8) -> dict:
                                 break
                             # A pair that confirms is merged, so only failed pairs are
                             # asked again: recomputing those beats a memo of every pair.
-                            queried.append(other * n + m)
+                            queried.append(other * nc + m)
                             if sets is None or jaccard(sets.get(other),
                                                        sets.get(m)) >= threshold:
                                 verified += 1
@@ -308,8 +318,10 @@ def cluster(cfg: PrepConfig, shards: list[str], max_checks: int = 8) -> dict:
     roots = _roots(np.frombuffer(parent, dtype=np.int64))
     candidates = len(np.unique(np.frombuffer(queried, dtype=np.int64)))
     del queried
-    dup = np.flatnonzero(roots != np.arange(n))
-    kept_of = roots[dup]
+    is_dup = roots != np.arange(nc)
+    dup, kept_of = docs[is_dup], docs[roots[is_dup]]
+    fresh = dup >= offsets[len(prior)]  # earlier versions' documents stay as they are
+    dup, kept_of = dup[fresh], kept_of[fresh]
     write_dups(store, _input_stage(cfg), shards, offsets, dup, kept_of, STAGE)
     summary = {
         "bands": bands, "rows": rows, "num_perm": near.num_perm, "threshold": near.threshold,
@@ -319,13 +331,13 @@ def cluster(cfg: PrepConfig, shards: list[str], max_checks: int = 8) -> dict:
         "removed": len(dup), "clusters": len(np.unique(kept_of)),
     }
     # The summary is written after the duplicates: its presence means clustering is done.
-    store.put(CLUSTER_KEY, json.dumps(summary, sort_keys=True).encode())
+    version_store(cfg).put(CLUSTER_KEY, json.dumps(summary, sort_keys=True).encode())
     return summary
 
 
 def read_summary(cfg: PrepConfig) -> dict:
     """What `cluster` found (its summary, for the report)."""
-    return json.loads(output_store(cfg).get(CLUSTER_KEY))
+    return json.loads(version_store(cfg).get(CLUSTER_KEY))
 
 
 def _roots(parent: np.ndarray) -> np.ndarray:

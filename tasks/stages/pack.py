@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from core.dataset import COLUMNS, row_schema
 from tasks.config import PrepConfig
-from tasks.layout import output_store
+from tasks.layout import version_store
 from tasks.pack import Rows, pack_bfd, pack_concat
 from tasks.records import PARQUET_OPTIONS
 from tasks.stages.mixture import part_key, train_partitions, validation_partitions
@@ -61,7 +61,7 @@ def pack_partition(cfg: PrepConfig, shards: list[str], part: str) -> dict:
     """Gather a partition's documents from every token shard, order them by key, pack.
     Rows are written as they are packed: memory holds the partition's documents (bounded
     by the mixture's PARTITION_TOKENS) and one batch of rows, never all its rows."""
-    store = output_store(cfg)
+    store = version_store(cfg)
     tables = [pq.read_table(pa.BufferReader(store.get(part_key(part, s)))) for s in shards]
     table = pa.concat_tables(tables) if tables else pa.table({"key": [], "tokens": []})
     del tables
@@ -104,7 +104,7 @@ def partitions(cfg: PrepConfig, plan: dict) -> list[str]:
 
 def summary(cfg: PrepConfig, plan: dict) -> dict:
     """The packing of the whole run (every partition packed), for the report."""
-    store = output_store(cfg)
+    store = version_store(cfg)
 
     def stats(parts: list[str]) -> list[dict]:
         return [json.loads(store.get(packed_done_key(p))) for p in parts]
