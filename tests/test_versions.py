@@ -18,15 +18,12 @@ from datasets import load_from_disk
 from core.dataset import resolve, verify
 from tasks.config import parse_config
 from tasks.inputs import InputsChanged
-from tests.test_inputs import (
-    cfg_dict,
-    cli,
-    jsonl_rows,
-    make_corpus,
-    mtimes,
-    one_line_error,
-    prep,
-)
+from tasks.pipeline import run_prep
+from tests.test_inputs import cfg_dict, cli, jsonl_rows, make_corpus, mtimes, one_line_error
+
+
+def prep(cfg: dict[str, Any]) -> dict[str, Any]:
+    return run_prep(parse_config(cfg), progress=False)
 
 
 def snapshot(out: Path) -> dict[str, str]:
@@ -156,8 +153,6 @@ def test_changed_file_is_refused_naming_it_or_rebuilt_from_scratch(copy) -> None
     cfg_file.write_text(yaml.safe_dump(cfg_dict(data, out)))
     one_line_error(cli("prep", str(cfg_file), "--no-progress"), str(big), "--from-scratch")
     assert not (out / "_versions" / "v0002.plan.json").exists()
-
-    from tasks.pipeline import run_prep
 
     report = run_prep(parse_config(cfg_dict(data, out)), progress=False, from_scratch=True)
     assert report["version"]["version"] == 2 and report["version"]["parent"] is None
