@@ -16,7 +16,7 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict
 
 from core.errors import NotFound, StorageError
-from core.files import FILE_MODE, is_temp_name, temp_beside
+from core.files import FILE_MODE, is_temp_name, temp_beside, write_atomic
 
 __all__ = ["LocalStore", "NotFound", "ObjectInfo", "StorageError", "StorageOptions", "Store",
            "join", "open_store"]
@@ -98,13 +98,7 @@ class LocalStore:
         return tmp
 
     def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        tmp = self._write_temp(path, data)
-        try:
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_atomic(self._path(key), data)
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Create `key` holding `data` unless it exists; True if this call created it.

@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,11 +112,17 @@ def write_cfg(path: Path, cfg: dict[str, Any]) -> Path:
     return path
 
 
+def build(factory: pytest.TempPathFactory, name: str,
+          run: Callable[[dict[str, Any]], dict[str, Any]]) -> tuple[Path, Path, dict[str, Any]]:
+    """A corpus and an output made from it by `run`: (data, output, report)."""
+    data = make_corpus(factory.mktemp(f"{name}-data"))
+    out = factory.mktemp(f"{name}-out") / "run"
+    return data, out, run(cfg_dict(data, out))
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, Any]]:
-    data = make_corpus(tmp_path_factory.mktemp("inputs-data"))
-    out = tmp_path_factory.mktemp("inputs-out") / "run"
-    return data, out, prep(cfg_dict(data, out))
+    return build(tmp_path_factory, "inputs", prep)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from core.dataset import resolve, verify
 from tasks.config import parse_config
 from tasks.inputs import InputsChanged
 from tasks.pipeline import run_prep
-from tests.test_inputs import cfg_dict, cli, jsonl_rows, make_corpus, mtimes, one_line_error
+from tests.test_inputs import build, cfg_dict, cli, jsonl_rows, mtimes, one_line_error
 
 
 def prep(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -45,9 +45,7 @@ def dropped(out: Path, stage: str, prefix: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def first(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str, Any]]:
-    data = make_corpus(tmp_path_factory.mktemp("versions-data"))
-    out = tmp_path_factory.mktemp("versions-out") / "run"
-    return data, out, prep(cfg_dict(data, out))
+    return build(tmp_path_factory, "versions", prep)
 
 
 @pytest.fixture
