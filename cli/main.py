@@ -169,22 +169,36 @@ def cmd_prep(args: argparse.Namespace) -> int:
     from concurrent.futures.process import BrokenProcessPool
 
     from core.store import StorageError
+    from tasks.cluster import ClusterError, DaskRunner, address_from_env
     from tasks.config import ConfigError, load_config
     from tasks.inputs import InputsChanged
-    from tasks.pipeline import STEP_NOTE, OutputConflict, run_prep
+    from tasks.pipeline import STEP_NOTE, OutputConflict, Runner, run_prep
     from tasks.readers import IngestError
     from tasks.report import AccountingError
 
     err = stderr_console()
     out = Console()
     output: str | None = args.output
+    # --dask ADDRESS, else Dask's own DASK_SCHEDULER_ADDRESS (set in the pods of
+    # k8s/overlays/prep-dask); `--dask local` keeps the run on this machine.
+    address = args.dask or address_from_env()
+    runner: Runner | None = None
+    if address and address != "local":
+        runner = DaskRunner(address, progress=not args.no_progress, console=err)
     try:
         cfg = load_config(args.config, {"output": args.output, "workers": args.workers})
         output = cfg.output
-        report = run_prep(cfg, until=args.until, progress=not args.no_progress,
-                          from_scratch=args.from_scratch)
+        try:
+            report = run_prep(cfg, until=args.until, progress=not args.no_progress,
+                              from_scratch=args.from_scratch, runner=runner)
+        except BaseException:
+            if runner is not None:
+                runner.abort()  # this run's tasks leave the cluster
+            raise
+        if runner is not None:
+            runner.close()
     except (ConfigError, IngestError, OutputConflict, InputsChanged, StorageError,
-            ValueError) as e:
+            ClusterError, ValueError) as e:
         print_error(str(e))
         return EXIT_ERROR
     except AccountingError as e:
@@ -288,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
                                       "tokenize, mixture, pack)")
     prep.add_argument("--workers", type=int, help="override `workers:` (processes)")
     prep.add_argument("--no-progress", action="store_true", help="no progress bars")
+    prep.add_argument("--dask", metavar="ADDRESS",
+                      help="run on the Dask cluster whose scheduler is at ADDRESS "
+                           "(tcp://HOST:8786; default: $DASK_SCHEDULER_ADDRESS if set; "
+                           "`local`: this machine's process pool); inputs and output must "
+                           "then be where every worker reaches them (s3://)")
     prep.add_argument("--from-scratch", action="store_true",
                       help="when inputs an earlier version read have changed or gone: build "
                            "a new version from all current inputs (default: refuse)")

@@ -2,7 +2,12 @@
 step, generated from the graph and mapped over the step's items; the work lives in
 tasks/stages/.
 
-    python -m flows.prep CONFIG [--runner local|dask] [--workers N]
+    python -m flows.prep CONFIG [--runner local|dask] [--workers N] [--dask ADDRESS]
+
+On an existing Dask cluster (the `dask_address` parameter, else the environment's
+DASK_SCHEDULER_ADDRESS), the flow runs itself again as a subflow on prefect-dask's
+DaskTaskRunner(address=...): every step's items are then Dask tasks on the cluster's
+workers, which report their states to the Prefect API (they need PREFECT_API_URL).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 
 from flows.runs import run_name
+from tasks.cluster import ClusterError, address_from_env, check_workers, connect
 from tasks.config import PrepConfig, load_config
 from tasks.graph import (
     STAGES,
@@ -31,9 +37,10 @@ from tasks.graph import (
     write_dataset,
     writes_dataset,
 )
-from tasks.layout import output_store
-from tasks.pipeline import RUN_KEY, prepare_output, run_extra
+from tasks.layout import output_store, version_store
+from tasks.pipeline import RUN_KEY, prepare_output, probe_inputs, run_extra
 from tasks.report import build as build_report
+from tasks.report import write as write_report
 from tasks.stages.dataset import dataset_uri
 from tasks.versions import Prepared, finish_version
 
@@ -111,6 +118,12 @@ def report_task(cfg: PrepConfig, stages: list[tuple[str, list[str], bool]],
     return build_report(cfg, stages, extra, all_versions)
 
 
+@task(name="save-report")
+def save_report_task(cfg: PrepConfig, report: dict[str, Any]) -> None:
+    """report.json again, now with the dataset's entry (as `ballast prep` writes it)."""
+    write_report(version_store(cfg), report)
+
+
 @task(name="write-dataset", cache_policy=INPUTS + TASK_SOURCE + RUN_ID, persist_result=True,
       **RETRIES)
 def dataset_task(cfg: PrepConfig, extra: dict[str, Any], accounting: dict[str, Any],
@@ -123,9 +136,23 @@ def finish_task(prepared: Prepared, shards: list[str], wrote_dataset: bool) -> N
     finish_version(prepared, shards, wrote_dataset)
 
 
+def _on_dask() -> bool:
+    """Whether this flow run's tasks already go to a Dask cluster (prefect-dask)."""
+    from prefect.context import FlowRunContext
+    from prefect_dask import DaskTaskRunner
+
+    ctx = FlowRunContext.get()
+    return ctx is not None and isinstance(ctx.task_runner, DaskTaskRunner)
+
+
+def _cluster_address(dask_address: str | None) -> str | None:
+    address = dask_address or address_from_env()
+    return None if address in (None, "", "local") else address
+
+
 @flow(name="prep", log_prints=True, flow_run_name=run_name)
 def prep(config_path: str, output: str | None = None, until: str | None = None,
-         from_scratch: bool = False) -> dict[str, Any]:
+         from_scratch: bool = False, dask_address: str | None = None) -> dict[str, Any]:
     """Ingest -> exact dedup -> near dedup -> quality -> tokenize -> mixture -> pack ->
     dataset. Returns the dataset URI and the summary; a re-run skips finished shards.
 
@@ -140,11 +167,29 @@ def prep(config_path: str, output: str | None = None, until: str | None = None,
             new version from all current inputs (by default such a run is refused). New
             files and appended rows never need it: they go into a new version by
             themselves.
+        dask_address: The scheduler of an existing Dask cluster (tcp://HOST:8786) to run
+            every step on; empty: the environment's DASK_SCHEDULER_ADDRESS if set, else
+            this flow run's own task runner ("local" forces the latter). Inputs and output
+            must then be where every worker reaches them (s3://).
     """
     cfg = load_config(config_path, {"output": output})
+    address = _cluster_address(dask_address)
+    if address is not None and not _on_dask():
+        from prefect_dask import DaskTaskRunner
+
+        connect(address).close()  # unreachable, or no workers: one clear error, no work
+        get_run_logger().info(f"running the steps on the Dask cluster at {address}")
+        on_cluster = prep.with_options(task_runner=DaskTaskRunner(address=address))
+        return on_cluster(config_path, output, until, from_scratch, address)
     stages = enabled_stages(cfg, until)
     prepared = plan_task(cfg, from_scratch)
     cfg = prepared.cfg
+    if address is not None:  # every worker must see the claimed output and the inputs
+        client = connect(address)
+        try:
+            check_workers(client, cfg, RUN_KEY, probe_inputs(prepared))
+        finally:
+            client.close()
     run = Run(cfg, prepared.units, extra=run_extra(prepared), prior=prepared.prior,
               prior_units=prepared.prior_units)
     accounted: list[tuple[str, list[str], bool]] = []
@@ -167,6 +212,7 @@ def prep(config_path: str, output: str | None = None, until: str | None = None,
         report["dataset"] = dataset_task(cfg, run.extra, report["stages"],
                                          report.get("all_versions"))
         dataset = dataset_uri(cfg)
+        save_report_task(cfg, report)
     if until is None:
         finish_task(prepared, run.shards, writes_dataset(stages))
     publish_artifacts(report, new=not prepared.nothing_new)
@@ -265,8 +311,13 @@ def main() -> None:
     ap.add_argument("--until")
     ap.add_argument("--runner", default="local", choices=["local", "dask"])
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--dask", metavar="ADDRESS", help="an existing Dask cluster's scheduler")
     args = ap.parse_args()
-    result = with_runner(args.runner, args.workers)(args.config, args.output, args.until)
+    try:
+        result = with_runner(args.runner, args.workers)(args.config, args.output, args.until,
+                                                        dask_address=args.dask)
+    except ClusterError as e:
+        raise SystemExit(f"error: {e}") from None
     print(f"dataset: {result['dataset']}")
 
 

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -98,6 +98,16 @@ class LocalRunner:
         for p in procs:
             with contextlib.suppress(OSError, ValueError, AssertionError):
                 p.join(timeout=10)
+
+    def connect(self) -> None:
+        """Nothing to reach: the pool is this machine's (DaskRunner connects here)."""
+
+    def check_workers(self, cfg: PrepConfig, run_key: str, inputs: list[str]) -> None:
+        """The workers are this machine's processes: they see what this process sees."""
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """A run-once piece of work, here in this process."""
+        return fn(*args)
 
     def warm(self) -> None:
         """Start the workers now (they import the prep modules on start), so the start-up
@@ -280,7 +290,34 @@ def run_extra(prepared: Prepared) -> dict[str, Any]:
                         "added": prepared.added}}
 
 
-def run_prep(cfg: PrepConfig, until: str | None = None, runner: LocalRunner | None = None,
+class Runner(Protocol):
+    """What run_prep needs of a runner: LocalRunner (a process pool on this machine) and
+    tasks/cluster.py's DaskRunner (an existing Dask cluster)."""
+
+    console: Console
+    seconds: dict[str, float]
+    times: dict[str, tuple[float, float]]
+
+    def connect(self) -> None: ...
+    def check_workers(self, cfg: PrepConfig, run_key: str, inputs: list[str]) -> None: ...
+    def warm(self) -> None: ...
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], desc: str,
+            done: int = 0) -> list[Any]: ...
+    def call(self, fn: Callable[..., T], *args: Any) -> T: ...
+    def close(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+def probe_inputs(prepared: Prepared) -> list[str]:
+    """One input per source (its first file this run reads), for Runner.check_workers."""
+    first: dict[str, str] = {}
+    for unit in prepared.units:
+        if unit.files:
+            first.setdefault(unit.source, unit.files[0].uri)
+    return list(first.values())
+
+
+def run_prep(cfg: PrepConfig, until: str | None = None, runner: Runner | None = None,
              progress: bool = True, from_scratch: bool = False) -> dict[str, Any]:
     """Run the enabled stages up to `until`; return the report (also in report.json, in
     the version's store). On an existing output, only the data that arrived since its last
@@ -289,10 +326,12 @@ def run_prep(cfg: PrepConfig, until: str | None = None, runner: LocalRunner | No
     own = runner is None
     runner = runner or LocalRunner(cfg.workers, progress=progress)  # starts no process
     console = runner.console
+    runner.connect()  # a cluster that cannot be reached stops the run before anything else
     prepared = prepare_output(cfg, lambda msg: console.print(
         msg, markup=False, highlight=False, soft_wrap=True), from_scratch)
     cfg = prepared.cfg
     store = output_store(cfg)
+    runner.check_workers(cfg, RUN_KEY, probe_inputs(prepared))
     runner.warm()
     timings: dict[str, float] = {}
     run = Run(cfg, prepared.units, extra=run_extra(prepared), prior=prepared.prior,
@@ -316,8 +355,8 @@ def run_prep(cfg: PrepConfig, until: str | None = None, runner: LocalRunner | No
                               all_versions(run, accounted))
         if writes_dataset(stages):
             t0, start = time.perf_counter(), time.time()
-            report["dataset"] = write_dataset(cfg, run.extra, report["stages"],
-                                              report.get("all_versions"))
+            report["dataset"] = runner.call(write_dataset, cfg, run.extra, report["stages"],
+                                            report.get("all_versions"))
             timings["dataset"] = time.perf_counter() - t0
             runner.times["dataset"] = (round(start, 3), round(time.time(), 3))
         report["stage_seconds"] = {k: round(v, 3) for k, v in timings.items()}
@@ -336,7 +375,7 @@ def run_prep(cfg: PrepConfig, until: str | None = None, runner: LocalRunner | No
             runner.close()
 
 
-def run_step(runner: LocalRunner, store: Store, step: Step, run: Run) -> None:
+def run_step(runner: Runner, store: Store, step: Step, run: Run) -> None:
     """Run a step's unfinished items in the pool; a finished run-once step is skipped
     without a progress bar."""
     items = step.items(run)

@@ -12,9 +12,11 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate.utils as kv
@@ -662,6 +664,26 @@ def test_dockerfile_matches_the_manifests() -> None:
     assert ins[0][0] in ("ARG", "FROM") and any(k == "FROM" for k, _ in ins)
 
 
+
+def test_dockerfile_copies_every_package() -> None:
+    """`pip install .` in the image finds packages only where the Dockerfile put them: a
+    package pyproject lists but the image lacks would be missing in the pods."""
+    import tomllib
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]
+    packages = {pattern.rstrip("*").rstrip(".") for pattern in find["include"]}
+    assert packages and all((ROOT / p / "__init__.py").is_file() for p in packages)
+    ins = _dockerfile()
+    copied = {src.strip("./") for k, v in ins if k == "COPY" for src in v.split()[:-1]}
+    assert packages <= copied, sorted(packages - copied)
+    # The image's import check covers the Dask entrypoint k8s/overlays/prep-dask runs.
+    assert _argv(_only_container(_dask_deployment("worker")))[0] == "dask"
+    check = next(v for k, v in ins if k == "RUN" and "pip install" in v)
+    imported = re.search(r'python -c "import ([^;"]+)', check)
+    assert imported is not None
+    assert "distributed" in {m.strip() for m in imported.group(1).split(",")}
+
 # --- the CLI -----------------------------------------------------------------------------------
 
 def test_write_and_check_cli(tmp_path: Path) -> None:
@@ -694,3 +716,306 @@ def test_checkov_scan_is_clean() -> None:
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "Failed checks: 0" in r.stdout
+
+
+# --- k8s/overlays/prep-dask: the Dask cluster data prep uses -------------------------------------
+
+# Overlays written by hand; OVERLAYS are the generated ones.
+HAND_WRITTEN_OVERLAYS = ("prep-dask",)
+PREP_DASK = K8S / "overlays" / "prep-dask"
+FLOW_RUN_LABELS = {"prefect.io/flow-run-id": "0b0e5c1e-5f55-4c1a-9c55-1e2f4d6a7b8c"}
+
+
+def _dask_objects() -> dict[tuple[str, str], dict[str, Any]]:
+    docs = yaml.safe_load_all((PREP_DASK / "dask.yaml").read_text())
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+def _dask_deployment(component: str) -> dict[str, Any]:
+    return _dask_objects()[("Deployment", f"ballast-dask-{component}")]
+
+
+def _only_container(deploy: dict[str, Any]) -> dict[str, Any]:
+    [c] = deploy["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def _argv(c: dict[str, Any]) -> list[str]:
+    return [*c.get("command", []), *c.get("args", [])]
+
+
+def _dask_cli_params(component: str, argv: list[str]) -> dict[str, Any]:
+    """`dask <component> ARGS` parsed by distributed's own command-line interface (click):
+    an option it no longer knows, or a value of the wrong type, raises."""
+    from distributed.cli import dask_scheduler, dask_worker
+
+    assert argv[:2] == ["dask", component]
+    cli = {"scheduler": dask_scheduler.main, "worker": dask_worker.main}[component]
+    return dict(cli.make_context(f"dask {component}", list(argv[2:])).params)
+
+
+def _container_port(c: dict[str, Any], port: int | str) -> int:
+    """A port number, or the number of the container's port of that name."""
+    if isinstance(port, int):
+        return port
+    [number] = [p["containerPort"] for p in c.get("ports", []) if p.get("name") == port]
+    return int(number)
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels / matchExpressions, or a Service's plain map)."""
+    if "matchLabels" not in selector and "matchExpressions" not in selector:
+        selector = {"matchLabels": selector}
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        key, op, values = e["key"], e["operator"], e.get("values") or []
+        ok = {"In": key in labels and labels[key] in values,
+              "NotIn": key not in labels or labels[key] not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        if not ok:
+            return False
+    return True
+
+
+def _admits(policies: list[dict[str, Any]], src: dict[str, str], dst: dict[str, Any],
+            port: int) -> bool:
+    """Whether NetworkPolicy lets a pod labelled `src` reach TCP `port` of the pod template
+    `dst`, both in the policies' namespace (the Kubernetes semantics: a pod no Ingress policy
+    selects takes everything; else the union of the selecting policies' rules)."""
+    labels = dst["metadata"]["labels"]
+    selecting = [p["spec"] for p in policies
+                 if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+                 and _selects(p["spec"]["podSelector"], labels)]
+    if not selecting:
+        return True
+    containers = dst["spec"]["containers"]
+    for spec_ in selecting:
+        for rule in spec_.get("ingress") or []:
+            peers = rule.get("from") or []
+            assert all(set(peer) == {"podSelector"} for peer in peers), peers
+            if peers and not any(_selects(peer["podSelector"], src) for peer in peers):
+                continue
+            for pp in rule.get("ports") or [{}]:
+                if pp.get("protocol", "TCP") != "TCP":
+                    continue
+                if "port" not in pp:
+                    return True
+                numbers = {_container_port(c, pp["port"]) for c in containers
+                           if isinstance(pp["port"], int)
+                           or any(p.get("name") == pp["port"] for p in c.get("ports", []))}
+                if any(n <= port <= pp.get("endPort", n) for n in numbers):
+                    return True
+    return False
+
+
+def test_every_overlay_is_checked() -> None:
+    """A new overlay is either generated (OVERLAYS) or listed here, so the kustomize tests
+    below cover it."""
+    on_disk = {p.name for p in (K8S / "overlays").iterdir() if p.is_dir()}
+    assert on_disk == set(OVERLAYS) | set(HAND_WRITTEN_OVERLAYS)
+    assert not set(OVERLAYS) & set(HAND_WRITTEN_OVERLAYS)
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", HAND_WRITTEN_OVERLAYS)
+def test_hand_written_overlay_validates_strict_and_is_lint_clean(overlay: str) -> None:
+    docs = kustomize(overlay)
+    for d in docs:
+        validate_strict(d)
+    assert [str(f) for f in k8s_lint.lint_all(docs)] == []
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {
+        "ballast"}
+
+
+@needs_kubectl
+def test_prep_dask_kustomize_output_wires_the_config_maps() -> None:
+    docs = kustomize("prep-dask")
+    cms = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    # The base's objects are all there, unchanged names included.
+    base = {(d["kind"], d["metadata"]["name"]) for d in kustomize("single-node")
+            if d["kind"] not in ("ConfigMap", "Job")}
+    assert base <= {(d["kind"], d["metadata"]["name"]) for d in docs}
+    # Fixed name: pods and work-pool settings outside kustomize refer to it.
+    kust = yaml.safe_load((PREP_DASK / "kustomization.yaml").read_text())
+    [gen] = [g for g in kust["configMapGenerator"] if g["name"] in cms]
+    assert "DASK_SCHEDULER_ADDRESS" in cms[gen["name"]]["data"]
+    # The workers' envFrom names (kustomize rewrites the base's hashed ConfigMap name).
+    [worker] = [d for d in docs if d["kind"] == "Deployment"
+                and d["metadata"]["name"] == "ballast-dask-worker"]
+    refs = [e["configMapRef"]["name"] for e in _only_container(worker)["envFrom"]
+            if "configMapRef" in e]
+    assert refs and all(r in cms for r in refs)
+    assert any("PREFECT_API_URL" in cms[r]["data"] for r in refs)
+
+
+def test_dask_workers_reach_the_scheduler_through_the_service() -> None:
+    objs = _dask_objects()
+    [svc] = [o for (kind, _), o in objs.items() if kind == "Service"]
+    sched, worker = _dask_deployment("scheduler"), _dask_deployment("worker")
+    for dep in (sched, worker):
+        assert _selects(dep["spec"]["selector"], dep["spec"]["template"]["metadata"]["labels"])
+    # The Service selects the scheduler's pods and no worker's.
+    assert _selects(svc["spec"]["selector"], sched["spec"]["template"]["metadata"]["labels"])
+    assert not _selects(svc["spec"]["selector"],
+                        worker["spec"]["template"]["metadata"]["labels"])
+    sc = _only_container(sched)
+    sp = _dask_cli_params("scheduler", _argv(sc))
+    comm = int(sp["port"])
+    dashboard = int(sp["dashboard_address"].rsplit(":", 1)[1])
+    # Service port -> the scheduler's port it reaches.
+    targets = {p["port"]: _container_port(sc, p["targetPort"]) for p in svc["spec"]["ports"]}
+    assert {comm, dashboard} <= set(targets.values())
+    # The scheduler declares the ports it listens on; its probes use them.
+    declared = {p["name"]: p["containerPort"] for p in sc["ports"]}
+    assert {comm, dashboard} <= set(declared.values())
+    for probe in ("readinessProbe", "livenessProbe"):
+        port = next(v["port"] for k, v in sc[probe].items() if k in ("httpGet", "tcpSocket"))
+        assert _container_port(sc, port) in {comm, dashboard}
+    # The workers' scheduler address: the Service's name (same namespace) and its port
+    # to the scheduler's comm port.
+    wp = _dask_cli_params("worker", _argv(_only_container(worker)))
+    addr = urlsplit(wp["scheduler"])
+    assert addr.scheme == "tcp"
+    assert addr.hostname == svc["metadata"]["name"]
+    assert addr.port is not None and targets[addr.port] == comm
+
+
+def test_dask_worker_resources_match_its_flags() -> None:
+    from dask.utils import parse_bytes
+    from kubernetes.utils.quantity import parse_quantity
+
+    c = _only_container(_dask_deployment("worker"))
+    wp = _dask_cli_params("worker", _argv(c))
+    limits, requests = c["resources"]["limits"], c["resources"]["requests"]
+    # Dask's memory limit is the container's: the nanny restarts the worker process before
+    # the kernel's OOM killer ends the pod.
+    assert parse_bytes(wp["memory_limit"]) == int(parse_quantity(limits["memory"]))
+    assert requests["memory"] == limits["memory"]
+    # No more task threads than CPUs.
+    assert 1 <= wp["nthreads"] <= parse_quantity(limits["cpu"])
+    # The pod's name (downward API), so a worker is recognisable in the scheduler's lists.
+    env = {e["name"]: e for e in c["env"]}
+    var = re.fullmatch(r"\$\((\w+)\)", wp["name"])
+    assert var is not None
+    assert env[var.group(1)]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # Its pinned ports are the ones it declares (and the NetworkPolicy admits).
+    declared = {p["containerPort"] for p in c["ports"]}
+    assert {int(wp["worker_port"]), int(wp["nanny_port"])} == declared
+
+
+@pytest.mark.parametrize("component", ["scheduler", "worker"])
+def test_dask_pods_write_only_to_their_scratch_volume(component: str) -> None:
+    dep = _dask_deployment(component)
+    pod = dep["spec"]["template"]["spec"]
+    c = _only_container(dep)
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    vols = {v["name"]: v for v in pod["volumes"]}
+    # Local disk is scratch only: every mount is a size-limited emptyDir.
+    scratch = [m["mountPath"] for m in c["volumeMounts"]]
+    for m in c["volumeMounts"]:
+        assert vols[m["name"]]["emptyDir"]["sizeLimit"]
+    writable = [e["value"] for e in c["env"]
+                if e["name"] in ("HOME", "TMPDIR", "DASK_TEMPORARY_DIRECTORY", "PREFECT_HOME")]
+    assert {"HOME", "TMPDIR"} <= {e["name"] for e in c["env"]}
+    if component == "worker":
+        writable.append(_dask_cli_params(component, _argv(c))["local_directory"])
+        assert len(writable) == 5
+    for path in writable:
+        assert any(path == s or path.startswith(s + "/") for s in scratch), path
+
+
+@pytest.mark.parametrize("component", ["scheduler", "worker"])
+def test_dask_pods_security(component: str) -> None:
+    dep = _dask_deployment(component)
+    pod = dep["spec"]["template"]["spec"]
+    opts = KubeOptions()
+    c = _only_container(dep)
+    # The project image: client, scheduler and workers run the same distributed.
+    assert c["image"] == opts.image
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == opts.run_as_user
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    # An identity with no API rights: defined with no token, bound to no Role anywhere.
+    sa = pod["serviceAccountName"]
+    everything = [d for _, d in k8s_yaml_docs()]  # prep-dask's objects among them
+    [account] = [d for d in everything
+                 if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == sa]
+    assert account["automountServiceAccountToken"] is False
+    assert not any(s["name"] == sa for d in everything
+                   if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+                   for s in d.get("subjects", []))
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == component
+    assert labels["app.kubernetes.io/part-of"] == "ballast"
+
+
+def test_dask_network_policy() -> None:
+    policies = [d for _, d in k8s_yaml_docs() if d["kind"] == "NetworkPolicy"]
+    sched_pod = _dask_deployment("scheduler")["spec"]["template"]
+    worker_pod = _dask_deployment("worker")["spec"]["template"]
+    sc, wc = _only_container(_dask_deployment("scheduler")), _only_container(
+        _dask_deployment("worker"))
+    sp = _dask_cli_params("scheduler", _argv(sc))
+    wp = _dask_cli_params("worker", _argv(wc))
+    scheduler_ports = [int(sp["port"]), int(sp["dashboard_address"].rsplit(":", 1)[1])]
+    worker_ports = [int(wp["worker_port"]), int(wp["nanny_port"])]
+    workers = worker_pod["metadata"]["labels"]
+    scheduler = sched_pod["metadata"]["labels"]
+    trainer = _job()["spec"]["template"]["metadata"]["labels"]  # app.kubernetes.io/name=ballast
+    prefect_worker = next(d for _, d in k8s_yaml_docs() if d["kind"] == "Deployment"
+                          and d["metadata"]["name"] == "prefect-worker")
+    stranger = prefect_worker["spec"]["template"]["metadata"]["labels"]
+    for port in scheduler_ports:
+        # Clients: the prep flow's pod, `ballast prep --dask` in a ballast pod; the workers.
+        for src in (workers, FLOW_RUN_LABELS, trainer):
+            assert _admits(policies, src, sched_pod, port), (src, port)
+        assert not _admits(policies, stranger, sched_pod, port)
+    for port in worker_ports:
+        for src in (scheduler, workers):
+            assert _admits(policies, src, worker_pod, port), (src, port)
+        # Clients talk to the scheduler only.
+        for src in (FLOW_RUN_LABELS, trainer, stranger):
+            assert not _admits(policies, src, worker_pod, port), (src, port)
+    # Nothing else of the workers is open (their dashboards' ports are random).
+    assert not _admits(policies, workers, worker_pod, 40000)
+
+
+def test_dask_address_config_map_names_the_service() -> None:
+    import dask.config
+
+    kust = yaml.safe_load((PREP_DASK / "kustomization.yaml").read_text())
+    [gen] = [g for g in kust["configMapGenerator"] if g["name"] == "ballast-dask"]
+    assert gen["options"]["disableNameSuffixHash"] is True
+    env = dict(lit.split("=", 1) for lit in gen["literals"])
+    # Dask reads DASK_SCHEDULER_ADDRESS as its `scheduler-address`, which Client() uses.
+    with dask.config.set(dask.config.collect_env(env)):
+        address = dask.config.get("scheduler-address")
+    [svc] = [o for (kind, _), o in _dask_objects().items() if kind == "Service"]
+    assert svc["metadata"]["namespace"] == kust["namespace"]
+    addr = urlsplit(address)
+    assert addr.scheme == "tcp"
+    assert addr.hostname == f"{svc['metadata']['name']}.{kust['namespace']}.svc.cluster.local"
+    sc = _only_container(_dask_deployment("scheduler"))
+    comm = int(_dask_cli_params("scheduler", _argv(sc))["port"])
+    [port] = [p["port"] for p in svc["spec"]["ports"]
+              if _container_port(sc, p["targetPort"]) == comm]
+    assert addr.port == port
+    assert kust["resources"] == ["../../base", "dask.yaml"]
+
+
+@pytest.mark.parametrize("component", ["scheduler", "worker"])
+def test_dask_flags_in_the_manifests_exist(component: str) -> None:
+    """Every option the manifests pass is one the installed `dask <component>` lists: an
+    option renamed in a newer distributed fails here, not in the cluster."""
+    argv = _argv(_only_container(_dask_deployment(component)))
+    dask = Path(sys.executable).parent / "dask"
+    out = subprocess.run([str(dask) if dask.exists() else "dask", component, "--help"],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    known = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", out))
+    used = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    assert used and used <= known, sorted(used - known)
+    _dask_cli_params(component, argv)  # the values parse too

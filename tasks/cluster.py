@@ -1,0 +1,239 @@
+"""Runs the prep stage graph (tasks/graph.py) on an existing Dask cluster: `ballast prep
+CONFIG --dask tcp://HOST:8786`. The same steps as the local pool (tasks/pipeline.py), each
+item a cluster task; what travels through the scheduler is the step's function (by name),
+the config and the item (a unit, a shard name, a band group): a few KB. Data moves through
+the Store at the output URI; a worker's local disk is scratch only.
+
+A worker that dies mid-task is the scheduler's to handle: it reruns the worker's tasks
+elsewhere (Dask's `distributed.scheduler.allowed-failures` times), and a rerun item is
+safe because every write is atomic and deterministic. Tasks that raise are retried
+(RETRIES), as the Prefect flow retries them, for the transient storage errors a cluster
+sees.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from core.store import open_store
+from tasks.config import PrepConfig
+from tasks.layout import output_store
+from tasks.pipeline import STEP_NOTE, _call_and_trim, release_memory
+
+T = TypeVar("T")
+# Dask's own name for "the scheduler to use" (its config key `scheduler-address`): set in
+# a pod (k8s/overlays/prep-dask), `ballast prep` and the prep flow use that cluster.
+ADDRESS_ENV = "DASK_SCHEDULER_ADDRESS"
+RETRIES = 2
+# Seconds to reach the scheduler (Dask retries a refused connection until then).
+CONNECT_TIMEOUT_S = float(os.environ.get("BALLAST_DASK_CONNECT_TIMEOUT", "10"))
+# How long a run waits for the first worker of a cluster that has none yet (worker pods
+# still starting): then it stops with an error rather than queue work nobody runs.
+WORKERS_TIMEOUT_S = 120.0
+# Test hook, read on the WORKER: a worker whose environment has BALLAST_WORKER_FAILPOINT
+# set to a step's name ("near: buckets") SIGKILLs itself when it starts an item of that
+# step, to show that the cluster reruns a dead worker's tasks elsewhere.
+WORKER_FAILPOINT_ENV = "BALLAST_WORKER_FAILPOINT"
+
+
+class ClusterError(RuntimeError):
+    """The Dask cluster cannot be used: unreachable, no workers, or workers that cannot
+    see the run's output or inputs. One line, for the CLI's error."""
+
+
+def address_from_env() -> str | None:
+    return os.environ.get(ADDRESS_ENV) or None
+
+
+def connect(address: str, timeout_s: float | None = None,
+            workers_timeout_s: float = WORKERS_TIMEOUT_S) -> Any:
+    """A client of the scheduler at `address` with at least one worker, or ClusterError."""
+    from distributed import Client
+
+    timeout_s = CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        client = Client(address, timeout=f"{timeout_s}s", set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as e:
+        cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ClusterError(f"cannot reach the Dask scheduler at {address}: {cause}") from None
+    try:
+        client.wait_for_workers(1, timeout=workers_timeout_s)
+    except TimeoutError:
+        client.close()
+        raise ClusterError(f"the Dask scheduler at {address} has no workers (waited "
+                           f"{workers_timeout_s:.0f} s)") from None
+    return client
+
+
+def _run_item(fn: Callable[[Any], Any], item: Any, desc: str) -> None:
+    """One item on a worker. Returns nothing: results stay in the Store, so nothing but
+    a task's state travels back through the scheduler."""
+    if os.environ.get(WORKER_FAILPOINT_ENV) == desc:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _call_and_trim(fn, item)
+
+
+def _slug(desc: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in desc).strip("-")
+
+
+def _reach(uri: str, cfg: PrepConfig) -> None:
+    """Stat one input (a local path, a directory input, or an s3:// object)."""
+    if uri.startswith("s3://"):
+        bucket, _, key = uri[len("s3://"):].partition("/")
+        open_store(f"s3://{bucket}", cfg.storage).stat(key)
+    else:
+        os.stat(uri.removeprefix("file://"))
+
+
+def _worker_sees(cfg: PrepConfig, run_key: str, inputs: list[str]) -> list[str]:
+    """On a worker: the run's locations it cannot reach (the output's claim file, one
+    input per source), each with its cause."""
+    missing = []
+    try:
+        if not output_store(cfg).exists(run_key):
+            missing.append(f"{cfg.output.rstrip('/')}/{run_key} (not found)")
+    except Exception as e:
+        missing.append(f"{cfg.output} ({_cause(e)})")
+    for uri in inputs:
+        try:
+            _reach(uri, cfg)
+        except Exception as e:
+            missing.append(f"{uri} ({_cause(e)})")
+    return missing
+
+
+def _cause(e: BaseException) -> str:
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _call(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    try:
+        return fn(*args)
+    finally:
+        release_memory()
+
+
+def check_workers(client: Any, cfg: PrepConfig, run_key: str, inputs: list[str]) -> None:
+    """Every worker reaches the output (the run's claim file, written before this) and
+    one input per source: a local path that only the submitting machine has, or missing
+    credentials on the workers, stop the run here with the worker named."""
+    seen = client.run(_worker_sees, cfg, run_key, inputs)
+    bad = {w: m for w, m in seen.items() if m}
+    if bad:
+        worker, missing = next(iter(bad.items()))
+        raise ClusterError(
+            f"Dask worker {worker} cannot read {missing[0]}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+            + f"; {len(bad)} of {len(seen)} workers affected. Workers share no disk with "
+            "this machine: put inputs and output in object storage (s3://) or on a "
+            "filesystem every worker mounts at the same path")
+
+
+class DaskRunner:
+    """The runner interface of tasks/pipeline.py (connect, warm, map, call, close,
+    abort, the timings) on a Dask cluster at `address`."""
+
+    def __init__(self, address: str, progress: bool = True, console: Console | None = None):
+        self.address = address
+        self.progress = progress
+        self.console = console or Console(stderr=True)
+        self.client: Any = None
+        self.seconds: dict[str, float] = {}
+        self.times: dict[str, tuple[float, float]] = {}
+        self._run = uuid.uuid4().hex[:8]  # task keys unique to this run
+        self._futures: list[Any] = []  # in flight, for abort
+
+    def connect(self) -> None:
+        """Before any work: reach the scheduler and see a worker (ClusterError if not)."""
+        if self.client is None:
+            self.client = connect(self.address)
+            n = len(self.client.scheduler_info(n_workers=-1)["workers"])
+            self.console.print(f"prep on the Dask cluster at {self.address} ({n} worker"
+                               f"{'s' if n != 1 else ''})", markup=False, highlight=False)
+
+    def check_workers(self, cfg: PrepConfig, run_key: str, inputs: list[str]) -> None:
+        check_workers(self.client, cfg, run_key, inputs)
+
+    def warm(self) -> None:
+        return None
+
+    def map(self, fn: Callable[[Any], T], items: Sequence[Any], desc: str,
+            done: int = 0) -> list[None]:
+        t0, start = time.perf_counter(), time.time()
+        try:
+            self._map(fn, items, desc, done)
+            return [None] * len(items)
+        except Exception as e:
+            e.add_note(f"{STEP_NOTE}{desc}")
+            raise
+        finally:
+            self.seconds[desc] = round(time.perf_counter() - t0, 3)
+            self.times[desc] = (round(start, 3), round(time.time(), 3))
+
+    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any], desc: str,
+             done: int) -> None:
+        from distributed import as_completed
+
+        if not items:
+            return
+        slug = _slug(desc)
+        self._futures = futures = [
+            self.client.submit(_run_item, fn, it, desc, key=f"{slug}-{self._run}-{i}",
+                               pure=False, retries=RETRIES)
+            for i, it in enumerate(items)]
+        with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=self.console, disable=not self.progress,
+                      transient=False) as bar:
+            task = bar.add_task(desc, total=len(items) + done, completed=done)
+            try:
+                for f in as_completed(futures, loop=self.client.loop):
+                    f.result()  # raise the first failure at once (after its retries)
+                    bar.advance(task)
+            except BaseException:
+                self.client.cancel(futures)
+                raise
+            finally:
+                self._futures = []
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """A run-once piece of work that returns a small result (the dataset's entry)."""
+        key = f"{_slug(getattr(fn, '__name__', 'call'))}-{self._run}"
+        future = self.client.submit(_call, fn, args, key=key, pure=False, retries=RETRIES)
+        self._futures = [future]
+        try:
+            return future.result()
+        finally:
+            self._futures = []
+
+    def close(self) -> None:
+        client, self.client = self.client, None
+        if client is not None:
+            client.close()
+
+    def abort(self) -> None:
+        """An error or Ctrl-C: cancel this run's tasks on the cluster, then disconnect
+        (the cluster itself is not ours to stop)."""
+        if self.client is not None and self._futures:
+            with contextlib.suppress(Exception):  # a lost connection: the scheduler
+                self.client.cancel(self._futures)  # drops a gone client's tasks itself
+        self.close()
+
+    def __enter__(self) -> DaskRunner:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
