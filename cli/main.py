@@ -280,7 +280,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
     ids = deploy_all(args.prep_config, args.train_config, pool_type=args.pool_type,
                      pool=args.pool, cron=args.cron or None, output=args.output,
-                     run_dir=args.run_dir, steps=args.steps, image=args.image)
+                     run_dir=args.run_dir, steps=args.steps, image=args.image,
+                     dask_address=args.dask)
     out = Console()
     for name, dep_id in ids.items():
         out.print(f"deployment {name}: {dep_id}", markup=False)
@@ -332,6 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--run-dir", help="training run dir override")
     dep.add_argument("--steps", type=int, help="training steps override")
     dep.add_argument("--image", default=IMAGE, help="image for the kubernetes pool")
+    dep.add_argument("--dask", metavar="ADDRESS",
+                     help="prep (prep-only and the pipeline) runs on this Dask cluster")
     dep.set_defaults(func=cmd_deploy)
     return p
 

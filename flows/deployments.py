@@ -47,13 +47,14 @@ def deploy_all(prep_config: str, train_config: str, *,
                output: str | None = None, run_dir: str | None = None,
                steps: int | None = None, image: str = IMAGE,
                source: str | Path = ROOT,
-               launch: dict[str, Any] | None = None) -> dict[str, UUID]:
+               launch: dict[str, Any] | None = None,
+               dask_address: str | None = None) -> dict[str, UUID]:
     """Create the work pool if needed and register the three deployments; returns their
     ids by name ("pipeline/scheduled", "prep/prep-only", "train/train-only"). Config paths
     are as the worker will see them (relative to `source`, or absolute). The training
     runs launch with the pool's backend (`local` on a process pool, `kubernetes` on a
     kubernetes pool) and the rest of the training config's `launch:` section, `launch`
-    overriding keys of it."""
+    overriding keys of it. `dask_address`: prep runs on that Dask cluster."""
     from prefect import Flow
 
     pool = pool or POOLS[pool_type]
@@ -73,7 +74,8 @@ def deploy_all(prep_config: str, train_config: str, *,
 
     ids = {}
     params = {"prep_config": prep_config, "train_config": train_config, "output": output,
-              "run_dir": run_dir, "steps": steps, "launch": overrides}
+              "run_dir": run_dir, "steps": steps, "launch": overrides,
+              "dask_address": dask_address}
     from prefect.schedules import Cron
 
     # One run at a time per deployment: a night whose run outlasts 24 hours must not start
@@ -85,7 +87,9 @@ def deploy_all(prep_config: str, train_config: str, *,
         description=f"Data prep, then training on the new dataset"
                     f"{f' (cron {cron!r}, UTC)' if cron else ''}", **common)
     ids["prep/prep-only"] = load("flows/prep.py:prep").deploy(
-        name="prep-only", parameters={"config_path": prep_config, "output": output},
+        name="prep-only", parameters={k: v for k, v in {
+            "config_path": prep_config, "output": output,
+            "dask_address": dask_address}.items() if v is not None},
         description="Data prep only (what `ballast prep` runs)", **common)
     ids["train/train-only"] = load("flows/train.py:train").deploy(
         name="train-only",

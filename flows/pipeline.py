@@ -24,7 +24,8 @@ from infra.jobs import BACKENDS
 @flow(name="pipeline", flow_run_name=run_name)
 def pipeline(prep_config: str, train_config: str, output: str | None = None,
              run_dir: str | None = None, steps: int | None = None,
-             launch: dict[str, Any] | None = None) -> dict[str, Any]:
+             launch: dict[str, Any] | None = None,
+             dask_address: str | None = None) -> dict[str, Any]:
     """Prep -> train. A re-run skips finished prep shards and resumes training from its
     latest checkpoint.
 
@@ -40,9 +41,12 @@ def pipeline(prep_config: str, train_config: str, output: str | None = None,
             key: backend (`local`: torchrun on the worker's machine; `kubernetes`),
             nnodes, nproc_per_node, max_restarts, max_node_losses, max_recoveries,
             recovery_lr_scale, poll_s, kubernetes (namespace, image, gpus_per_node...).
+        dask_address: Run prep's steps on the Dask cluster whose scheduler is here
+            (tcp://HOST:8786); empty: the environment's DASK_SCHEDULER_ADDRESS if set, else
+            the flow run's own task runner.
     """
     logger = get_run_logger()
-    prepared = prep(prep_config, output)
+    prepared = prep(prep_config, output, dask_address=dask_address)
     dataset = prepared["dataset"]
     if dataset is None:
         raise ValueError(f"{prep_config}: prep produced no dataset (is `pack` disabled?)")

@@ -25,7 +25,13 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 
 from flows.runs import run_name
-from tasks.cluster import ClusterError, address_from_env, check_workers, connect
+from tasks.cluster import (
+    ClusterError,
+    address_from_env,
+    check_workers,
+    connect,
+    tune_malloc,
+)
 from tasks.config import PrepConfig, load_config
 from tasks.graph import (
     STAGES,
@@ -88,6 +94,7 @@ def _run_name(name: str, parameters: dict[str, Any]) -> str:
 def step_task(step: Step) -> Task:
     """The Prefect task of one step: runs `item` unless the output already has it."""
     def run_step(cfg: PrepConfig, args: tuple[Any, ...], item: Any) -> None:
+        tune_malloc()  # on a Dask worker (tasks/cluster.py says why)
         if not step.is_done(cfg, item):
             step.fn(cfg, *args, item)
 

@@ -166,6 +166,8 @@ def s3_env(opts: KubeOptions) -> list[dict[str, Any]]:
 # The root filesystem is read-only: caches that default to ~ (torch, triton, matplotlib,
 # HF, Prefect) go to the writable /tmp instead.
 HOME_ENV = {"name": "HOME", "value": "/tmp"}
+# The ConfigMap of k8s/overlays/prep-dask that holds the Dask scheduler's address.
+DASK_CONFIG_MAP = "ballast-dask"
 
 
 def _env(spec: JobSpec, opts: KubeOptions) -> list[dict[str, Any]]:
@@ -417,6 +419,10 @@ def work_pool_template(opts: KubeOptions) -> dict[str, Any]:
         # A list, not "{{ env }}": the worker prepends the flow run's variables to it and
         # keeps these (prefect-kubernetes _populate_env_in_manifest).
         "env": [dict(HOME_ENV), *s3_env(opts)],
+        # DASK_SCHEDULER_ADDRESS where the prep-dask overlay is applied (its ConfigMap): prep
+        # flow runs then run their steps on that cluster. Optional, so a cluster without it
+        # starts pods as before; a deployment's own `env` wins (`local` opts out).
+        "envFrom": [{"configMapRef": {"name": DASK_CONFIG_MAP, "optional": True}}],
         "resources": {
             "requests": {"cpu": "{{ cpu_request }}", "memory": "{{ memory_request }}"},
             "limits": {"cpu": "{{ cpu_limit }}", "memory": "{{ memory_limit }}",

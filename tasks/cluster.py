@@ -74,11 +74,37 @@ def connect(address: str, timeout_s: float | None = None,
     return client
 
 
+# glibc mallopt parameters (malloc.h).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+_malloc_tuned = False
+
+
+def tune_malloc() -> None:
+    """Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536 (its
+    `distributed.nanny.pre-spawn-environ`). Setting any threshold turns off glibc's dynamic
+    mmap threshold, so every array over 128 KiB becomes an mmap, page faults and an munmap:
+    MinHash signatures ran 2.7x slower for it (3.3 s vs 8.9 s for a 50k-document shard).
+    Back to the thresholds the dynamic rule settles at on 64-bit (mmap above 32 MiB); the
+    memory still goes back to the OS after every unit (release_memory's malloc_trim), which
+    is what Dask's setting is for."""
+    global _malloc_tuned
+    if _malloc_tuned or "MALLOC_TRIM_THRESHOLD_" not in os.environ:
+        return
+    _malloc_tuned = True
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):  # not glibc
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(M_TRIM_THRESHOLD, 64 << 20)
+
+
 def _run_item(fn: Callable[[Any], Any], item: Any, desc: str) -> None:
     """One item on a worker. Returns nothing: results stay in the Store, so nothing but
     a task's state travels back through the scheduler."""
     if os.environ.get(WORKER_FAILPOINT_ENV) == desc:
         os.kill(os.getpid(), signal.SIGKILL)
+    tune_malloc()
     _call_and_trim(fn, item)
 
 
@@ -118,6 +144,7 @@ def _cause(e: BaseException) -> str:
 
 
 def _call(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    tune_malloc()
     try:
         return fn(*args)
     finally:

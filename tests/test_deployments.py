@@ -108,6 +108,8 @@ def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
     assert props["run_dir"]["description"].startswith("Where training keeps checkpoints")
     assert " ".join(props["launch"]["description"].split()).startswith(
         "Overrides of the training config's `launch:` section for this run")
+    # A scheduled run can put prep on a Dask cluster from the run form (issue Scale II).
+    assert "Dask cluster" in " ".join(props["dask_address"]["description"].split())
     assert tz == "UTC" and limit == 1
 
     # What the UI's "Run" button does: a flow run from the deployment, scheduled now. Twice,

@@ -1007,6 +1007,21 @@ def test_dask_address_config_map_names_the_service() -> None:
     assert kust["resources"] == ["../../base", "dask.yaml"]
 
 
+def test_flow_run_pods_take_the_dask_address_from_the_overlay() -> None:
+    """The ballast-k8s work pool's flow-run pods read the ConfigMap that the prep-dask
+    overlay makes (optional: without the overlay they start as before), so a prep flow
+    run on that pool goes to the cluster with no parameter set."""
+    kust = yaml.safe_load((PREP_DASK / "kustomization.yaml").read_text())
+    holding = [g["name"] for g in kust["configMapGenerator"]
+               if any(lit.startswith("DASK_SCHEDULER_ADDRESS=") for lit in g["literals"])]
+    template = json.loads((K8S / "base" / "work-pool-template.json").read_text())
+    pod = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    refs = [e["configMapRef"] for e in container.get("envFrom", []) if "configMapRef" in e]
+    assert [r["name"] for r in refs] == holding
+    assert all(r.get("optional") is True for r in refs)
+
+
 @pytest.mark.parametrize("component", ["scheduler", "worker"])
 def test_dask_flags_in_the_manifests_exist(component: str) -> None:
     """Every option the manifests pass is one the installed `dask <component>` lists: an
