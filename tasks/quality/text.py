@@ -3,10 +3,13 @@ every rule, so a chain of rules tokenises a document a single time."""
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
+from collections.abc import Mapping
 from functools import cached_property
 from itertools import accumulate, pairwise
+from typing import Any
 
 
 def _mark_ranges() -> list[tuple[int, int]]:
@@ -58,9 +61,23 @@ class Doc:
     A rule that edits the text gets a fresh `Doc` for the next rule (views of the old
     text would be wrong)."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, meta: str | Mapping[str, Any] | None = None) -> None:
         self.text = text
+        # The record's metadata as the quality stage has it (a JSON object string) or a
+        # mapping; parsed only when a rule reads `meta`.
+        self.raw_meta = meta
         self._ngram_hashes: dict[int, list[int]] = {}
+
+    @cached_property
+    def meta(self) -> Mapping[str, Any]:
+        """The record's metadata fields (e.g. its `url`); empty when none were given."""
+        m = self.raw_meta
+        if isinstance(m, str):
+            try:
+                m = json.loads(m)
+            except ValueError:  # ingest writes valid JSON; anything else has no fields
+                m = None
+        return m if isinstance(m, Mapping) else {}
 
     @cached_property
     def words(self) -> list[str]:

@@ -34,7 +34,7 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
         src = sources[row]
         st = stats[src]
         st.add_in(nbytes[row])
-        out = filter_document(rules[src], text)
+        out = filter_document(rules[src], text, metas[row])  # `url` reads meta
         if out.text is None:
             st.add_dropped(out.reason or "quality", nbytes[row])
             dropped.add(ids[row], src, out.reason or "quality", out.detail,
