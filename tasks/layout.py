@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -78,6 +79,9 @@ class SourceStats:
     bytes_kept: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
     bytes_dropped: int = 0
+    # Replacements in kept documents by kind ({"email": 3, "ip": 1}; the `pii` rule);
+    # in the report only when something was replaced.
+    redacted: dict[str, int] = field(default_factory=dict)
 
     def add_in(self, nbytes: int) -> None:
         self.docs_in += 1
@@ -99,13 +103,18 @@ class SourceStats:
         self.bytes_dropped += other.bytes_dropped
         for r, n in other.dropped.items():
             self.dropped[r] = self.dropped.get(r, 0) + n
+        self.add_redacted(other.redacted)
+
+    def add_redacted(self, counts: Mapping[str, int]) -> None:
+        for kind, n in counts.items():
+            self.redacted[kind] = self.redacted.get(kind, 0) + n
 
     @property
     def n_dropped(self) -> int:
         return sum(self.dropped.values())
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "docs_in": self.docs_in,
             "bytes_in": self.bytes_in,
             "kept": self.kept,
@@ -113,11 +122,14 @@ class SourceStats:
             "dropped": dict(sorted(self.dropped.items())),
             "bytes_dropped": self.bytes_dropped,
         }
+        if self.redacted:  # absent rather than {}: a run without `pii` reports as before
+            out["redacted"] = dict(sorted(self.redacted.items()))
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SourceStats:
         return cls(d["docs_in"], d["bytes_in"], d["kept"], d["bytes_kept"], dict(d["dropped"]),
-                   d["bytes_dropped"])
+                   d["bytes_dropped"], dict(d.get("redacted", {})))
 
 
 class ShardStats(defaultdict[str, SourceStats]):

@@ -1,11 +1,12 @@
 """Heuristic quality filters for pre-training text: Gopher, C4, FineWeb, code (The Stack /
-StarCoder), URL, character-ratio and boilerplate rules, and two rules of our own, built
-from the run config's `quality:` list and applied to one document at a time."""
+StarCoder), URL, character-ratio and boilerplate rules, two rules of our own, PII
+redaction and eval-set decontamination, built from the run config's `quality:` list and
+applied to one document at a time."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -15,8 +16,10 @@ from tasks.quality.base import Drop, Rule, RuleParams
 from tasks.quality.boilerplate import Boilerplate
 from tasks.quality.c4 import C4
 from tasks.quality.code import Code
+from tasks.quality.decontam import Decontaminate
 from tasks.quality.fineweb import FineWeb
 from tasks.quality.gopher import GopherQuality, GopherRepetition
+from tasks.quality.pii import Pii
 from tasks.quality.ratios import CharRatios
 from tasks.quality.simple import CharRepetition, Length
 from tasks.quality.text import Doc
@@ -47,6 +50,8 @@ RULES: dict[str, type[Rule[Any]]] = {
         Url,
         CharRatios,
         Boilerplate,
+        Pii,
+        Decontaminate,
     )
 }
 
@@ -80,6 +85,9 @@ class Outcome:
     text: str | None  # the text to keep (C4 may have edited it); None when dropped
     reason: str | None  # "<rule>:<check>", e.g. "gopher_quality:min_doc_words"; None if kept
     detail: str  # the measured value against the threshold; "" when kept
+    # Replacements made in the kept text, by kind ({"email": 2, "ip": 1}; `pii`); empty
+    # when nothing was replaced or the document was dropped.
+    redacted: Mapping[str, int] = field(default_factory=dict)
 
 
 def filter_document(
@@ -95,8 +103,9 @@ def filter_document(
             continue
         if isinstance(verdict, Drop):
             return Outcome(None, f"{rule.name}:{verdict.check}", verdict.detail)
-        doc = Doc(verdict, meta)  # edited text: views of the old text no longer apply
-    return Outcome(doc.text, None, "")
+        # Edited text: views of the old text no longer apply; replacement counts carry on.
+        doc = Doc(verdict, meta, doc.redacted)
+    return Outcome(doc.text, None, "", doc.redacted)
 
 
 def parse_rules(spec: list[str | dict[str, Any]]) -> list[Rule[Any]]:

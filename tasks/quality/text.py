@@ -29,6 +29,7 @@ def _mark_ranges() -> list[tuple[int, int]]:
 _MARK_RANGES = _mark_ranges()
 MARKS = frozenset(chr(c) for a, b in _MARK_RANGES for c in range(a, b + 1))
 _M = "".join(f"\\u{a:04x}" if a == b else f"\\u{a:04x}-\\u{b:04x}" for a, b in _MARK_RANGES)
+MARK_CLASS = _M  # the combining marks, as the inside of a regex character class
 
 # Words as spaCy's English tokenizer roughly sees them (datatrove splits with spaCy, and
 # the Gopher and FineWeb thresholds are applied to such splits), in one regex pass that is
@@ -61,8 +62,16 @@ class Doc:
     A rule that edits the text gets a fresh `Doc` for the next rule (views of the old
     text would be wrong)."""
 
-    def __init__(self, text: str, meta: str | Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        text: str,
+        meta: str | Mapping[str, Any] | None = None,
+        redacted: dict[str, int] | None = None,
+    ) -> None:
         self.text = text
+        # What rules replaced so far, by kind ({"email": 2}): a redacting rule adds to it,
+        # and the chain hands the same dict to the edited text's Doc.
+        self.redacted: dict[str, int] = {} if redacted is None else redacted
         # The record's metadata as the quality stage has it (a JSON object string) or a
         # mapping; parsed only when a rule reads `meta`.
         self.raw_meta = meta

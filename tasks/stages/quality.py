@@ -42,6 +42,7 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
             continue
         # Line-level rules (C4) may shorten the text; kept bytes count what stays.
         st.add_kept(nbytes[row] if out.text is text else len(out.text.encode("utf-8")))
+        st.add_redacted(out.redacted)  # `pii`'s replacements, counted in the report
         kept["id"].append(ids[row])
         kept["text"].append(out.text)
         kept["source"].append(src)
