@@ -232,7 +232,8 @@ def cmd_prep(args: argparse.Namespace) -> int:
     if report.get("dataset"):
         out.print(f"dataset: {report['dataset']['uri']}  (load with datasets.load_from_disk; "
                   f"check with `ballast verify {report['dataset']['uri']}`)", markup=False)
-    text_stage = [s for s in report["stages"] if s in ("ingest", "exact", "near", "quality")][-1]
+    text_stage = [s for s in report["stages"]
+                  if s in ("ingest", "exact", "near", "lines", "quality")][-1]
     version = (report.get("version") or {}).get("version", 1)
     where = "" if version == 1 else f"v{version:04d}/"
     out.print(f"output: {cfg.output}  (version {version}; report: "
@@ -299,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     prep = sub.add_parser("prep", help="run data prep from a YAML config (no server needed)")
     prep.add_argument("config", help="path to the run config (YAML)")
     prep.add_argument("--output", help="override `output:` (local path or s3://bucket/prefix)")
-    prep.add_argument("--until", help="stop after this stage (ingest, exact, near, quality, "
+    prep.add_argument("--until", help="stop after this stage (ingest, exact, near, lines, quality, "
                                       "tokenize, mixture, pack)")
     prep.add_argument("--workers", type=int, help="override `workers:` (processes)")
     prep.add_argument("--no-progress", action="store_true", help="no progress bars")

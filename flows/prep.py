@@ -168,7 +168,7 @@ def prep(config_path: str, output: str | None = None, until: str | None = None,
             to the worker's working directory.
         output: Where the shards, reports and the dataset go (a directory or s3://...);
             overrides the config's `output`.
-        until: Stop after this stage (ingest, exact, near, quality, tokenize, mixture,
+        until: Stop after this stage (ingest, exact, near, lines, quality, tokenize, mixture,
             pack); empty runs every enabled stage.
         from_scratch: When inputs an earlier version read have changed or gone, build a
             new version from all current inputs (by default such a run is refused). New
@@ -236,7 +236,7 @@ def version_md(report: dict[str, Any], new: bool) -> str:
         return f"**No new data**: the inputs are as version {name} read them; nothing redone."
     stages = report["stages"]
     docs_in = stages["ingest"]["total"]["docs_in"] if "ingest" in stages else 0
-    text = [s for s in stages if s in ("ingest", "exact", "near", "quality")]
+    text = [s for s in stages if s in ("ingest", "exact", "near", "lines", "quality")]
     kept = stages[text[-1]]["total"]["kept"] if text else 0
     dropped: dict[str, int] = {}
     for s in text:

@@ -11,7 +11,14 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from core.config import Strict, format_validation_error, read_yaml
 from core.errors import ConfigError
@@ -24,6 +31,14 @@ __all__ = ["ConfigError", "PrepConfig", "load_config", "parse_config"]
 # A registered input format's name, or auto. A Literal built from the registry, so that an
 # unknown value is refused naming the key and every choice, as other choices are.
 Format = Literal[FORMAT_CHOICES]  # type: ignore[valid-type]
+
+
+class LineDedupConfig(Strict):
+    # A line (stripped, whitespace collapsed) found in more than this many of the source's
+    # documents is boilerplate (navigation, cookie banners) and is removed from them all.
+    max_docs: int = Field(ge=1)
+    # Shorter lines are never counted nor removed (blank lines, "Home", list bullets).
+    min_line_chars: int = Field(default=20, ge=1)
 
 
 class SourceConfig(Strict):
@@ -48,6 +63,18 @@ class SourceConfig(Strict):
     # auto: validation by a stable hash of the document id; train / validation put the
     # whole source in one split (e.g. a held-out file, as the classic char-level runs do).
     split: Literal["auto", "train", "validation"] = "auto"
+    # Line-level dedup within this source (the `lines` stage); unset = off.
+    line_dedup: LineDedupConfig | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Leave line_dedup out while it is unset: a config that does not use it dumps,
+        and so fingerprints, exactly as before the key existed (an existing output is
+        still claimed by the same config)."""
+        out = handler(self)
+        if self.line_dedup is None:
+            out.pop("line_dedup", None)
+        return out
 
 
 class NearDedupConfig(Strict):

@@ -24,7 +24,7 @@ from typing import Any
 from tasks.config import PrepConfig
 from tasks.inputs import listed, marker_parts, with_parts
 from tasks.layout import done_key, output_store, read_done, version_store
-from tasks.stages import dataset, exact, mixture, near, pack, quality, tokenize
+from tasks.stages import dataset, exact, lines, mixture, near, pack, quality, tokenize
 from tasks.stages.ingest import Unit, ingest_unit
 
 
@@ -174,6 +174,10 @@ def _near_on(cfg: PrepConfig) -> bool:
     return cfg.dedup.near is not None
 
 
+def _lines_summary(run: Run) -> dict[str, Any]:
+    return lines.summary(run.cfg, run.shards)
+
+
 def _band_groups(run: Run) -> list[list[int]]:
     return near.band_groups(run.cfg)
 
@@ -233,6 +237,12 @@ STAGES: list[Stage] = [
              versioned=True),
         Step("near: apply", near.apply_shard, _applied("near"), _shards, ("prev",)),
     ), enabled=_near_on, reports=(("near", _near_summary),)),
+    Stage("lines", (
+        Step("lines: count", lines.count_shard, lines.hashes_key, _shards, ("prev",)),
+        Step("lines: select", lines.select, partial(_key, lines.COMMON_KEY), None, ("prior",),
+             versioned=True),
+        Step("lines: apply", lines.apply_shard, _applied("lines"), _shards, ("prev",)),
+    ), enabled=lines.enabled, reports=(("lines", _lines_summary),)),
     Stage("quality", (
         Step("quality", quality.filter_shard, _applied("quality"), _shards, ("prev",)),
     )),
