@@ -71,6 +71,14 @@ def all_sum(value: float | int, world: World, device: torch.device) -> float:
     return float(t.item())
 
 
+def all_sum_tensor(t: torch.Tensor, world: World) -> torch.Tensor:
+    """`t` summed over ranks, in place, and returned. Unlike all_sum it never brings the
+    value to the host, so the trainer's step does not wait on the device for it."""
+    if world.active:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
 def barrier(world: World) -> None:
     if world.active:
         dist.barrier()

@@ -428,9 +428,11 @@ class GPT(nn.Module):
     # -- forward -------------------------------------------------------------------------
 
     @torch.compiler.disable  # data-dependent (host sync); stays eager under torch.compile
-    def attention_mask(self, segment_ids: Tensor | None, training: bool) -> AttnMask:
-        """None (plain causal) when that is exact, else the document mask for the backend."""
-        if is_single_segment(segment_ids):
+    def attention_mask(self, segment_ids: Tensor | None, training: bool,
+                       single_segment: bool | None = None) -> AttnMask:
+        """None (plain causal) when that is exact, else the document mask for the backend.
+        `single_segment`: the caller's answer, found on the host (spares the sync)."""
+        if is_single_segment(segment_ids) if single_segment is None else single_segment:
             return None
         assert segment_ids is not None
         backend = self.attention_backend
@@ -442,12 +444,14 @@ class GPT(nn.Module):
         return dense_document_mask(segment_ids)
 
     def forward(self, input_ids: Tensor, position_ids: Tensor | None = None,
-                segment_ids: Tensor | None = None) -> Tensor:
+                segment_ids: Tensor | None = None,
+                single_segment: bool | None = None) -> Tensor:
         """Logits (B, T, vocab) in float32.
 
         position_ids: (B, T), restarting at 0 per document; default: derived from
         segment_ids if given, else 0..T-1. segment_ids: (B, T), 1, 2, ... per document and
-        0 on padding (see tasks/pack.py); None = one document per row.
+        0 on padding (see tasks/pack.py); None = one document per row. single_segment:
+        what is_single_segment(segment_ids) would say, if the caller knows it already.
         """
         B, T = input_ids.shape
         if self.max_seq_len < T:
@@ -461,7 +465,7 @@ class GPT(nn.Module):
             x = x + self.wpe(position_ids)
         x = self.drop(x)
         rope = self.rotary(position_ids) if self.rotary is not None else None
-        mask = self.attention_mask(segment_ids, self.training)
+        mask = self.attention_mask(segment_ids, self.training, single_segment)
 
         for block in self.blocks:
             if self.cfg.activation_checkpointing and self.training and torch.is_grad_enabled():

@@ -90,6 +90,13 @@ def pick_device(cfg: TrainConfig) -> torch.device:
     return torch.device("cpu")
 
 
+def single_segment(segment_ids: torch.Tensor) -> bool:
+    """model.is_single_segment for a batch still on the host, read through numpy: the
+    model need not read its device copy (a sync per micro-batch on CUDA) to pick a mask."""
+    seg = segment_ids.numpy()
+    return bool((seg == seg[:, :1]).all() and (seg[:, 0] > 0).all())
+
+
 def autocast(cfg: TrainConfig, device: torch.device) -> contextlib.AbstractContextManager:
     if cfg.precision.dtype == "fp32":
         return contextlib.nullcontext()
@@ -250,12 +257,16 @@ class Trainer:
                     s.lr_scale * hooks.lr_factor(s.step, s.rollbacks))
         idx = self.sampler.take(s.samples_seen, cfg.micro_batch * accum)
         self.model.train()
-        total = ce_sum = z_sum = 0.0
-        real_tokens = 0
+        # Nothing leaves the device per micro-batch: on CUDA a `.item()` or `int(tensor)`
+        # waits for every queued kernel, so the host could not run ahead. The sums stay
+        # on the device in float64 (the same arithmetic as Python floats, so the values
+        # are bit for bit those of a host-side sum), and one transfer after clipping
+        # brings loss, ce, z, grad norm and tokens back for the guard and the log.
+        sums = torch.zeros(4, dtype=torch.float64, device=self.device)  # total, ce, z, tokens
         world = self.world
         for k in range(accum):
-            b = self.to_device(self.loader.get(s.samples_seen + k * cfg.micro_batch,
-                                               cfg.micro_batch))
+            host = self.loader.get(s.samples_seen + k * cfg.micro_batch, cfg.micro_batch)
+            b = self.to_device(host)
             targets, valid = shift_targets(b["input_ids"], b["segment_ids"], b["loss_mask"])
             sync = (self.ddp.no_sync() if self.ddp is not None and k < accum - 1
                     else contextlib.nullcontext())
@@ -263,32 +274,38 @@ class Trainer:
                 self.model.set_requires_gradient_sync(k == accum - 1)
             with sync:
                 with autocast(cfg, self.device):
-                    logits = self.forward(b["input_ids"], b["position_ids"], b["segment_ids"])
+                    logits = self.forward(b["input_ids"], b["position_ids"], b["segment_ids"],
+                                          single_segment=single_segment(host["segment_ids"]))
                 loss, ce, z = lm_loss(logits.float(), targets, valid, cfg.precision.z_loss)
                 if world.active:
                     # Token-weighted across ranks: DDP averages gradients over ranks, so
                     # weight each rank's mean by its share of the micro-batch's tokens.
-                    n_local = int(valid.sum())
-                    n_global = distributed.all_sum(n_local, world, self.device)
-                    w = world.size * n_local / max(n_global, 1.0)
+                    # float32 w, as a Python float multiplying a float32 loss would be.
+                    n_local = valid.sum(dtype=torch.float64)
+                    n_global = distributed.all_sum_tensor(n_local.clone(), world)
+                    w = (world.size * n_local / n_global.clamp(min=1.0)).float()
                     loss, ce, z = loss * w, ce * w, z * w
                 loss = hooks.loss(s.step, loss)
                 # Mean over micro-batches: each contributes 1/accum of the gradient.
                 # Inside `sync`: DDP all-reduces gradients only on the last micro-batch.
                 self.scaler.scale(loss / accum).backward()
-            total += loss.item() / accum
-            ce_sum += ce.item() / accum
-            z_sum += z.item() / accum
-            real_tokens += int(b["loss_mask"].sum())
+            sums += torch.stack([loss.detach().double() / accum, ce.detach().double() / accum,
+                                 z.detach().double() / accum,
+                                 b["loss_mask"].sum(dtype=torch.float64)])
         if world.active:  # the logged values are the global ones, the same on every rank
-            total, ce_sum, z_sum = (distributed.all_sum(v, world, self.device) / world.size
-                                    for v in (total, ce_sum, z_sum))
-            real_tokens = int(distributed.all_sum(real_tokens, world, self.device))
+            distributed.all_sum_tensor(sums, world)
+            sums[:3] /= world.size
         self.scaler.unscale_(self.optimizer)
         clip = cfg.optim.grad_clip or float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         full = getattr(norm, "full_tensor", None)  # FSDP2: a DTensor over the shards
-        grad_norm = float(full() if full is not None else norm)
+        norm = full() if full is not None else norm
+        # The step's one host transfer (and on CUDA its one synchronisation): the guard
+        # decides on the host from these. With fp16, GradScaler.step adds its own `.item()`
+        # on the found-inf flag (PyTorch's, once per step).
+        total, ce_sum, z_sum, grad_norm, tokens = torch.cat(
+            [sums[:3], norm.detach().double().reshape(1), sums[3:]]).tolist()
+        real_tokens = int(tokens)
         # An fp16 overflow shows in the (scaled) gradients only; a non-finite loss came out
         # of the forward pass (NaN weights, say), which no loss scale explains.
         fp16_overflow = (self.scaler.is_enabled() and math.isfinite(total)
