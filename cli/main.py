@@ -275,6 +275,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     return train_main(argv)
 
 
+def cmd_export_hf(args: argparse.Namespace) -> int:
+    from training.export_hf import ExportError, export_hf
+
+    try:
+        out, arch = export_hf(args.checkpoint, args.out_dir, dataset=args.dataset,
+                              dtype=args.dtype, max_shard_size=args.max_shard_size)
+    except ExportError as e:
+        print_error(str(e))
+        return EXIT_ERROR
+    Console().print(f"{out}: {arch} (load with AutoModelForCausalLM.from_pretrained)",
+                    markup=False)
+    return EXIT_OK
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     from flows.deployments import deploy_all
     from infra.jobs import POOLS
@@ -337,6 +351,18 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--dask", metavar="ADDRESS",
                      help="prep (prep-only and the pipeline) runs on this Dask cluster")
     dep.set_defaults(func=cmd_deploy)
+    exp = sub.add_parser("export", help="export a checkpoint for other tools")
+    exp_sub = exp.add_subparsers(dest="format", required=True)
+    hf = exp_sub.add_parser("hf", help="as a Hugging Face transformers model directory")
+    hf.add_argument("checkpoint", help="a step-N checkpoint, a checkpoint directory or a run "
+                                       "directory (its latest checkpoint)")
+    hf.add_argument("out_dir", help="directory to write config.json, model.safetensors, ...")
+    hf.add_argument("--dataset", help="the dataset whose tokenizer to export (default: the "
+                                      "run's `dataset:`)")
+    hf.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    hf.add_argument("--max-shard-size", default="5GB",
+                    help="split model.safetensors above this size (with an index)")
+    hf.set_defaults(func=cmd_export_hf)
     return p
 
 
