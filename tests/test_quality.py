@@ -530,7 +530,7 @@ def test_unchanged_text_is_returned_as_is():
     [
         (["gopher"], "quality[0]: unknown rule 'gopher' (known: boilerplate, c4, char_ratios, "
                      "char_repetition, code, decontaminate, fineweb, gopher_quality, "
-                     "gopher_repetition, length, pii, url)"),
+                     "gopher_repetition, language, length, pii, url)"),
         (["c4", {"gopher_repetition": {"dup_line_frac": "x"}}],
          "quality[1] gopher_repetition.dup_line_frac: Input should be a valid number"),
         ([{"gopher_repetition": {"dup_line_frac": 1.5}}],

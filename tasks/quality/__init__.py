@@ -1,7 +1,7 @@
 """Heuristic quality filters for pre-training text: Gopher, C4, FineWeb, code (The Stack /
 StarCoder), URL, character-ratio and boilerplate rules, two rules of our own, PII
-redaction and eval-set decontamination, built from the run config's `quality:` list and
-applied to one document at a time."""
+redaction, eval-set decontamination and language identification, built from the run
+config's `quality:` list and applied to one document at a time."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from tasks.quality.code import Code
 from tasks.quality.decontam import Decontaminate
 from tasks.quality.fineweb import FineWeb
 from tasks.quality.gopher import GopherQuality, GopherRepetition
+from tasks.quality.language import Language
 from tasks.quality.pii import Pii
 from tasks.quality.ratios import CharRatios
 from tasks.quality.simple import CharRepetition, Length
@@ -52,6 +53,7 @@ RULES: dict[str, type[Rule[Any]]] = {
         Boilerplate,
         Pii,
         Decontaminate,
+        Language,
     )
 }
 
@@ -88,6 +90,9 @@ class Outcome:
     # Replacements made in the kept text, by kind ({"email": 2, "ip": 1}; `pii`); empty
     # when nothing was replaced or the document was dropped.
     redacted: Mapping[str, int] = field(default_factory=dict)
+    # Fields for the kept document's metadata ({"language": "en", ...}; `language`); empty
+    # when no rule added any or the document was dropped.
+    annotations: Mapping[str, Any] = field(default_factory=dict)
 
 
 def filter_document(
@@ -103,9 +108,10 @@ def filter_document(
             continue
         if isinstance(verdict, Drop):
             return Outcome(None, f"{rule.name}:{verdict.check}", verdict.detail)
-        # Edited text: views of the old text no longer apply; replacement counts carry on.
-        doc = Doc(verdict, meta, doc.redacted)
-    return Outcome(doc.text, None, "", doc.redacted)
+        # Edited text: views of the old text no longer apply; replacement counts and
+        # annotations carry on.
+        doc = Doc(verdict, meta, doc.redacted, doc.annotations)
+    return Outcome(doc.text, None, "", doc.redacted, doc.annotations)
 
 
 def parse_rules(spec: list[str | dict[str, Any]]) -> list[Rule[Any]]:

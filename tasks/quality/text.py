@@ -67,11 +67,15 @@ class Doc:
         text: str,
         meta: str | Mapping[str, Any] | None = None,
         redacted: dict[str, int] | None = None,
+        annotations: dict[str, Any] | None = None,
     ) -> None:
         self.text = text
         # What rules replaced so far, by kind ({"email": 2}): a redacting rule adds to it,
         # and the chain hands the same dict to the edited text's Doc.
         self.redacted: dict[str, int] = {} if redacted is None else redacted
+        # Fields a rule adds to the kept document's metadata (`language`: {"language": "en",
+        # "language_score": 0.93}); handed on like `redacted`, read by later rules here.
+        self.annotations: dict[str, Any] = {} if annotations is None else annotations
         # The record's metadata as the quality stage has it (a JSON object string) or a
         # mapping; parsed only when a rule reads `meta`.
         self.raw_meta = meta

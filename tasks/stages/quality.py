@@ -3,6 +3,10 @@ to dropped/quality/ with the rule and check that dropped them."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from typing import Any
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -46,5 +50,15 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
         kept["id"].append(ids[row])
         kept["text"].append(out.text)
         kept["source"].append(src)
-        kept["meta"].append(metas[row])
+        # Only rules that annotate (`language`) change meta: other runs keep its bytes.
+        kept["meta"].append(with_annotations(metas[row], out.annotations)
+                            if out.annotations else metas[row])
     return write_shard(store, STAGE, shard, pa.table(kept, schema=DOC_SCHEMA), dropped, stats)
+
+
+def with_annotations(meta: str | None, annotations: Mapping[str, Any]) -> str:
+    """The meta JSON with the rules' annotations added (replacing fields of the same
+    name), written as ingest writes meta: sorted keys, UTF-8, no NaN."""
+    fields = json.loads(meta) if meta else {}
+    fields.update(annotations)
+    return json.dumps(fields, sort_keys=True, ensure_ascii=False, default=str, allow_nan=False)
