@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import (
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -72,6 +73,13 @@ class OptimConfig(Strict):
     muon_lr: float = Field(default=0.02, gt=0)
     muon_momentum: float = 0.95
     grad_clip: float | None = Field(default=1.0, gt=0)
+    # Also clip each gradient element to [-clip_value, clip_value] (clip_grad_value_).
+    clip_value: float | None = Field(default=None, gt=0)
+    # Adaptive gradient clipping (Brock et al. 2021, "High-Performance Large-Scale Image
+    # Recognition Without Normalization"): each row of a 2-D hidden matrix keeps
+    # ||g_row|| <= agc * max(||w_row||, agc_eps). Embeddings, head, norms, biases untouched.
+    agc: float | None = Field(default=None, gt=0)  # the paper's lambda, e.g. 0.01 .. 0.16
+    agc_eps: float = Field(default=1e-3, gt=0)
     # torch's fused AdamW kernel (CPU and CUDA): one kernel for the whole update instead of
     # a handful of multi-tensor ops; its rounding differs from the default foreach path, so
     # switching it in the middle of a run changes the trajectory (resume stays exact).
@@ -93,13 +101,28 @@ class OptimConfig(Strict):
 
 
 class ScheduleConfig(Strict):
-    kind: Literal["cosine", "wsd", "linear", "constant"] = "cosine"
+    kind: Literal["cosine", "wsd", "linear", "constant", "step", "exponential", "polynomial",
+                  "onecycle"] = "cosine"
     warmup_steps: int = Field(default=100, ge=0)
-    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)  # cosine floor; linear ends here too
+    # The floor that cosine, linear, wsd, exponential, polynomial and onecycle end at.
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
     decay_fraction: float = Field(default=0.2, gt=0, le=1)  # wsd: last fraction decays
+    gamma: float = Field(default=0.1, gt=0, le=1)  # step: lr factor every `step_size` steps
+    step_size: int = Field(default=1000, ge=1)  # step: steps between drops (after warmup)
+    power: float = Field(default=1.0, gt=0)  # polynomial: exponent of (1 - progress)
+    div_factor: float = Field(default=25.0, ge=1)  # onecycle: warmup starts at 1/div_factor
     # Batch-size warmup: grad accumulation ramps from this to `accum_steps` over these steps.
     batch_warmup_start_accum: int | None = Field(default=None, ge=1)
     batch_warmup_steps: int = Field(default=0, ge=0)
+
+    @field_validator("min_lr_ratio")
+    @classmethod
+    def _exponential_floor(cls, v: float, info: ValidationInfo) -> float:
+        if v == 0 and info.data.get("kind") == "exponential":
+            # m ** progress is 0 from the first decay step on: a cliff, not a decay.
+            raise ValueError("must be > 0 for kind exponential (it decays geometrically "
+                             "from 1 to min_lr_ratio)")
+        return v
 
 
 class PrecisionConfig(Strict):
@@ -125,6 +148,18 @@ class GuardConfig(Strict):
     # of skips: the weights are most likely NaN already, so roll back (or give up).
     max_nonfinite_steps: int = Field(default=5, ge=1)
     rollback_lr_scale: float = Field(default=1.0, gt=0, le=1)
+
+
+class EarlyStoppingConfig(Strict):
+    # Stop after `patience` evaluations in a row without a validation loss below the best
+    # so far minus `min_delta`.
+    patience: int = Field(ge=1)
+    min_delta: float = Field(default=0.0, ge=0)
+
+
+class EmaConfig(Strict):
+    # ema <- decay * ema + (1 - decay) * weights after every applied optimizer step.
+    decay: float = Field(default=0.999, gt=0, lt=1)
 
 
 RUN_PLACEHOLDER = "{run}"
@@ -200,6 +235,11 @@ class TrainConfig(Strict):
     schedule: ScheduleConfig = ScheduleConfig()
     precision: PrecisionConfig = PrecisionConfig()
     guards: GuardConfig = GuardConfig()
+    # Cross-entropy with label smoothing (Szegedy et al. 2016) in the training loss; the
+    # logged `ce` and the validation loss stay the plain cross-entropy.
+    label_smoothing: float = Field(default=0.0, ge=0, lt=1)
+    early_stopping: EarlyStoppingConfig | None = None  # off unless set
+    ema: EmaConfig | None = None  # an EMA of the weights, evaluated and checkpointed
     checkpoint: CheckpointConfig = CheckpointConfig()
     storage: StorageOptions = StorageOptions()  # for s3:// URIs; unset = the environment
     # How the `train` flow launches this run (validated by the launcher, infra/launch.py,

@@ -38,13 +38,18 @@ def shift_targets(input_ids: Tensor, segment_ids: Tensor | None = None,
     return targets.masked_fill(~valid, IGNORE_INDEX), valid
 
 
-def lm_loss(logits: Tensor, targets: Tensor, valid: Tensor,
-            z_loss: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+def lm_loss(logits: Tensor, targets: Tensor, valid: Tensor, z_loss: float = 0.0,
+            label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
     """(total, ce, z), all float32 scalars, means over the valid positions.
 
     ce = mean(logsumexp(logits) - logits[target]); z = z_loss * mean(logsumexp(logits)^2);
     total = ce + z. The logsumexp is computed once and shared by both terms. With no valid
     position all three are 0 (and still carry a graph, so backward works).
+
+    With label_smoothing e > 0 the target distribution is (1 - e) on the target plus e / V
+    on every class (F.cross_entropy's `label_smoothing`), so total = (1 - e) * ce
+    + e * mean(logsumexp(logits) - mean_v(logits)) + z; `ce` stays the plain cross-entropy
+    (comparable with the validation loss).
     """
     logits = logits.float()
     lse = torch.logsumexp(logits, dim=-1)  # (B, T)
@@ -54,4 +59,7 @@ def lm_loss(logits: Tensor, targets: Tensor, valid: Tensor,
     n = w.sum().clamp(min=1.0)
     ce = ((lse - target_logit) * w).sum() / n
     z = z_loss * (lse.pow(2) * w).sum() / n
+    if label_smoothing:
+        uniform = ((lse - logits.mean(dim=-1)) * w).sum() / n
+        return (1.0 - label_smoothing) * ce + label_smoothing * uniform + z, ce, z
     return ce + z, ce, z

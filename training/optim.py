@@ -375,3 +375,32 @@ def _as_groups(params: Iterable[Any], *, muon: bool) -> list[dict[str, Any]]:
         g["muon"] = muon
         g.setdefault("lr_scale", 1.0)
     return groups
+
+
+def agc_params(model: GroupedModel | nn.Module) -> list[nn.Parameter]:
+    """The parameters adaptive gradient clipping acts on: 2-D "hidden" matrices. Brock et
+    al. 2021 leave the final classifier unclipped, and embeddings, norm gains and biases are
+    not the unit-wise weight matrices the rule is written for."""
+    return [p for name, p in model.named_parameters()
+            if p.requires_grad and p.ndim == 2
+            and model.param_kind(name) == "hidden"]  # type: ignore[operator]
+
+
+@torch.no_grad()
+def clip_grad_agc_(params: Iterable[nn.Parameter], clip: float, eps: float = 1e-3) -> None:
+    """Adaptive gradient clipping (Brock et al. 2021, "High-Performance Large-Scale Image
+    Recognition Without Normalization", Sec. 4.1), unit-wise: every row i of a weight
+    W (out, in), the fan-in of output unit i, gets G_i scaled by
+    clip * max(||W_i||, eps) / ||G_i|| when ||G_i|| exceeds clip * max(||W_i||, eps), and is
+    left as is otherwise (the reference code's 1e-6 floor on ||G_i|| avoids 0/0). Pure
+    tensor ops: nothing is read back to the host."""
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        w_norm = p.detach().norm(dim=1, keepdim=True).clamp_min(eps)
+        g_norm = g.norm(dim=1, keepdim=True)
+        max_norm = clip * w_norm
+        scale = torch.where(g_norm > max_norm, max_norm / g_norm.clamp_min(1e-6),
+                            torch.ones_like(g_norm))
+        g.mul_(scale)

@@ -12,8 +12,19 @@ After it, with p = (step - warmup) / (total - warmup) clamped to [0, 1] and m = 
   is chosen over 1-sqrt: both papers report it, it is the simpler one, and it ends at m like
   the other kinds. The decay never starts inside the warmup.
 - constant: 1.
-Every kind reaches its end value at step == total_steps and holds it after (training steps run
-0..total_steps-1, as in nanoGPT, so the last step is one decay increment above the floor).
+- step: gamma ** floor((step - warmup) / step_size)  (torch's StepLR after the warmup; no
+  floor, min_lr_ratio unused).
+- exponential: m ** p, a geometric decay from 1 to m (ExponentialLR with the gamma that
+  lands on m at total_steps; needs m > 0).
+- polynomial: m + (1 - m) * (1 - p) ** power  (the polynomial decay with warmup of
+  Hugging Face transformers; power 1 is `linear`).
+- onecycle: the warmup is a cosine ramp from 1/d to 1, d = div_factor, i.e.
+  1/d + (1 - 1/d) * 0.5 * (1 - cos(pi * (step + 1) / warmup_steps)), then the cosine decay to
+  m (the learning-rate half of Smith & Topin 2019's one-cycle policy in torch's OneCycleLR
+  form, anneal_strategy "cos"; momentum is not cycled).
+Every kind but step reaches its end value at step == total_steps and holds it after (training
+steps run 0..total_steps-1, as in nanoGPT, so the last step is one decay increment above the
+floor).
 """
 
 from __future__ import annotations
@@ -32,6 +43,9 @@ def lr_multiplier(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
         raise ValueError(f"total_steps must be >= 1, got {total_steps}")
     warmup = cfg.warmup_steps
     if step < warmup:
+        if cfg.kind == "onecycle":
+            start = 1.0 / cfg.div_factor
+            return start + (1.0 - start) * 0.5 * (1.0 - math.cos(math.pi * (step + 1) / warmup))
         return (step + 1) / warmup
     floor = cfg.min_lr_ratio
     if cfg.kind == "constant":
@@ -42,11 +56,17 @@ def lr_multiplier(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
         if step < decay_start:
             return 1.0
         return 1.0 - _progress(step, decay_start, total_steps) * (1.0 - floor)
+    if cfg.kind == "step":
+        return cfg.gamma ** ((step - warmup) // cfg.step_size)
     p = _progress(step, warmup, total_steps)
-    if cfg.kind == "cosine":
+    if cfg.kind in ("cosine", "onecycle"):
         return floor + 0.5 * (1.0 + math.cos(math.pi * p)) * (1.0 - floor)
     if cfg.kind == "linear":
         return 1.0 - p * (1.0 - floor)
+    if cfg.kind == "exponential":
+        return floor ** p
+    if cfg.kind == "polynomial":
+        return floor + (1.0 - floor) * (1.0 - p) ** cfg.power
     raise ValueError(f"unknown schedule kind {cfg.kind!r}")
 
 

@@ -38,7 +38,7 @@ from training.guards import Decision, StabilityGuard
 from training.loss import lm_loss, shift_targets
 from training.metrics import MetricsLog, plot_loss, truncate_after
 from training.model import GPT
-from training.optim import build_optimizer
+from training.optim import agc_params, build_optimizer, clip_grad_agc_
 from training.recovery import (
     CheckpointChoice,
     Recovery,
@@ -136,6 +136,18 @@ class Trainer:
             wrapped = self.ddp
         self.forward = torch.compile(wrapped) if cfg.model.compile else wrapped
         self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.agc_params = agc_params(self.model) if cfg.optim.agc is not None else []
+        # The EMA of the weights: one copy per parameter, updated on the device after
+        # each applied step (no host read); None when `ema` is off.
+        self.ema: list[torch.Tensor] | None = None
+        if cfg.ema is not None:
+            if self.fsdp:
+                raise TrainConfigError("ema: not supported with parallel: fsdp2")
+            self.ema = [p.detach().clone() for p in self.model.parameters()]
+        # Early stopping on the validation loss: the best so far, the step it was seen at,
+        # evaluations since without an improvement, and whether the run has stopped.
+        self.early: dict[str, Any] = {"best": None, "best_step": None, "bad": 0,
+                                      "stopped": False}
         self.scaler = torch.amp.GradScaler(self.device.type,
                                            enabled=cfg.precision.dtype == "fp16")
         self.guard = StabilityGuard(cfg.guards)
@@ -188,6 +200,9 @@ class Trainer:
             "trainer": {"step": s.step, "samples_seen": s.samples_seen,
                         "tokens_seen": s.tokens_seen, "lr_scale": s.lr_scale,
                         "rollbacks": s.rollbacks},
+            # Only with the options on, so a default run's checkpoints are unchanged.
+            **({"ema": [t.clone() for t in self.ema]} if self.ema is not None else {}),
+            **({"early_stopping": dict(self.early)} if self.cfg.early_stopping else {}),
         }
 
     def save(self) -> None:
@@ -209,6 +224,15 @@ class Trainer:
         st = self.ckpts.restore(step, verified=verified)
         self.scaler.load_state_dict(st["scaler"])
         ckpt.set_rng_state(st["rng"])
+        if self.ema is not None:
+            # A checkpoint from before `ema` was turned on starts the EMA at its weights.
+            saved = st.get("ema") or [p.detach() for p in self.model.parameters()]
+            torch._foreach_copy_(self.ema, [t.to(self.device) for t in saved])
+        es = self.cfg.early_stopping
+        if es is not None and "early_stopping" in st:  # rewound on a rollback too
+            self.early = dict(st["early_stopping"])
+            # Judged by this config's patience: relaunched with more, a stopped run goes on.
+            self.early["stopped"] = self.early["bad"] >= es.patience
         if not modules_only:
             self.guard.load_state_dict(st["guard"])
             t = st["trainer"]
@@ -276,7 +300,8 @@ class Trainer:
                 with autocast(cfg, self.device):
                     logits = self.forward(b["input_ids"], b["position_ids"], b["segment_ids"],
                                           single_segment=single_segment(host["segment_ids"]))
-                loss, ce, z = lm_loss(logits.float(), targets, valid, cfg.precision.z_loss)
+                loss, ce, z = lm_loss(logits.float(), targets, valid, cfg.precision.z_loss,
+                                      cfg.label_smoothing)
                 if world.active:
                     # Token-weighted across ranks: DDP averages gradients over ranks, so
                     # weight each rank's mean by its share of the micro-batch's tokens.
@@ -300,6 +325,12 @@ class Trainer:
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         full = getattr(norm, "full_tensor", None)  # FSDP2: a DTensor over the shards
         norm = full() if full is not None else norm
+        # After the global norm (the logged one, the guard's input is the raw gradient's):
+        # unit-wise AGC, then per-element value clipping. Device ops only.
+        if self.agc_params:
+            clip_grad_agc_(self.agc_params, cfg.optim.agc, cfg.optim.agc_eps)
+        if cfg.optim.clip_value is not None:
+            torch.nn.utils.clip_grad_value_(self.model.parameters(), cfg.optim.clip_value)
         # The step's one host transfer (and on CUDA its one synchronisation): the guard
         # decides on the host from these. With fp16, GradScaler.step adds its own `.item()`
         # on the found-inf flag (PyTorch's, once per step).
@@ -321,6 +352,7 @@ class Trainer:
             if decision.action == "ok":
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
+                self._update_ema()
             elif self.scaler.is_enabled():
                 # No step, but the scaler must close this iteration (unscale_ was called):
                 # without update() the next unscale_ raises.
@@ -329,6 +361,37 @@ class Trainer:
         return StepResult(loss=total, ce=ce_sum, z_loss=z_sum, lr=lr, grad_norm=grad_norm,
                           accum=accum, samples=len(idx), real_tokens=real_tokens,
                           decision=decision, fp16_overflow=fp16_overflow)
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        if self.ema is not None and self.cfg.ema is not None:
+            params = [p.detach() for p in self.model.parameters()]
+            torch._foreach_lerp_(self.ema, params, 1.0 - self.cfg.ema.decay)
+
+    @torch.no_grad()
+    def evaluate_ema(self) -> float:
+        """The validation loss of the EMA weights: swapped into the model for the
+        evaluation, and the training weights copied back bit for bit after it."""
+        assert self.ema is not None
+        params = [p.detach() for p in self.model.parameters()]
+        saved = [p.clone() for p in params]
+        torch._foreach_copy_(params, self.ema)
+        try:
+            return self.evaluate()
+        finally:
+            torch._foreach_copy_(params, saved)
+
+    def _early_stop(self, val: float) -> bool:
+        """Count this evaluation for early stopping; True when the run must stop now."""
+        es, e = self.cfg.early_stopping, self.early
+        if es is None or not math.isfinite(val):
+            return False
+        if e["best"] is None or val < e["best"] - es.min_delta:
+            e.update(best=val, best_step=self.state.step, bad=0)
+            return False
+        e["bad"] += 1
+        e["stopped"] = e["bad"] >= es.patience
+        return e["stopped"]
 
     @torch.no_grad()
     def evaluate(self) -> float:
@@ -425,7 +488,7 @@ class Trainer:
         t_start, step_start, tokens_start = t_last, s.step, s.tokens_seen
         t_progress, progressed = t_last, False
         try:
-            while s.step < cfg.steps:
+            while s.step < cfg.steps and not self.early["stopped"]:
                 out = self.train_step()
                 d = out.decision
                 if d is not None and out.diverged:
@@ -462,6 +525,8 @@ class Trainer:
                     if self._diverge_now(log, *trouble):
                         return EXIT_DIVERGED
                     s = self.state
+                if self.early["stopped"]:
+                    break
         finally:
             log.close()
         self.ckpts.finish()  # the last checkpoint is on disk before final.json points at it
@@ -469,7 +534,10 @@ class Trainer:
             self.finish(metrics_path)
         if self.remote is not None:
             self.remote.wait()  # the final checkpoint is in object storage before exit 0
-        self.emit({"event": "done", "step": s.step, "tokens_seen": s.tokens_seen})
+        done: dict[str, Any] = {"event": "done", "step": s.step, "tokens_seen": s.tokens_seen}
+        if self.early["stopped"]:
+            done["reason"] = "early_stopping"
+        self.emit(done)
         return EXIT_OK
 
     def _evaluate_and_save(self, log: MetricsLog) -> tuple[str, str] | None:
@@ -478,18 +546,37 @@ class Trainer:
         never "done", and never saved (it would become the resume point and rollback
         target)."""
         s, cfg = self.state, self.cfg
+        stop = False
         if s.step % cfg.eval_every == 0 or s.step == cfg.steps:
             val = self.evaluate()
-            log.write({"kind": "eval", "step": s.step, "val_loss": val,
-                       "val_ppl": math.exp(val) if val < 50 else float("inf")})
+            record: dict[str, Any] = {"kind": "eval", "step": s.step, "val_loss": val,
+                                      "val_ppl": math.exp(val) if val < 50 else float("inf")}
+            if self.ema is not None:
+                record["ema_val_loss"] = self.evaluate_ema()
+            log.write(record)
             if not math.isfinite(val) and self._eval_tokens > 0:
                 return "non_finite_val_loss", f"validation loss {val} at step {s.step}"
-        if s.step % cfg.checkpoint.every == 0 or s.step == cfg.steps:
+            stop = self._early_stop(val)
+            if stop:
+                event = {"event": "early_stop", "step": s.step, "val_loss": val,
+                         **self._early_record()}
+                log.write({"kind": "event", **event})
+                self.emit(event)
+        # The stopping step is checkpointed: final.json names it, and a relaunch of the
+        # stopped run resumes there and ends at once.
+        if s.step % cfg.checkpoint.every == 0 or s.step == cfg.steps or stop:
             if not self.weights_finite():
                 return ("non_finite_weights",
                         f"non-finite weights at step {s.step} (checkpoint not written)")
             self.save()
         return None
+
+    def _early_record(self) -> dict[str, Any]:
+        es = self.cfg.early_stopping
+        assert es is not None
+        return {"reason": "early_stopping", "best_val_loss": self.early["best"],
+                "best_step": self.early["best_step"], "patience": es.patience,
+                "min_delta": es.min_delta}
 
     def _diverge_now(self, log: MetricsLog, trigger: str, what: str) -> bool:
         """A divergence the loop found itself, handled as the guard's own are (rollback, or
@@ -499,6 +586,7 @@ class Trainer:
 
     def finish(self, metrics_path: Path) -> None:
         plot_loss(metrics_path, self.run_dir / "loss.png")
+        stopped = {"early_stopping": self._early_record()} if self.early["stopped"] else {}
         (self.run_dir / "final.json").write_text(json.dumps({
             "step": self.state.step, "tokens_seen": self.state.tokens_seen,
             "rollbacks": self.state.rollbacks,
@@ -509,6 +597,7 @@ class Trainer:
                         "config_fingerprint": self.data.manifest.get("config_fingerprint")},
             "environment": environment(),
             "checkpoint": str(self.ckpt_dir / ckpt.step_name(self.state.step)),
+            **stopped,
         }, indent=2, default=str))
 
 
