@@ -82,6 +82,10 @@ def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Proces
     return [p for p in alive if not is_gone(p)]
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @contextlib.contextmanager
 def running_prep(cfg: Path, out_dir: Path, **popen: object) -> Iterator[
         tuple[subprocess.Popen[bytes], list[psutil.Process]]]:
@@ -90,9 +94,13 @@ def running_prep(cfg: Path, out_dir: Path, **popen: object) -> Iterator[
     whatever of those this test started is still alive (by pid), so that a failing test
     leaks nothing either."""
     with open(out_dir / "stderr.txt", "wb") as err:  # a file: no pipe to fill and block
+        # The CLI starts with SIGINT at its default, as from a terminal: an ignored
+        # signal is inherited across exec, and in a full `pytest -n 2` run the worker
+        # process had come to ignore it (the CLI then ran to the end, exit 0).
         proc = subprocess.Popen([sys.executable, "-m", "cli.main", "prep", str(cfg),
                                  "--no-progress"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=err, env=cli_env(), **popen)  # type: ignore[call-overload]
+                                stderr=err, env=cli_env(), preexec_fn=_default_sigint,
+                                **popen)  # type: ignore[call-overload]
         kids: list[psutil.Process] = []
         try:
             parent = psutil.Process(proc.pid)
