@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from core.store import open_store
 from tasks.config import PrepConfig
 from tasks.layout import output_store
-from tasks.pipeline import STEP_NOTE, _call_and_trim, release_memory
+from tasks.pipeline import STEP_NOTE, RunnerContext, call_and_trim, release_memory
 
 T = TypeVar("T")
 # Dask's own name for "the scheduler to use" (its config key `scheduler-address`): set in
@@ -105,7 +105,7 @@ def _run_item(fn: Callable[[Any], Any], item: Any, desc: str) -> None:
     if os.environ.get(WORKER_FAILPOINT_ENV) == desc:
         os.kill(os.getpid(), signal.SIGKILL)
     tune_malloc()
-    _call_and_trim(fn, item)
+    call_and_trim(fn, item)
 
 
 def _slug(desc: str) -> str:
@@ -148,7 +148,7 @@ def _call(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
     try:
         return fn(*args)
     finally:
-        release_memory()
+        release_memory(only_grown=True)
 
 
 def check_workers(client: Any, cfg: PrepConfig, run_key: str, inputs: list[str]) -> None:
@@ -167,7 +167,7 @@ def check_workers(client: Any, cfg: PrepConfig, run_key: str, inputs: list[str])
             "filesystem every worker mounts at the same path")
 
 
-class DaskRunner:
+class DaskRunner(RunnerContext):
     """The runner interface of tasks/pipeline.py (connect, warm, map, call, close,
     abort, the timings) on a Dask cluster at `address`."""
 
@@ -256,11 +256,3 @@ class DaskRunner:
                 self.client.cancel(self._futures)  # drops a gone client's tasks itself
         self.close()
 
-    def __enter__(self) -> DaskRunner:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

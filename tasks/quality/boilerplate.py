@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import field_validator, model_validator
 
 from tasks.quality.base import Drop, Rule, RuleParams, Verdict
-from tasks.quality.lists import read_list
+from tasks.quality.lists import read_list, readable_list
 from tasks.quality.text import Doc
 
 # Placeholder text, and the notices of pages that render nothing without scripts or
@@ -30,9 +30,7 @@ class BoilerplateParams(RuleParams):
     @field_validator("file")
     @classmethod
     def _readable(cls, v: str | None) -> str | None:
-        if v is not None:
-            read_list(v)  # raises ValueError naming the path
-        return v
+        return readable_list(v)
 
     @model_validator(mode="after")
     def _something(self) -> BoilerplateParams:

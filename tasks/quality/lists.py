@@ -19,6 +19,14 @@ def read_list(path: str) -> tuple[str, ...]:
     return _read(path, st.st_mtime_ns, st.st_size)
 
 
+def readable_list(path: str | None) -> str | None:
+    """A `field_validator` body for an optional list-file key: the config is refused at
+    load time, naming the path, rather than when the first shard reaches the rule."""
+    if path is not None:
+        read_list(path)
+    return path
+
+
 @lru_cache(maxsize=16)
 def _read(path: str, mtime_ns: int, size: int) -> tuple[str, ...]:
     del mtime_ns, size  # part of the cache key only: an edited file is read again

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from tasks.quality.base import Drop, Rule, RuleParams, Verdict
-from tasks.quality.lists import read_list
+from tasks.quality.lists import read_list, readable_list
 from tasks.quality.text import Doc
 
 # Whole words of a URL (split on anything not a letter or digit, lowercased) that mark
@@ -45,9 +45,7 @@ class UrlParams(RuleParams):
     @field_validator("blocklist", "adult_words_file")
     @classmethod
     def _readable(cls, v: str | None) -> str | None:
-        if v is not None:
-            read_list(v)  # raises ValueError naming the path
-        return v
+        return readable_list(v)
 
     @model_validator(mode="after")
     def _something(self) -> UrlParams:
