@@ -44,12 +44,45 @@ class ModelConfig(Strict):
     qk_norm: bool = False
     tie_embeddings: bool = True
     dropout: float = Field(default=0.0, ge=0, lt=1)
+    # Dropout per site (GPT-2's attn/resid/embd_pdrop); None = `dropout`. attn_dropout: on
+    # the attention probabilities; resid_dropout: on each branch's output before the
+    # residual add; embd_dropout: on the embedding sum.
+    attn_dropout: float | None = Field(default=None, ge=0, lt=1)
+    resid_dropout: float | None = Field(default=None, ge=0, lt=1)
+    embd_dropout: float | None = Field(default=None, ge=0, lt=1)
+    # Stochastic depth (Huang et al. 2016, "Deep Networks with Stochastic Depth"), as DeiT
+    # and timm use it: block i drops each residual branch for a whole sample with
+    # probability drop_path * i / (n_layer - 1) (0 for the first block, drop_path for the
+    # last) and scales kept ones by 1 / (1 - rate); training only.
+    drop_path: float = Field(default=0.0, ge=0, lt=1)
+    # Weight initialisation:
+    # - scaled: normal(0, init_std) everywhere, residual output projections (W_O, w_down)
+    #   init_std / sqrt(2 * n_layer) (GPT-2, Megatron-LM, nanoGPT).
+    # - small: normal(0, sqrt(2 / (5 d))) everywhere ("small init", Nguyen & Salazar 2019,
+    #   "Transformers without Tears"; GPT-NeoX's small_init), residual output projections
+    #   2 / (n_layer * sqrt(d)) (GPT-NeoX's wang_init, from GPT-J, as GPT-NeoX-20B pairs
+    #   them). init_std is unused. With muP, d is mup_base_d_model and hidden matrices then
+    #   get muP's 1 / sqrt(width_mult), which gives the same hidden stds as without muP.
+    # - tfixup: T-Fixup (Huang et al. 2020, "Improving Transformer Optimization Through
+    #   Better Initialization"), decoder rules, for runs without warmup: Xavier-uniform
+    #   for every matrix, embeddings normal(0, d^-1/2); W_V, W_O, the MLP matrices and the
+    #   embeddings then scaled by (9 n_layer)^-1/4. Only the init: the norms stay (the
+    #   paper also removes LayerNorm). init_std is unused; not with muP (Xavier and
+    #   d^-1/2 already depend on the width, muP's base-width scaling would count it twice).
+    init: Literal["scaled", "small", "tfixup"] = "scaled"
     init_std: float = 0.02
     # muP: width multiplier relative to the base width the hyper-parameters were tuned at
     # (d_model / base_d_model); 1.0 = standard parametrisation.
     mup_base_d_model: int | None = Field(default=None, ge=8)
     activation_checkpointing: bool = False
     compile: bool = False
+
+    @model_validator(mode="after")
+    def _init_with_mup(self) -> ModelConfig:
+        if self.init == "tfixup" and self.mup_base_d_model is not None:
+            raise ValueError("init tfixup cannot be combined with mup_base_d_model (T-Fixup's "
+                             "scales depend on the width itself; use init scaled or small)")
+        return self
 
     @model_validator(mode="after")
     def _heads(self) -> ModelConfig:
@@ -61,6 +94,24 @@ class ModelConfig(Strict):
             raise ValueError(f"rotary_pct {self.rotary_pct} of head_dim {head_dim} gives {rot} "
                              f"rotary dims; it must be an even number >= 2")
         return self
+
+
+class ParamGroupRule(Strict):
+    # Parameters whose name (as model.named_parameters() gives it, e.g.
+    # "blocks.3.attn.w_q.weight") matches `pattern` (re.search) get their learning rate
+    # multiplied by `lr_mult` and, if set, this weight decay instead of their kind's.
+    pattern: str
+    lr_mult: float = Field(default=1.0, gt=0)
+    weight_decay: float | None = Field(default=None, ge=0)
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a regular expression: {e}") from None
+        return v
 
 
 class OptimConfig(Strict):
@@ -84,6 +135,14 @@ class OptimConfig(Strict):
     # a handful of multi-tensor ops; its rounding differs from the default foreach path, so
     # switching it in the middle of a run changes the trajectory (resume stays exact).
     fused: bool = False
+    # Layer-wise learning-rate decay (ELECTRA, Clark et al. 2020; BEiT, Bao et al. 2021):
+    # block i's lr is multiplied by lr_layer_decay ** (n_layer - 1 - i), the embeddings by
+    # lr_layer_decay ** n_layer (the lowest; a tied head follows its embedding), the final
+    # norm and an untied head by 1. On top of muP's scales and the schedule.
+    lr_layer_decay: float | None = Field(default=None, gt=0, le=1)
+    # Per-name rules; the first rule whose pattern matches a parameter applies (its lr_mult
+    # multiplies the layer decay's). A rule that matches no parameter is an error.
+    param_groups: list[ParamGroupRule] | None = None
 
     @field_validator("name", mode="before")
     @classmethod
@@ -162,11 +221,46 @@ class EmaConfig(Strict):
     decay: float = Field(default=0.999, gt=0, lt=1)
 
 
+class NoiseScaleConfig(Strict):
+    # The gradient noise scale B_noise (McCandlish et al. 2018, the "simple" estimator from
+    # the first micro-batch's and the whole step's gradient norms) every `every` steps, as
+    # a "noise_scale" record; needs accum_steps >= 2. Its |G|^2 and S are EMAs (ema_beta).
+    every: int = Field(default=10, ge=1)
+    ema_beta: float = Field(default=0.9, ge=0, lt=1)
+    # The controller: raise grad accumulation towards target * B_noise / micro_batch (never
+    # lower it), at most to max_accum; a "batch_size" event at each change. None: estimate
+    # only. target 1: the batch B_noise, McCandlish et al.'s critical-batch estimate.
+    max_accum: int | None = Field(default=None, ge=2)
+    target: float = Field(default=1.0, gt=0)
+
+
+class ResumeOverrides(Strict):
+    # Applied whenever the trainer loads one of the run's checkpoints (a resume, or a
+    # rollback), keeping the step count, the data position and the guards' state; a fresh
+    # run uses `optim` as it is. Each change is an event in the metrics log.
+    lr: float | None = Field(default=None, gt=0)  # the new peak lr of the `optim.lr` groups
+    muon_lr: float | None = Field(default=None, gt=0)  # the same for Muon's matrices
+    # Switch to this optimizer (a key of training.optim.OPTIMIZERS, e.g. adamw -> muon:
+    # Muon for 2-D hidden matrices, AdamW for the rest); its state starts fresh.
+    optimizer: str | None = None
+
+    @field_validator("optimizer", mode="before")
+    @classmethod
+    def _registered(cls, v: Any) -> Any:
+        return v if v is None else OptimConfig._registered(v)
+
+
 RUN_PLACEHOLDER = "{run}"
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]+")
 # ModelConfig keys that say how the model runs, not what it is: checkpoints made with and
 # without them are interchangeable, so they stay out of the config fingerprint.
 _RUNTIME_ONLY_MODEL_KEYS = ("compile", "activation_checkpointing")
+# ModelConfig keys added after fingerprints were first written, with their defaults: left
+# out of the fingerprint while at the default, so a run that began before they existed
+# keeps its fingerprint (and its claim on its remote prefix).
+_LATER_MODEL_KEYS: dict[str, Any] = {"init": "scaled", "attn_dropout": None,
+                                     "resid_dropout": None, "embd_dropout": None,
+                                     "drop_path": 0.0}
 
 
 def sanitise_run_name(name: str) -> str:
@@ -240,11 +334,51 @@ class TrainConfig(Strict):
     label_smoothing: float = Field(default=0.0, ge=0, lt=1)
     early_stopping: EarlyStoppingConfig | None = None  # off unless set
     ema: EmaConfig | None = None  # an EMA of the weights, evaluated and checkpointed
+    # Warm start: a fresh run (no checkpoint of its own yet) starts from the weights of
+    # this checkpoint (a step-N directory, a checkpoint directory or a run directory; the
+    # shapes must match), with a new optimizer, at step 0. Ignored once the run has a
+    # checkpoint of its own.
+    init_from: str | None = None
+    resume_overrides: ResumeOverrides | None = None  # see ResumeOverrides
+    # Every N steps: per block the RMS of activations and gradients, the max attention
+    # logit and the update/weight ratio, as a "stats" record in the metrics log. Off: no
+    # hooks, no work, no host read.
+    stats_every: int | None = Field(default=None, ge=1)
+    # With stats_every: an attn_logit_warning event when a layer's max attention logit
+    # exceeds this (growing logits are an early sign of divergence; Dehghani et al. 2023).
+    max_attn_logit: float | None = Field(default=None, gt=0)
+    noise_scale: NoiseScaleConfig | None = None  # off unless set; see NoiseScaleConfig
     checkpoint: CheckpointConfig = CheckpointConfig()
     storage: StorageOptions = StorageOptions()  # for s3:// URIs; unset = the environment
     # How the `train` flow launches this run (validated by the launcher, infra/launch.py,
     # which sits above training in the layers); the trainer itself ignores it.
     launch: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _noise_scale(self) -> TrainConfig:
+        ns = self.noise_scale
+        if ns is None:
+            return self
+        if self.accum_steps < 2:
+            raise ValueError("noise_scale needs accum_steps >= 2 (it compares one "
+                             "micro-batch's gradient with the whole step's)")
+        if ns.max_accum is not None and ns.max_accum < self.accum_steps:
+            raise ValueError(f"noise_scale.max_accum ({ns.max_accum}) is below accum_steps "
+                             f"({self.accum_steps})")
+        if self.precision.dtype == "fp16":
+            raise ValueError("noise_scale cannot be combined with precision.dtype fp16 (the "
+                             "loss-scaled gradients would need a host read per estimate)")
+        return self
+
+    @model_validator(mode="after")
+    def _stats(self) -> TrainConfig:
+        if self.max_attn_logit is not None and self.stats_every is None:
+            raise ValueError("max_attn_logit needs stats_every (the logits are measured on "
+                             "statistics steps)")
+        if self.stats_every is not None and self.model.compile:
+            raise ValueError("stats_every cannot be combined with model.compile (its hooks "
+                             "would recompile the model)")
+        return self
 
     @model_validator(mode="after")
     def _remote_run_name(self) -> TrainConfig:
@@ -293,6 +427,9 @@ class TrainConfig(Strict):
         model = self.model.model_dump(mode="json")
         for key in _RUNTIME_ONLY_MODEL_KEYS:
             model.pop(key, None)
+        for key, default in _LATER_MODEL_KEYS.items():
+            if model.get(key) == default:
+                model.pop(key, None)
         blob = json.dumps({"model": model, "optim": {"name": self.optim.name}},
                           sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

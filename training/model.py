@@ -10,7 +10,9 @@ the block, and the model. Every option comes from `training.config.ModelConfig`:
   of a packed row.
 * Sequential blocks, or PaLM's parallel block `x + attn(ln(x)) + mlp(ln(x))`.
 * GELU MLP or SwiGLU (LLaMA's 2/3 sizing), optional QK-norm, optional weight tying.
-* GPT-2 / Megatron scaled init and muP (Yang et al. 2022, "Tensor Programs V").
+* GPT-2 / Megatron scaled init (or small init, or T-Fixup's) and muP (Yang et al. 2022,
+  "Tensor Programs V").
+* Dropout on attention probabilities, branch outputs and embeddings; stochastic depth.
 * Document masking: tokens of a packed row attend only within their own document.
 
 `GPT.forward` returns float32 logits; the loss lives in `training.loss`. torch.compile is
@@ -214,8 +216,8 @@ class CausalSelfAttention(nn.Module):
         # with muP on, and that is what transfers. (With head_dim fixed and heads added
         # as width grows, the scale does not change with width at all.)
         self.scale = 1.0 / self.head_dim if mup else 1.0 / math.sqrt(self.head_dim)
-        self.dropout = cfg.dropout
-        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.dropout = attn_dropout(cfg)
+        self.resid_dropout = nn.Dropout(resid_dropout(cfg))
 
     def forward(self, x: Tensor, rope: Rope, mask: AttnMask) -> Tensor:
         B, T, C = x.shape
@@ -231,6 +233,26 @@ class CausalSelfAttention(nn.Module):
         y = self.attend(q, k, v, mask)
         y = y.transpose(1, 2).reshape(B, T, C)
         return self.resid_dropout(self.w_o(y))
+
+    @torch.no_grad()
+    def max_logit(self, x: Tensor, rope: Rope, mask: AttnMask) -> Tensor:
+        """The largest scaled attention logit q.k * scale over the pairs this layer may
+        attend (causal, and within documents where `mask` is a boolean tensor; a flex
+        BlockMask is read as plain causal), as a 0-d float32 tensor on x's device. For
+        statistics: it recomputes q and k and materialises the (B, H, T, T) scores."""
+        B, T, _ = x.shape
+        q = self.w_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.w_k(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        scores = (q.float() @ k.float().transpose(-2, -1)) * self.scale
+        i = torch.arange(T, device=x.device)
+        allowed = i[:, None] >= i[None, :]
+        if isinstance(mask, Tensor):
+            allowed = allowed & mask
+        return scores.masked_fill(~allowed, float("-inf")).amax()
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask) -> Tensor:
         p = self.dropout if self.training else 0.0
@@ -271,7 +293,7 @@ class MLP(nn.Module):
         self.w_gate = nn.Linear(d, hidden, bias=cfg.bias) if self.swiglu else None
         self.w_up = nn.Linear(d, hidden, bias=cfg.bias)
         self.w_down = nn.Linear(hidden, d, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = nn.Dropout(resid_dropout(cfg))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.w_gate is not None:
@@ -281,16 +303,46 @@ class MLP(nn.Module):
         return self.dropout(self.w_down(h))
 
 
+def attn_dropout(cfg: ModelConfig) -> float:
+    return cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout
+
+
+def resid_dropout(cfg: ModelConfig) -> float:
+    return cfg.dropout if cfg.resid_dropout is None else cfg.resid_dropout
+
+
+def embd_dropout(cfg: ModelConfig) -> float:
+    return cfg.dropout if cfg.embd_dropout is None else cfg.embd_dropout
+
+
+def drop_path_rates(cfg: ModelConfig) -> list[float]:
+    """Stochastic depth's rate per block: linear in depth from 0 to `drop_path` (timm's
+    torch.linspace(0, drop_path, n_layer))."""
+    n = cfg.n_layer
+    return [cfg.drop_path * i / (n - 1) if n > 1 else 0.0 for i in range(n)]
+
+
+def drop_path(x: Tensor, rate: float, training: bool) -> Tensor:
+    """Zero the whole branch output of each sample with probability `rate` and scale the
+    kept ones by 1 / (1 - rate), so the expectation is unchanged (stochastic depth)."""
+    if rate == 0.0 or not training:
+        return x
+    keep = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1.0 - rate)
+    return x * keep.div_(1.0 - rate)
+
+
 class Block(nn.Module):
     """A pre-LN transformer block, sequential or parallel.
 
     Parallel (GPT-J, PaLM): x + attn(ln(x)) + mlp(ln(x)), with ONE norm shared by both
     branches as in PaLM, so the two input projections can run as one matmul and the block
     has one norm fewer. (GPT-NeoX keeps two norms; PaLM reports no quality loss from one.)
+    `drop_path_rate`: stochastic depth of each branch, per sample, in training only.
     """
 
-    def __init__(self, cfg: ModelConfig, mup: bool) -> None:
+    def __init__(self, cfg: ModelConfig, mup: bool, drop_path_rate: float = 0.0) -> None:
         super().__init__()
+        self.drop_path_rate = drop_path_rate
         self.parallel = cfg.parallel_block
         self.ln_1 = make_norm(cfg)
         self.attn = CausalSelfAttention(cfg, mup)
@@ -298,11 +350,23 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: Tensor, rope: Rope, mask: AttnMask) -> Tensor:
+        r = self.drop_path_rate
+        if r and self.training:
+            return self._forward_drop_path(x, rope, mask, r)
         if self.ln_2 is None:
             h = self.ln_1(x)
             return x + self.attn(h, rope, mask) + self.mlp(h)
         x = x + self.attn(self.ln_1(x), rope, mask)
         return x + self.mlp(self.ln_2(x))
+
+    def _forward_drop_path(self, x: Tensor, rope: Rope, mask: AttnMask, r: float) -> Tensor:
+        # A separate path so the default forward stays exactly today's.
+        if self.ln_2 is None:
+            h = self.ln_1(x)
+            return (x + drop_path(self.attn(h, rope, mask), r, True)
+                    + drop_path(self.mlp(h), r, True))
+        x = x + drop_path(self.attn(self.ln_1(x), rope, mask), r, True)
+        return x + drop_path(self.mlp(self.ln_2(x)), r, True)
 
 
 # ---------------------------------------------------------------------------------------
@@ -334,8 +398,8 @@ class GPT(nn.Module):
         self.wpe = nn.Embedding(max_seq_len, cfg.d_model) if cfg.position == "learned" else None
         self.rotary = (Rotary(cfg.d_model // cfg.n_head, cfg.rotary_pct, cfg.rope_theta)
                        if cfg.position == "rope" else None)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, mup) for _ in range(cfg.n_layer))
+        self.drop = nn.Dropout(embd_dropout(cfg))
+        self.blocks = nn.ModuleList(Block(cfg, mup, rate) for rate in drop_path_rates(cfg))
         self.ln_f = make_norm(cfg)
         # Tied: the head is wte's matrix (Press & Wolf 2017); untied: a matrix of its own.
         self.lm_head = (None if cfg.tie_embeddings
@@ -379,27 +443,61 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """normal(0, init_std) weights, zero biases, unit norm gains; scaled residual init.
+        """Zero biases, unit norm gains, and the weights `cfg.init` says (see ModelConfig).
 
-        Residual output projections (W_O, w_down) get std / sqrt(2 * n_layer) (GPT-2,
-        Megatron): the residual stream sums 2 * n_layer of them, so its variance stays
-        O(1) with depth. Under muP, hidden matrices get std / sqrt(width_mult), i.e.
-        variance ~ 1/fan_in relative to the base width; embeddings and the head do not
-        (the head's width dependence is the 1/width_mult logit multiplier instead).
+        scaled (the default): normal(0, init_std); residual output projections (W_O,
+        w_down) get std / sqrt(2 * n_layer) (GPT-2, Megatron): the residual stream sums
+        2 * n_layer of them, so its variance stays O(1) with depth. small: the same
+        layout with GPT-NeoX's small_init std sqrt(2 / (5 d)) and wang_init
+        2 / (n_layer sqrt(d)) for the residual outputs. Under muP (scaled or small),
+        hidden matrices get std / sqrt(width_mult), i.e. variance ~ 1/fan_in relative to
+        the base width (d is the base width); embeddings and the head do not (the head's
+        width dependence is the 1/width_mult logit multiplier instead). tfixup: see
+        `_init_tfixup`.
         """
-        std = self.cfg.init_std
+        cfg = self.cfg
+        if cfg.init == "tfixup":
+            self._init_tfixup()
+            return
+        std, resid_std = cfg.init_std, None  # None: std / sqrt(2 * n_layer), as computed
+        if cfg.init == "small":
+            d = cfg.mup_base_d_model or cfg.d_model
+            std, resid_std = math.sqrt(2 / (5 * d)), 2 / (cfg.n_layer * math.sqrt(d))
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 s = std
                 if name.startswith("blocks."):
                     s /= math.sqrt(self.width_mult)
                     if name.endswith(("attn.w_o", "mlp.w_down")):
-                        s /= math.sqrt(2 * self.cfg.n_layer)
+                        s = (s / math.sqrt(2 * cfg.n_layer) if resid_std is None
+                             else resid_std / math.sqrt(self.width_mult))
                 nn.init.normal_(module.weight, mean=0.0, std=s)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, RMSNorm | LayerNorm):
+                nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    @torch.no_grad()
+    def _init_tfixup(self) -> None:
+        """T-Fixup (Huang et al. 2020), the decoder's rules: Xavier-uniform matrices,
+        normal(0, d^-1/2) embeddings, and W_V, W_O, the MLP matrices and the embeddings
+        scaled by (9 N)^-1/4 with N = n_layer, which bounds the update of each residual
+        branch so the run trains without LR warmup."""
+        scale = (9 * self.cfg.n_layer) ** -0.25
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if name.endswith(("attn.w_v", "attn.w_o", "mlp.w_gate", "mlp.w_up",
+                                  "mlp.w_down")):
+                    module.weight.mul_(scale)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=self.cfg.d_model ** -0.5 * scale)
             elif isinstance(module, RMSNorm | LayerNorm):
                 nn.init.ones_(module.weight)
                 if getattr(module, "bias", None) is not None:
@@ -437,8 +535,8 @@ class GPT(nn.Module):
         assert segment_ids is not None
         backend = self.attention_backend
         if backend == "auto":
-            attn_dropout = training and self.cfg.dropout > 0
-            backend = "flex" if segment_ids.is_cuda and not attn_dropout else "sdpa"
+            dropping = training and attn_dropout(self.cfg) > 0
+            backend = "flex" if segment_ids.is_cuda and not dropping else "sdpa"
         if backend == "flex":
             return flex_document_mask(segment_ids)
         return dense_document_mask(segment_ids)

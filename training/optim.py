@@ -16,6 +16,10 @@ Every parameter group carries
   embeddings (decaying gains and embeddings towards 0 hurts; GPT-2/nanoGPT, LLaMA practice),
 - `lr_scale`: the muP factor, and `initial_lr` = base lr * `lr_scale`, which
   `training.schedule.set_lr` multiplies by the schedule; `lr` starts at `initial_lr`.
+- with `lr_layer_decay` or `param_groups` in the config only: `lr_mult`, the product of the
+  layer-wise decay and the matching rule's multiplier, folded into `initial_lr` (so the
+  schedule, the guard's LR cut and checkpoints carry it like muP's scale). Each kind is then
+  split into one group per distinct (multiplier, rule).
 
 Learning-rate semantics per optimizer (`cfg.lr` is passed as is; nothing is rescaled here):
 - adamw: `torch.optim.AdamW`, betas `cfg.betas`, eps `cfg.eps`, decoupled weight decay
@@ -50,6 +54,7 @@ Bernstein 2023), so muP's 1/fan_in would shrink it twice.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -90,41 +95,85 @@ def param_groups(model: GroupedModel | nn.Module, cfg: OptimConfig) -> list[dict
     if not (width_mult > 0 and math.isfinite(width_mult)):
         raise ValueError(f"model.width_mult must be a positive number, got {width_mult}")
     use_muon = _entry(cfg.name).matrix_groups
-    buckets: dict[str, list[nn.Parameter]] = {}
-    for pname, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        kind = model.param_kind(pname)  # type: ignore[operator]
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    kinds = {n: model.param_kind(n) for n, _ in named}  # type: ignore[operator]
+    split = _splitter(named, kinds, cfg)
+    # (kind key, lr_mult, rule index) -> parameters; without the options the last two are
+    # (1.0, -1) for all, so there is one bucket per kind, as there always was.
+    buckets: dict[tuple[str, float, int], list[nn.Parameter]] = {}
+    for pname, p in named:
+        kind = kinds[pname]
         if kind not in KINDS:
             raise ValueError(f"param_kind({pname!r}) returned {kind!r}; expected one of {KINDS}")
         # Muon only handles 2-D matrices; a non-2-D "hidden" tensor stays with AdamW.
         key = "hidden_muon" if use_muon and kind == "hidden" and p.ndim == 2 else kind
-        buckets.setdefault(key, []).append(p)
+        buckets.setdefault((key, *split(pname, kind)), []).append(p)
 
     groups: list[dict[str, Any]] = []
     for key in (*KINDS, "hidden_muon"):
-        params = buckets.get(key)
-        if not params:
-            continue
-        is_muon = key == "hidden_muon"
-        kind = "hidden" if is_muon else key
-        lr_scale = 1.0 if is_muon or kind not in _MUP_KINDS else 1.0 / width_mult
-        base_lr = cfg.muon_lr if is_muon else cfg.lr
-        group: dict[str, Any] = {
-            "params": params,
-            "name": key,
-            "kind": kind,
-            "weight_decay": cfg.weight_decay if kind in _DECAY_KINDS else 0.0,
-            "lr_scale": lr_scale,
-            "initial_lr": base_lr * lr_scale,
-            "lr": base_lr * lr_scale,
-        }
-        if use_muon:
-            group["muon"] = is_muon
-        groups.append(group)
+        for (k, lr_mult, rule), params in buckets.items():
+            if k != key:
+                continue
+            is_muon = key == "hidden_muon"
+            kind = "hidden" if is_muon else key
+            lr_scale = 1.0 if is_muon or kind not in _MUP_KINDS else 1.0 / width_mult
+            base_lr = cfg.muon_lr if is_muon else cfg.lr
+            wd = cfg.weight_decay if kind in _DECAY_KINDS else 0.0
+            group: dict[str, Any] = {
+                "params": params,
+                "name": key,
+                "kind": kind,
+                "weight_decay": wd,
+                "lr_scale": lr_scale,
+                "initial_lr": base_lr * lr_scale,
+                "lr": base_lr * lr_scale,
+            }
+            if cfg.lr_layer_decay is not None or cfg.param_groups:
+                rule_wd = cfg.param_groups[rule].weight_decay if rule >= 0 else None  # type: ignore[index]
+                group.update(name=f"{key}@{lr_mult:.6g}" + (f"#{rule}" if rule >= 0 else ""),
+                             weight_decay=wd if rule_wd is None else rule_wd, lr_mult=lr_mult,
+                             initial_lr=base_lr * lr_scale * lr_mult,
+                             lr=base_lr * lr_scale * lr_mult)
+            if use_muon:
+                group["muon"] = is_muon
+            groups.append(group)
     if not groups:
         raise ValueError("the model has no trainable parameters")
     return groups
+
+
+_BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
+
+
+def _splitter(named: list[tuple[str, nn.Parameter]], kinds: dict[str, str],
+              cfg: OptimConfig) -> Callable[[str, str], tuple[float, int]]:
+    """name, kind -> (lr multiplier, index of the first matching `cfg.param_groups` rule or
+    -1). Layer-wise decay (see OptimConfig.lr_layer_decay): block i (from the name
+    "blocks.<i>.") gets decay ** (n_layer - 1 - i), "embedding" kinds decay ** n_layer,
+    the rest (final norm, untied head) 1. Rules that match no parameter are refused."""
+    rules = [re.compile(r.pattern) for r in cfg.param_groups or []]
+    for i, rx in enumerate(rules):
+        if named and not any(rx.search(n) for n, _ in named):
+            raise ValueError(f"optim.param_groups[{i}].pattern {rx.pattern!r} matches no "
+                             f"parameter (names look like {named[0][0]!r})")
+    decay = cfg.lr_layer_decay
+    blocks = [int(m.group(1)) for n, _ in named if (m := _BLOCK.search(n))]
+    n_layer = max(blocks) + 1 if blocks else 0
+
+    def split(name: str, kind: str) -> tuple[float, int]:
+        mult = 1.0
+        if decay is not None:
+            m = _BLOCK.search(name)
+            if m:
+                mult = decay ** (n_layer - 1 - int(m.group(1)))
+            elif kind == "embedding":
+                mult = decay ** n_layer
+        rule = next((i for i, rx in enumerate(rules) if rx.search(name)), -1)
+        if rule >= 0:
+            mult *= cfg.param_groups[rule].lr_mult  # type: ignore[index]
+        return mult, rule
+
+    return split
 
 
 Builder = Callable[[list[dict[str, Any]], OptimConfig], torch.optim.Optimizer]

@@ -83,12 +83,16 @@ def set_lr(optimizer: Any, step: int, total_steps: int, cfg: ScheduleConfig,
     the guard's lr cut after a rollback). Groups built by `training.optim.param_groups` carry
     `initial_lr` (base lr * muP `lr_scale`); one without it takes its current lr as initial
     (as torch's lr_scheduler does). Returns group 0's lr, for logging (with
-    `param_groups` ordering that is the unscaled `cfg.lr` group when there are embeddings)."""
+    `param_groups` ordering that is the unscaled `cfg.lr` group when there are embeddings;
+    a layer-wise or per-name `lr_mult` of that group is divided out, so the log shows the
+    schedule's lr whatever the multipliers)."""
     mult = lr_multiplier(step, total_steps, cfg) * extra_scale
     for group in optimizer.param_groups:
         group.setdefault("initial_lr", group["lr"])
         group["lr"] = group["initial_lr"] * mult
-    return float(optimizer.param_groups[0]["lr"])
+    first = optimizer.param_groups[0]
+    lr = float(first["lr"])
+    return lr / first["lr_mult"] if "lr_mult" in first else lr
 
 
 def accum_steps_at(step: int, cfg: ScheduleConfig, accum_steps: int) -> int:

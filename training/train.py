@@ -38,6 +38,7 @@ from training.guards import Decision, StabilityGuard
 from training.loss import lm_loss, shift_targets
 from training.metrics import MetricsLog, plot_loss, truncate_after
 from training.model import GPT
+from training.noise_scale import NoiseScale
 from training.optim import agc_params, build_optimizer, clip_grad_agc_
 from training.recovery import (
     CheckpointChoice,
@@ -49,6 +50,8 @@ from training.recovery import (
 )
 from training.remote import RemoteCheckpointError, RemoteCheckpoints, RemoteOwnershipError
 from training.schedule import accum_steps_at, set_lr
+from training.stats import LayerStats
+from training.warm_start import check_shapes, checkpoint_weights
 
 # A "progress" event (step, loss, tokens/s, ETA) after the first step, then at most this
 # often, and at the last step: enough for a live view, few lines in a week-long log.
@@ -71,6 +74,8 @@ class StepResult:
     real_tokens: int
     decision: Decision | None
     fp16_overflow: bool
+    stats: dict[str, list[float]] | None = None  # on `stats_every` steps only
+    noise: dict[str, Any] | None = None  # on noise_scale.every steps only
 
     @property
     def diverged(self) -> bool:
@@ -135,8 +140,20 @@ class Trainer:
                 else None)
             wrapped = self.ddp
         self.forward = torch.compile(wrapped) if cfg.model.compile else wrapped
+        if self.fsdp and cfg.init_from:
+            raise TrainConfigError("init_from: not supported with parallel: fsdp2")
+        if self.fsdp and cfg.stats_every:
+            raise TrainConfigError("stats_every: not supported with parallel: fsdp2")
+        if self.fsdp and cfg.noise_scale:
+            raise TrainConfigError("noise_scale: not supported with parallel: fsdp2")
         self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.optim_name = cfg.optim.name  # resume_overrides.optimizer may switch it
+        # Events found outside the loop's reach (a restore's overrides): written at the
+        # next step.
+        self.pending_events: list[dict[str, Any]] = []
         self.agc_params = agc_params(self.model) if cfg.optim.agc is not None else []
+        self.noise = (NoiseScale(cfg.noise_scale.ema_beta) if cfg.noise_scale is not None
+                      else None)
         # The EMA of the weights: one copy per parameter, updated on the device after
         # each applied step (no host read); None when `ema` is off.
         self.ema: list[torch.Tensor] | None = None
@@ -199,11 +216,18 @@ class Trainer:
             "guard": self.guard.state_dict(), "config": self.cfg.model_dump(mode="json"),
             "trainer": {"step": s.step, "samples_seen": s.samples_seen,
                         "tokens_seen": s.tokens_seen, "lr_scale": s.lr_scale,
-                        "rollbacks": s.rollbacks},
+                        "rollbacks": s.rollbacks,
+                        # Which optimizer's state this is, once a switch is configured.
+                        **({"optimizer": self.optim_name} if self._switching() else {})},
             # Only with the options on, so a default run's checkpoints are unchanged.
             **({"ema": [t.clone() for t in self.ema]} if self.ema is not None else {}),
             **({"early_stopping": dict(self.early)} if self.cfg.early_stopping else {}),
+            **({"noise_scale": self.noise.state_dict()} if self.noise is not None else {}),
         }
+
+    def _switching(self) -> bool:
+        ro = self.cfg.resume_overrides
+        return ro is not None and ro.optimizer is not None
 
     def save(self) -> None:
         self.ckpts.save(self.state.step, self.snapshot())
@@ -220,8 +244,20 @@ class Trainer:
 
     def restore(self, step: int, modules_only: bool = False,
                 verified: bool = False) -> dict[str, Any]:
-        """Load checkpoint `step` (`verified`: rank 0 has just checked its checksums)."""
-        st = self.ckpts.restore(step, verified=verified)
+        """Load checkpoint `step` (`verified`: rank 0 has just checked its checksums),
+        then apply `resume_overrides`."""
+        if self._switching():
+            saved = self._saved_optimizer(step)
+            if saved != self.optim_name:  # it was written before or after a switch
+                self._set_optimizer(saved)
+        try:
+            st = self.ckpts.restore(step, verified=verified)
+        except ValueError as e:  # torch: the saved groups do not match this optimizer's
+            raise ckpt.CheckpointError(
+                f"checkpoint {ckpt.step_name(step)} in {self.ckpt_dir}: its optimizer state "
+                f"does not fit this run's optimizer ({e}); optim.name, optim.lr_layer_decay "
+                "and optim.param_groups must stay as the run began (resume_overrides can "
+                "switch the optimizer)") from None
         self.scaler.load_state_dict(st["scaler"])
         ckpt.set_rng_state(st["rng"])
         if self.ema is not None:
@@ -238,7 +274,73 @@ class Trainer:
             t = st["trainer"]
             self.state = State(t["step"], t["samples_seen"], t["tokens_seen"], t["lr_scale"],
                                list(t["rollbacks"]))
+        if self.noise is not None:
+            if "noise_scale" in st:
+                self.noise.load_state_dict(st["noise_scale"])
+            else:  # a checkpoint from before it was on: start the estimate afresh
+                self.noise = NoiseScale(self.noise.beta)
+        if self.cfg.resume_overrides is not None:
+            self._apply_overrides(int(st["trainer"]["step"]))
         return st
+
+    # -- warm start and resume overrides ------------------------------------------
+    def _saved_optimizer(self, step: int) -> str:
+        """The optimizer checkpoint `step` holds the state of (read by rank 0; the restore
+        that follows checks the checksums and reports a bad checkpoint)."""
+        name = None
+        if self.world.is_main:
+            with contextlib.suppress(ckpt.CheckpointError, KeyError):
+                name = ckpt.load(self.ckpt_dir, step, verified=True)["trainer"].get(
+                    "optimizer")
+        name = distributed.broadcast_object(name, self.world, self.device)
+        return name or self.cfg.optim.name
+
+    def _set_optimizer(self, name: str) -> None:
+        """A new optimizer `name` over the model, fresh state; the checkpoints follow it."""
+        self.optimizer = build_optimizer(self.model,
+                                         self.cfg.optim.model_copy(update={"name": name}))
+        self.ckpts.optimizer = self.optimizer  # type: ignore[attr-defined]
+        self.optim_name = name
+
+    def _apply_overrides(self, step: int) -> None:
+        """resume_overrides after a restore: the optimizer switch, then the peak lrs (the
+        muP and layer-wise multipliers of each group are kept). Idempotent: a later resume
+        finds them applied and records nothing."""
+        ro = self.cfg.resume_overrides
+        assert ro is not None
+        if ro.optimizer is not None and ro.optimizer != self.optim_name:
+            self.pending_events.append({"event": "optimizer_switch", "step": step,
+                                        "from": self.optim_name, "to": ro.optimizer})
+            self._set_optimizer(ro.optimizer)
+        changed = False
+        for g in self.optimizer.param_groups:
+            base = ro.muon_lr if g.get("muon") else ro.lr
+            if base is None:
+                continue
+            new = base * g.get("lr_scale", 1.0) * g.get("lr_mult", 1.0)
+            changed = changed or new != g["initial_lr"]
+            g["initial_lr"] = new
+        if changed:
+            self.pending_events.append({"event": "lr_override", "step": step, "lr": ro.lr,
+                                        "muon_lr": ro.muon_lr})
+
+    def _flush_events(self, log: MetricsLog) -> None:
+        for event in self.pending_events:
+            log.write({"kind": "event", **event})
+            self.emit(event)
+        self.pending_events.clear()
+
+    def _warm_start(self, log: MetricsLog) -> None:
+        """init_from: the other checkpoint's weights (shapes checked), at step 0."""
+        assert self.cfg.init_from is not None
+        where, weights = checkpoint_weights(self.cfg.init_from)
+        check_shapes(weights, self.model.state_dict(), where)
+        self.model.load_state_dict(weights)
+        if self.ema is not None:
+            torch._foreach_copy_(self.ema, [p.detach() for p in self.model.parameters()])
+        event = {"event": "init_from", "step": 0, "checkpoint": where}
+        log.write({"kind": "event", **event})
+        self.emit(event)
 
     def weights_finite(self) -> bool:
         """Every parameter finite, on every rank (FSDP: each rank checks its shards)."""
@@ -277,6 +379,14 @@ class Trainer:
         cfg, s, hooks = self.cfg, self.state, self.hooks
         hooks.before_step(s.step, s.rollbacks)
         accum = accum_steps_at(s.step, cfg.schedule, cfg.accum_steps)
+        if self.noise is not None and self.noise.accum is not None:
+            accum = max(accum, self.noise.accum)  # the batch-size controller's
+        ns = cfg.noise_scale
+        noise_on = ns is not None and (s.step + 1) % ns.every == 0 and accum >= 2
+        small_sq = None  # |G_small|^2: the first micro-batch's gradient, on the device
+        # Its batch, in samples: a rank's share of a micro-batch (the same on every rank,
+        # so that every rank's controller decides alike).
+        b_small = cfg.micro_batch / self.world.size
         lr = set_lr(self.optimizer, s.step, cfg.steps, cfg.schedule,
                     s.lr_scale * hooks.lr_factor(s.step, s.rollbacks))
         idx = self.sampler.take(s.samples_seen, cfg.micro_batch * accum)
@@ -288,6 +398,10 @@ class Trainer:
         # brings loss, ce, z, grad norm and tokens back for the guard and the log.
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)  # total, ce, z, tokens
         world = self.world
+        # Layer statistics on every `stats_every`-th step (the one logged as a multiple of
+        # it): hooks during the first micro-batch's forward only.
+        stats = (LayerStats(self.model) if cfg.stats_every is not None
+                 and (s.step + 1) % cfg.stats_every == 0 else None)
         for k in range(accum):
             host = self.loader.get(s.samples_seen + k * cfg.micro_batch, cfg.micro_batch)
             b = self.to_device(host)
@@ -297,7 +411,9 @@ class Trainer:
             if self.fsdp:  # reduce-scatter gradients only after the last micro-batch
                 self.model.set_requires_gradient_sync(k == accum - 1)
             with sync:
-                with autocast(cfg, self.device):
+                hooks_on = (stats.forward_hooks() if stats is not None and k == 0
+                            else contextlib.nullcontext())
+                with autocast(cfg, self.device), hooks_on:
                     logits = self.forward(b["input_ids"], b["position_ids"], b["segment_ids"],
                                           single_segment=single_segment(host["segment_ids"]))
                 loss, ce, z = lm_loss(logits.float(), targets, valid, cfg.precision.z_loss,
@@ -314,6 +430,8 @@ class Trainer:
                 # Mean over micro-batches: each contributes 1/accum of the gradient.
                 # Inside `sync`: DDP all-reduces gradients only on the last micro-batch.
                 self.scaler.scale(loss / accum).backward()
+            if noise_on and k == 0:
+                small_sq = self._small_grad_sq(accum)
             sums += torch.stack([loss.detach().double() / accum, ce.detach().double() / accum,
                                  z.detach().double() / accum,
                                  b["loss_mask"].sum(dtype=torch.float64)])
@@ -321,6 +439,8 @@ class Trainer:
             distributed.all_sum_tensor(sums, world)
             sums[:3] /= world.size
         self.scaler.unscale_(self.optimizer)
+        if stats is not None:
+            stats.gradients()  # the raw gradients, before any clipping
         clip = cfg.optim.grad_clip or float("inf")
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         full = getattr(norm, "full_tensor", None)  # FSDP2: a DTensor over the shards
@@ -334,8 +454,9 @@ class Trainer:
         # The step's one host transfer (and on CUDA its one synchronisation): the guard
         # decides on the host from these. With fp16, GradScaler.step adds its own `.item()`
         # on the found-inf flag (PyTorch's, once per step).
-        total, ce_sum, z_sum, grad_norm, tokens = torch.cat(
-            [sums[:3], norm.detach().double().reshape(1), sums[3:]]).tolist()
+        extra = [small_sq.reshape(1)] if small_sq is not None else []
+        total, ce_sum, z_sum, grad_norm, tokens, *rest = torch.cat(
+            [sums[:3], norm.detach().double().reshape(1), sums[3:], *extra]).tolist()
         real_tokens = int(tokens)
         # An fp16 overflow shows in the (scaled) gradients only; a non-finite loss came out
         # of the forward pass (NaN weights, say), which no loss scale explains.
@@ -358,9 +479,41 @@ class Trainer:
                 # without update() the next unscale_ raises.
                 self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        noise = None
+        if rest and decision is not None and decision.action == "ok":
+            noise = self._observe_noise(rest[0], grad_norm ** 2, b_small, accum)
         return StepResult(loss=total, ce=ce_sum, z_loss=z_sum, lr=lr, grad_norm=grad_norm,
                           accum=accum, samples=len(idx), real_tokens=real_tokens,
-                          decision=decision, fp16_overflow=fp16_overflow)
+                          decision=decision, fp16_overflow=fp16_overflow,
+                          stats=stats.result() if stats is not None else None, noise=noise)
+
+    @torch.no_grad()
+    def _small_grad_sq(self, accum: int) -> torch.Tensor:
+        """|G_small|^2 of the first micro-batch, from the gradients it left (scaled by
+        1/accum), averaged over ranks (each holds its own, unsynchronised). Device only."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        sq = torch.stack(torch._foreach_norm(grads)).double().pow(2).sum() * accum ** 2
+        if self.world.active:
+            distributed.all_sum_tensor(sq, self.world)
+            sq /= self.world.size
+        return sq
+
+    def _observe_noise(self, small_sq: float, big_sq: float, b_small: float,
+                       accum: int) -> dict[str, Any]:
+        """Fold one estimate into the EMAs; the batch-size controller may raise the
+        accumulation of the next steps. Returns the "noise_scale" record's fields."""
+        ns, noise = self.cfg.noise_scale, self.noise
+        assert ns is not None and noise is not None
+        b_big = self.cfg.micro_batch * accum
+        b_noise = noise.observe(small_sq, big_sq, b_small, b_big)
+        record: dict[str, Any] = {"b_noise": b_noise, "g2": noise.g2, "s": noise.s,
+                                  "small_sq": small_sq, "big_sq": big_sq, "accum": accum}
+        if ns.max_accum is not None:
+            want = noise.propose(accum, self.cfg.micro_batch, ns.max_accum, ns.target)
+            if want > accum:
+                noise.accum = want
+                record["raise_to"] = want
+        return record
 
     @torch.no_grad()
     def _update_ema(self) -> None:
@@ -474,6 +627,8 @@ class Trainer:
             ev["step"] = s.step
         self.choice.flush(log)
         if latest is None:
+            if cfg.init_from:
+                self._warm_start(log)
             self.save()  # step 0: the rollback target of last resort
             self.emit({"event": "start", "step": 0})
         else:
@@ -489,6 +644,8 @@ class Trainer:
         t_progress, progressed = t_last, False
         try:
             while s.step < cfg.steps and not self.early["stopped"]:
+                if self.pending_events:
+                    self._flush_events(log)
                 out = self.train_step()
                 d = out.decision
                 if d is not None and out.diverged:
@@ -520,6 +677,10 @@ class Trainer:
                                                      s.step - step_start,
                                                      s.tokens_seen - tokens_start))
                         t_progress, progressed = now, True
+                if out.stats is not None:
+                    self._log_stats(log, out.stats)
+                if out.noise is not None:
+                    self._log_noise(log, out.noise)
                 trouble = self._evaluate_and_save(log)
                 if trouble is not None:
                     if self._diverge_now(log, *trouble):
@@ -528,6 +689,7 @@ class Trainer:
                 if self.early["stopped"]:
                     break
         finally:
+            self._flush_events(log)  # a run resumed at its last step still records them
             log.close()
         self.ckpts.finish()  # the last checkpoint is on disk before final.json points at it
         if self.world.is_main:
@@ -539,6 +701,30 @@ class Trainer:
             done["reason"] = "early_stopping"
         self.emit(done)
         return EXIT_OK
+
+    def _log_noise(self, log: MetricsLog, noise: dict[str, Any]) -> None:
+        step = self.state.step
+        raise_to = noise.pop("raise_to", None)
+        log.write({"kind": "noise_scale", "step": step, **noise})
+        if raise_to is not None:
+            event = {"event": "batch_size", "step": step, "accum_from": noise["accum"],
+                     "accum_to": raise_to, "b_noise": noise["b_noise"]}
+            log.write({"kind": "event", **event})
+            self.emit(event)
+
+    def _log_stats(self, log: MetricsLog, stats: dict[str, list[float]]) -> None:
+        """The "stats" record, and the attention-logit warning when a layer is above
+        `max_attn_logit` (a warning only: the step stands)."""
+        step, limit = self.state.step, self.cfg.max_attn_logit
+        log.write({"kind": "stats", "step": step, **stats})
+        logits = stats["attn_logit_max"]
+        if limit is None or not any(v > limit for v in logits):
+            return
+        layer = max(range(len(logits)), key=lambda i: logits[i])
+        event = {"event": "attn_logit_warning", "step": step, "layer": layer,
+                 "attn_logit_max": logits[layer], "limit": limit}
+        log.write({"kind": "event", **event})
+        self.emit(event)
 
     def _evaluate_and_save(self, log: MetricsLog) -> tuple[str, str] | None:
         """The evaluation and the checkpoint due after this step. A non-finite validation
