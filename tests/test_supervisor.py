@@ -105,15 +105,18 @@ def test_sigkill_three_times_then_same_weights(train_dataset, tmp_path):
             target = at + rng.randint(5, 35)
             killed: set[int] = {p for _, p in kills}
             while not done.is_set():
-                pids = [p for p in worker_pids(tmp_path / "handle.json") if p not in killed]
+                # The step first: listing the process tree every poll took a core's worth
+                # of CPU from the training it waits for.
                 at = last_step(run_dir)
-                if pids and at >= target:
+                pids = [] if at < target else [
+                    p for p in worker_pids(tmp_path / "handle.json") if p not in killed]
+                if pids:
                     for pid in pids:
                         os.kill(pid, signal.SIGKILL)
                     kills.append((at, pids[0]))
                     time.sleep(0.5)  # let the supervisor see the attempt end
                     break
-                time.sleep(0.005)
+                time.sleep(0.02)
 
     t = threading.Thread(target=killer, daemon=True)
     t.start()
