@@ -20,6 +20,7 @@ from tasks.quality.decontam import Decontaminate
 from tasks.quality.fineweb import FineWeb
 from tasks.quality.gopher import GopherQuality, GopherRepetition
 from tasks.quality.language import Language
+from tasks.quality.perplexity import Perplexity
 from tasks.quality.pii import Pii
 from tasks.quality.ratios import CharRatios
 from tasks.quality.simple import CharRepetition, Length
@@ -34,7 +35,9 @@ __all__ = [
     "Outcome",
     "Rule",
     "RuleParams",
+    "batched",
     "filter_document",
+    "filter_documents",
     "parse_rules",
 ]
 
@@ -54,6 +57,7 @@ RULES: dict[str, type[Rule[Any]]] = {
         Pii,
         Decontaminate,
         Language,
+        Perplexity,
     )
 }
 
@@ -112,6 +116,43 @@ def filter_document(
         # annotations carry on.
         doc = Doc(verdict, meta, doc.redacted, doc.annotations)
     return Outcome(doc.text, None, "", doc.redacted, doc.annotations)
+
+
+def filter_documents(
+    rules: list[Rule[Any]], texts: list[str], metas: list[str | None]
+) -> list[Outcome]:
+    """filter_document over many documents, rule by rule, so that a rule with
+    `apply_batch` (a model that scores a batch at once: `perplexity`) sees every document
+    still kept at that point in one call. Each document meets the rules in the same order
+    as in filter_document, so the outcomes are the same."""
+    docs = [Doc(t, m) for t, m in zip(texts, metas, strict=True)]
+    outcomes: list[Outcome | None] = [None] * len(docs)
+    alive = list(range(len(docs)))
+    for rule in rules:
+        if not alive:
+            break
+        batch = getattr(rule, "apply_batch", None)
+        verdicts = (batch([docs[i] for i in alive]) if batch is not None
+                    else [rule.apply(docs[i]) for i in alive])
+        still = []
+        for i, verdict in zip(alive, verdicts, strict=True):
+            if isinstance(verdict, Drop):
+                outcomes[i] = Outcome(None, f"{rule.name}:{verdict.check}", verdict.detail)
+                continue
+            if verdict is not None:
+                d = docs[i]
+                docs[i] = Doc(verdict, metas[i], d.redacted, d.annotations)
+            still.append(i)
+        alive = still
+    for i in alive:
+        d = docs[i]
+        outcomes[i] = Outcome(d.text, None, "", d.redacted, d.annotations)
+    return [o for o in outcomes if o is not None]
+
+
+def batched(rules: list[Rule[Any]]) -> bool:
+    """Whether a chain holds a rule that scores documents in batches."""
+    return any(hasattr(r, "apply_batch") for r in rules)
 
 
 def parse_rules(spec: list[str | dict[str, Any]]) -> list[Rule[Any]]:

@@ -19,7 +19,7 @@ from tasks.layout import (
     read_docs,
     write_shard,
 )
-from tasks.quality import filter_document, parse_rules
+from tasks.quality import Outcome, batched, filter_document, filter_documents, parse_rules
 from tasks.records import DOC_SCHEMA
 
 STAGE = "quality"
@@ -34,11 +34,12 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
     dropped = DroppedRows()
     kept: dict[str, list[str]] = {"id": [], "text": [], "source": [], "meta": []}
     rules = {src: parse_rules(cfg.rules_for(src)) for src in set(sources)}
+    scored = batch_outcomes(rules, texts, sources, metas)
     for row, text in enumerate(texts):
         src = sources[row]
         st = stats[src]
         st.add_in(nbytes[row])
-        out = filter_document(rules[src], text, metas[row])  # `url` reads meta
+        out = scored.get(row) or filter_document(rules[src], text, metas[row])  # `url`: meta
         if out.text is None:
             st.add_dropped(out.reason or "quality", nbytes[row])
             dropped.add(ids[row], src, out.reason or "quality", out.detail,
@@ -54,6 +55,27 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
         kept["meta"].append(with_annotations(metas[row], out.annotations)
                             if out.annotations else metas[row])
     return write_shard(store, STAGE, shard, pa.table(kept, schema=DOC_SCHEMA), dropped, stats)
+
+
+# Documents a model-scoring rule sees at once: bounds the memory of the documents held
+# between rules (their cached words and lines), not the model's batch (its batch_size).
+BATCH_DOCS = 1024
+
+
+def batch_outcomes(rules: Mapping[str, list], texts: list[str], sources: list[str],
+                   metas: list[str | None]) -> dict[int, Outcome]:
+    """The outcomes of the documents whose source's chain scores in batches (a model
+    rule), by row, BATCH_DOCS at a time; other sources' documents go one by one."""
+    out: dict[int, Outcome] = {}
+    for src, chain in rules.items():
+        if not batched(chain):
+            continue
+        rows = [r for r, s in enumerate(sources) if s == src]
+        for k in range(0, len(rows), BATCH_DOCS):
+            part = rows[k:k + BATCH_DOCS]
+            results = filter_documents(chain, [texts[r] for r in part], [metas[r] for r in part])
+            out.update(zip(part, results, strict=True))
+    return out
 
 
 def with_annotations(meta: str | None, annotations: Mapping[str, Any]) -> str:
