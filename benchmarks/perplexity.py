@@ -6,7 +6,7 @@ and how its score ranks human-labelled web pages.
 
 1. Reference data: OpenWebText (../shared/data/web_openwebtext_1k.jsonl; the pages Reddit
    users linked to, the reference GPT-3's quality filter used), through `ballast prep`
-   (exact + near dedup, BPE, packing to 256; no quality rules: the reference is what
+   (exact + near dedup, byte tokens, packing to 256; no quality rules: the reference is what
    "good" means here).
 2. A small byte-level model (the default tokenizer; d_model 192, 4 layers) trained on it
    by Ballast's trainer on CPU, then
