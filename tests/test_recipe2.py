@@ -543,3 +543,24 @@ def test_resuming_with_other_param_groups_is_one_clear_line(train_dataset, tmp_p
     errors = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
     assert len(errors) == 1 and "optim.lr_layer_decay" in errors[0]
     assert "its optimizer state does not fit this run's optimizer" in errors[0]
+
+
+# ---------------------------------------------------------------- batch warmup by tokens
+def test_batch_ramp_by_tokens_follows_the_tokens_trained(train_dataset, tmp_path):
+    """accum ramps from 1 to 4 over the first 3,000 tokens: each step's accumulation is the
+    ramp's value at the tokens seen before it (as logged), not at its step number."""
+    run = tmp_path / "run"
+    assert train(train_dataset, run, steps=12, accum_steps=4, log_every=1,
+                 schedule={"kind": "constant", "batch_warmup_start_accum": 1,
+                           "batch_warmup_tokens": 3000}) == 0
+    recs = [r for r in read(run / "metrics.jsonl") if r.get("kind") == "train"]
+    seen = 0
+    accums = []
+    for r in recs:
+        accums.append(r["accum"])
+        assert r["accum"] == min(4, 1 + 3 * seen // 3000), (r, seen)
+        seen = r["tokens_seen"]
+    assert accums[0] == 1 and accums[-1] == 4 and len(set(accums)) >= 3
+    assert "not both" in config_error(schedule={"batch_warmup_start_accum": 1,
+                                                "batch_warmup_steps": 5,
+                                                "batch_warmup_tokens": 100})

@@ -170,9 +170,19 @@ class ScheduleConfig(Strict):
     step_size: int = Field(default=1000, ge=1)  # step: steps between drops (after warmup)
     power: float = Field(default=1.0, gt=0)  # polynomial: exponent of (1 - progress)
     div_factor: float = Field(default=25.0, ge=1)  # onecycle: warmup starts at 1/div_factor
-    # Batch-size warmup: grad accumulation ramps from this to `accum_steps` over these steps.
+    # Batch-size warmup: grad accumulation ramps from this to `accum_steps` over these steps,
+    # or over the first `batch_warmup_tokens` tokens trained (GPT-3 ramps its batch by
+    # tokens, over the first 4-12B); one or the other.
     batch_warmup_start_accum: int | None = Field(default=None, ge=1)
     batch_warmup_steps: int = Field(default=0, ge=0)
+    batch_warmup_tokens: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _one_batch_ramp(self) -> ScheduleConfig:
+        if self.batch_warmup_steps and self.batch_warmup_tokens:
+            raise ValueError("batch_warmup_steps and batch_warmup_tokens are both set: the "
+                             "batch ramps over steps or over tokens, not both")
+        return self
 
     @field_validator("min_lr_ratio")
     @classmethod

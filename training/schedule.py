@@ -95,21 +95,25 @@ def set_lr(optimizer: Any, step: int, total_steps: int, cfg: ScheduleConfig,
     return lr / first["lr_mult"] if "lr_mult" in first else lr
 
 
-def accum_steps_at(step: int, cfg: ScheduleConfig, accum_steps: int) -> int:
+def accum_steps_at(step: int, cfg: ScheduleConfig, accum_steps: int,
+                   tokens_seen: int = 0) -> int:
     """Gradient-accumulation steps at `step` under batch-size warmup: a linear integer ramp
     from `cfg.batch_warmup_start_accum` at step 0 to `accum_steps` at
-    `cfg.batch_warmup_steps` (floor, so non-decreasing; `accum_steps` from then on).
-    Without batch warmup (no start or 0 steps) it is `accum_steps`."""
+    `cfg.batch_warmup_steps` (floor, so non-decreasing; `accum_steps` from then on), or
+    by `tokens_seen` over `cfg.batch_warmup_tokens`. Without batch warmup (no start, or a
+    ramp of 0) it is `accum_steps`."""
     if accum_steps < 1:
         raise ValueError(f"accum_steps must be >= 1, got {accum_steps}")
     start = cfg.batch_warmup_start_accum
-    ramp = cfg.batch_warmup_steps
+    by_tokens = cfg.batch_warmup_tokens > 0
+    ramp = cfg.batch_warmup_tokens if by_tokens else cfg.batch_warmup_steps
     if start is None or ramp == 0:
         return accum_steps
     if start > accum_steps:
         # A "warmup" that shrinks the batch is a config mistake, not a schedule.
         raise ValueError(f"schedule.batch_warmup_start_accum ({start}) is larger than "
                          f"accum_steps ({accum_steps})")
-    if step >= ramp:
+    at = tokens_seen if by_tokens else step
+    if at >= ramp:
         return accum_steps
-    return start + (accum_steps - start) * max(0, step) // ramp
+    return start + (accum_steps - start) * max(0, at) // ramp

@@ -378,7 +378,7 @@ class Trainer:
     def train_step(self) -> StepResult:
         cfg, s, hooks = self.cfg, self.state, self.hooks
         hooks.before_step(s.step, s.rollbacks)
-        accum = accum_steps_at(s.step, cfg.schedule, cfg.accum_steps)
+        accum = accum_steps_at(s.step, cfg.schedule, cfg.accum_steps, s.tokens_seen)
         if self.noise is not None and self.noise.accum is not None:
             accum = max(accum, self.noise.accum)  # the batch-size controller's
         ns = cfg.noise_scale
