@@ -135,7 +135,9 @@ class LocalRunner(RunnerContext):
             deathsig = threading.current_thread() is threading.main_thread()
             self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
                                              initializer=_worker_init,
-                                             initargs=(os.getpid(), deathsig))
+                                             initargs=(os.getpid(), deathsig,
+                                                       max(1, (os.cpu_count() or 1)
+                                                           // self.workers)))
         return self._pool
 
     def map(self, fn: Callable[[Any], T], items: Sequence[Any], desc: str,
@@ -198,12 +200,16 @@ def _sigint_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def _worker_init(parent_pid: int, deathsig: bool) -> None:
+def _worker_init(parent_pid: int, deathsig: bool, threads: int = 0) -> None:
     """Runs first in every pool worker. Interrupts are the parent's to handle (it stops
     the workers), and a worker never outlives the parent: killed with kill -9, the parent
     runs no clean-up, and its workers would wait forever on a pipe they hold themselves
     (with them multiprocessing's resource tracker, which waits for their end of its
-    pipe)."""
+    pipe). `threads`: the cores each worker may use for a model rule (`perplexity`'s
+    torch): the workers share the machine, and OpenMP pools sized for every core each
+    ran several times slower, spinning for cores the other workers held."""
+    if threads:
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
