@@ -289,6 +289,38 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_hpo_run(args: argparse.Namespace) -> int:
+    from core.errors import ConfigError
+    from flows.hpo import hpo, load_hpo_config, summary_text
+
+    try:
+        load_hpo_config(args.config)  # a bad config is one line here, not a failed flow run
+    except ConfigError as e:
+        print_error(str(e))
+        return EXIT_ERROR
+    r = hpo(args.config)  # on $PREFECT_API_URL, else a temporary local Prefect API
+    Console().print(summary_text(r), markup=False, highlight=False)
+    if r["best_trial"] is None:
+        print_error(f"study {r['study']}: no trial completed")
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def cmd_hpo_transfer(args: argparse.Namespace) -> int:
+    from core.errors import ConfigError
+    from flows.hpo import HpoError, transfer
+
+    try:
+        t = transfer(args.study, args.to_width, args.out)
+    except (ConfigError, HpoError) as e:
+        print_error(str(e))
+        return EXIT_ERROR
+    Console().print(f"{t['out']}: d_model {t['width']} (muP base {t['base_width']}) with the "
+                    f"hyperparameters of trial {t['trial']} (validation loss "
+                    f"{t['value']:.4f}): {t['params']}", markup=False, highlight=False)
+    return EXIT_OK
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     from flows.deployments import deploy_all
     from infra.jobs import POOLS
@@ -337,6 +369,21 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--run-dir", help="override `run_dir:`")
     tr.add_argument("--steps", type=int, help="override `steps:`")
     tr.set_defaults(func=cmd_train)
+    hp = sub.add_parser("hpo", help="hyperparameter search on proxy models (Optuna)")
+    hp_sub = hp.add_subparsers(dest="hpo_command", required=True)
+    hp_run = hp_sub.add_parser("run", help="run the search a config describes (the `hpo` "
+                                           "flow; trials a study holds already are kept)")
+    hp_run.add_argument("config", help="the search config (YAML)")
+    hp_run.set_defaults(func=cmd_hpo_run)
+    hp_tr = hp_sub.add_parser("transfer", help="write a training config at another width "
+                                               "with the study's best hyperparameters (muP)")
+    hp_tr.add_argument("--study", required=True, metavar="HPO_CONFIG",
+                       help="the search config the study was run with")
+    hp_tr.add_argument("--to-width", type=int, required=True, metavar="D",
+                       help="the target d_model")
+    hp_tr.add_argument("--out", required=True, metavar="CONFIG",
+                       help="where to write the training config (YAML)")
+    hp_tr.set_defaults(func=cmd_hpo_transfer)
     dep = sub.add_parser("deploy", help="register the Prefect deployments (pipeline on a "
                                         "schedule, prep only, train only) on a work pool")
     dep.add_argument("--prep-config", default="configs/demo.yaml")
