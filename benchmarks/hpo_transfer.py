@@ -69,16 +69,12 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
                                          "hpo_transfer.json"))
     args = ap.parse_args()
-    from train_cpu import SHARED, ballast_run
+    from train_cpu import prepared_dataset
 
-    text_path = SHARED / "tinyshakespeare.txt"
-    if not text_path.is_file():
-        print(f"skip: {text_path} not found")
+    dataset = prepared_dataset()
+    if dataset is None:
+        print("skip: tinyshakespeare.txt not found in the shared data")
         return
-    dataset = ROOT / "runs" / "bench-train" / "prep" / "dataset"
-    if not (dataset / "manifest.json").is_file():
-        text = text_path.read_text(encoding="utf-8")
-        ballast_run(text, int(0.9 * len(text)), 1, ROOT / "runs" / "bench-train", 1e-3)
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)

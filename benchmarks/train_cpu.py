@@ -178,6 +178,20 @@ def ballast_run(text: str, split: int, iters: int, work: Path, lr: float,
             "train_rows": trainer.data.train.rows, "val_rows": trainer.data.validation.rows}
 
 
+def prepared_dataset() -> Path | None:
+    """This benchmark's prepared tinyshakespeare dataset (byte tokens, seq_len 64), made on
+    first use (one training step is the cheapest way to it), for the benchmarks that train
+    on it; None when the shared text is absent."""
+    text_path = SHARED / "tinyshakespeare.txt"
+    if not text_path.is_file():
+        return None
+    dataset = ROOT / "runs" / "bench-train" / "prep" / "dataset"
+    if not (dataset / "manifest.json").is_file():
+        text = text_path.read_text(encoding="utf-8")
+        ballast_run(text, int(0.9 * len(text)), 1, ROOT / "runs" / "bench-train", 1e-3)
+    return dataset
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=2000)

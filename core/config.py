@@ -5,6 +5,7 @@ formatted as one line per bad key path."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +37,19 @@ def key_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def format_validation_error(err: ValidationError, where: str, what: str = "config") -> str:
+def format_validation_error(err: ValidationError, where: str, what: str = "config",
+                            loc: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
+                            ) -> str:
+    """One line per error under a heading; `loc` rewrites an error's location first (to
+    drop a union's tag, say, which is not a key the user wrote)."""
     lines = [f"invalid {what} {where}:"]
     for e in err.errors():
         msg = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
             e["type"], e["msg"])
         shown = ("" if e["type"] in ("missing", "extra_forbidden")
                  else f" (got {e.get('input')!r:.80})")
-        lines.append(f"  {key_path(e['loc']) or '(top level)'}: {msg}{shown}")
+        where_ = loc(tuple(e["loc"])) if loc is not None else e["loc"]
+        lines.append(f"  {key_path(where_) or '(top level)'}: {msg}{shown}")
     return "\n".join(lines)
 
 

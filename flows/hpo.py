@@ -50,14 +50,14 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from core.config import Strict, key_path, read_yaml
+from core.config import Strict, format_validation_error, read_yaml
 from core.errors import ConfigError
 from flows.runs import run_name
 from flows.train import HANDLE, job_name, job_spec, run_token
 from infra.jobs import JobHandle, make_backend
 from infra.launch import LaunchConfig, parse_launch
 from infra.supervisor import supervise
-from training.config import TrainConfig, TrainConfigError, parse_train_config
+from training.config import TrainConfig, TrainConfigError, parse_train_config, read_train_doc
 
 TRIALS_KEY = "hpo-trials"  # the trials table's artifact key
 PLOT_KEY = "hpo-best-loss"
@@ -174,18 +174,14 @@ class Search:
 
 
 def _one_line(e: ValidationError, where: str) -> str:
-    parts = []
-    for err in e.errors():
-        loc = list(err["loc"])
+    def untagged(loc: tuple[Any, ...]) -> tuple[Any, ...]:
         # A distribution's type tag is in the location of its errors; the key is not.
         if len(loc) > 2 and loc[0] == "space" and loc[2] in _DIST_TAGS:
-            del loc[2]
-        msg = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
-            err["type"], err["msg"])
-        got = ("" if err["type"] in ("missing", "extra_forbidden")
-               else f" (got {err.get('input')!r:.60})")
-        parts.append(f"{key_path(tuple(loc)) or '(top level)'}: {msg}{got}")
-    return f"invalid hpo config {where}: " + "; ".join(parts)
+            return loc[:2] + loc[3:]
+        return loc
+
+    head, *rows = format_validation_error(e, where, "hpo config", untagged).splitlines()
+    return f"{head} " + "; ".join(r.strip() for r in rows)
 
 
 def _flat(message: str) -> str:
@@ -243,15 +239,6 @@ def set_key(doc: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def _base_doc(path: str) -> dict[str, Any]:
-    data = read_yaml(path, ConfigError)
-    if isinstance(data, dict) and "train" in data and "sources" in data:
-        data = data["train"]
-    if not isinstance(data, dict):
-        raise ConfigError(f"invalid training config {path}: expected a mapping")
-    return data
-
-
 def load_hpo_config(path: str | Path) -> Search:
     """The search at `path`, validated: every key path exists in the training config and
     every end of every range gives a valid training config. ConfigError (one line naming
@@ -277,7 +264,7 @@ def load_hpo_config(path: str | Path) -> Search:
             except ValueError as e:
                 raise ConfigError(f"invalid hpo config {where}: {section}.{key}: {e}") from None
     try:
-        base = _base_doc(cfg.base_config)
+        base = read_train_doc(cfg.base_config)
     except ConfigError as e:
         raise ConfigError(f"invalid hpo config {where}: base_config: {e}") from None
     base = copy.deepcopy(base)
@@ -751,7 +738,7 @@ def transfer(hpo_config: str, width: int, out: str | Path) -> dict[str, Any]:
         best = study.best_trial
     except ValueError:
         raise HpoError(f"study {s.name} has no completed trial yet") from None
-    doc = copy.deepcopy(_base_doc(s.cfg.base_config))
+    doc = copy.deepcopy(read_train_doc(s.cfg.base_config))
     if s.cfg.dataset is not None:
         doc["dataset"] = s.cfg.dataset
     for key, value in (*s.cfg.overrides.items(), *best.params.items()):

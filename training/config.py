@@ -452,15 +452,22 @@ def parse_train_config(data: Any, where: str = "") -> TrainConfig:
         raise TrainConfigError(format_validation_error(e, where, "training config")) from None
 
 
-def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Read a YAML training config. A prep config with a `train:` section is accepted
-    too (the section is used), so one file can describe a whole pipeline run."""
+def read_train_doc(path: str | Path) -> dict[str, Any]:
+    """The training config's YAML data, unvalidated: the file itself, or the `train:`
+    section of a prep config that has one. TrainConfigError unless it is a mapping."""
     data = read_yaml(path, TrainConfigError)
-    path = Path(path)
     if isinstance(data, dict) and "train" in data and "sources" in data:
         data = data["train"]
     if not isinstance(data, dict):
-        raise TrainConfigError(f"invalid training config {path}: expected a mapping")
+        raise TrainConfigError(f"invalid training config {Path(path)}: expected a mapping")
+    return data
+
+
+def load_train_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Read a YAML training config. A prep config with a `train:` section is accepted
+    too (the section is used), so one file can describe a whole pipeline run."""
+    data = read_train_doc(path)
+    path = Path(path)
     for key, value in (overrides or {}).items():
         if value is not None:
             data[key] = value

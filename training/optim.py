@@ -110,33 +110,32 @@ def param_groups(model: GroupedModel | nn.Module, cfg: OptimConfig) -> list[dict
         buckets.setdefault((key, *split(pname, kind)), []).append(p)
 
     groups: list[dict[str, Any]] = []
-    for key in (*KINDS, "hidden_muon"):
-        for (k, lr_mult, rule), params in buckets.items():
-            if k != key:
-                continue
-            is_muon = key == "hidden_muon"
-            kind = "hidden" if is_muon else key
-            lr_scale = 1.0 if is_muon or kind not in _MUP_KINDS else 1.0 / width_mult
-            base_lr = cfg.muon_lr if is_muon else cfg.lr
-            wd = cfg.weight_decay if kind in _DECAY_KINDS else 0.0
-            group: dict[str, Any] = {
-                "params": params,
-                "name": key,
-                "kind": kind,
-                "weight_decay": wd,
-                "lr_scale": lr_scale,
-                "initial_lr": base_lr * lr_scale,
-                "lr": base_lr * lr_scale,
-            }
-            if cfg.lr_layer_decay is not None or cfg.param_groups:
-                rule_wd = cfg.param_groups[rule].weight_decay if rule >= 0 else None  # type: ignore[index]
-                group.update(name=f"{key}@{lr_mult:.6g}" + (f"#{rule}" if rule >= 0 else ""),
-                             weight_decay=wd if rule_wd is None else rule_wd, lr_mult=lr_mult,
-                             initial_lr=base_lr * lr_scale * lr_mult,
-                             lr=base_lr * lr_scale * lr_mult)
-            if use_muon:
-                group["muon"] = is_muon
-            groups.append(group)
+    order = {k: i for i, k in enumerate((*KINDS, "hidden_muon"))}
+    # By kind, in KINDS order; within a kind, as the parameters came (a stable sort).
+    for (key, lr_mult, rule), params in sorted(buckets.items(), key=lambda b: order[b[0][0]]):
+        is_muon = key == "hidden_muon"
+        kind = "hidden" if is_muon else key
+        lr_scale = 1.0 if is_muon or kind not in _MUP_KINDS else 1.0 / width_mult
+        base_lr = cfg.muon_lr if is_muon else cfg.lr
+        wd = cfg.weight_decay if kind in _DECAY_KINDS else 0.0
+        group: dict[str, Any] = {
+            "params": params,
+            "name": key,
+            "kind": kind,
+            "weight_decay": wd,
+            "lr_scale": lr_scale,
+            "initial_lr": base_lr * lr_scale,
+            "lr": base_lr * lr_scale,
+        }
+        if cfg.lr_layer_decay is not None or cfg.param_groups:
+            rule_wd = cfg.param_groups[rule].weight_decay if rule >= 0 else None  # type: ignore[index]
+            group.update(name=f"{key}@{lr_mult:.6g}" + (f"#{rule}" if rule >= 0 else ""),
+                         weight_decay=wd if rule_wd is None else rule_wd, lr_mult=lr_mult,
+                         initial_lr=base_lr * lr_scale * lr_mult,
+                         lr=base_lr * lr_scale * lr_mult)
+        if use_muon:
+            group["muon"] = is_muon
+        groups.append(group)
     if not groups:
         raise ValueError("the model has no trainable parameters")
     return groups

@@ -190,6 +190,8 @@ class Run(Protocol):
 
     def emit(self, event: dict[str, Any]) -> None: ...
 
+    def record(self, log: MetricsLog, event: dict[str, Any]) -> None: ...
+
 
 def diverge(t: Run, d: Decision, log: MetricsLog, samples: int) -> bool:
     """Act on a divergence decision: roll back (False: train on), or, with the budget
@@ -279,5 +281,4 @@ def recover(t: Run, r: Recovery, log: MetricsLog) -> None:
     event = {"event": "recovered", "step": from_step, "to_step": target,
              "samples_skipped": f"{st['trainer']['samples_seen']}..{t.state.samples_seen}",
              "lr_scale": t.state.lr_scale}
-    log.write({"kind": "event", **event})
-    t.emit(event)
+    t.record(log, event)

@@ -326,8 +326,7 @@ class Trainer:
 
     def _flush_events(self, log: MetricsLog) -> None:
         for event in self.pending_events:
-            log.write({"kind": "event", **event})
-            self.emit(event)
+            self.record(log, event)
         self.pending_events.clear()
 
     def _warm_start(self, log: MetricsLog) -> None:
@@ -339,8 +338,7 @@ class Trainer:
         if self.ema is not None:
             torch._foreach_copy_(self.ema, [p.detach() for p in self.model.parameters()])
         event = {"event": "init_from", "step": 0, "checkpoint": where}
-        log.write({"kind": "event", **event})
-        self.emit(event)
+        self.record(log, event)
 
     def weights_finite(self) -> bool:
         """Every parameter finite, on every rank (FSDP: each rank checks its shards)."""
@@ -367,6 +365,11 @@ class Trainer:
         supervisor reads them from the job's logs, whatever the backend)."""
         if self.world.is_main:
             print(format_event(event), file=sys.stderr, flush=True)
+
+    def record(self, log: MetricsLog, event: dict[str, Any]) -> None:
+        """An event in the metrics log and on stderr."""
+        log.write({"kind": "event", **event})
+        self.emit(event)
 
     # -- one optimisation step ----------------------------------------------------
     def to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -709,8 +712,7 @@ class Trainer:
         if raise_to is not None:
             event = {"event": "batch_size", "step": step, "accum_from": noise["accum"],
                      "accum_to": raise_to, "b_noise": noise["b_noise"]}
-            log.write({"kind": "event", **event})
-            self.emit(event)
+            self.record(log, event)
 
     def _log_stats(self, log: MetricsLog, stats: dict[str, list[float]]) -> None:
         """The "stats" record, and the attention-logit warning when a layer is above
@@ -723,8 +725,7 @@ class Trainer:
         layer = max(range(len(logits)), key=lambda i: logits[i])
         event = {"event": "attn_logit_warning", "step": step, "layer": layer,
                  "attn_logit_max": logits[layer], "limit": limit}
-        log.write({"kind": "event", **event})
-        self.emit(event)
+        self.record(log, event)
 
     def _evaluate_and_save(self, log: MetricsLog) -> tuple[str, str] | None:
         """The evaluation and the checkpoint due after this step. A non-finite validation
@@ -746,8 +747,7 @@ class Trainer:
             if stop:
                 event = {"event": "early_stop", "step": s.step, "val_loss": val,
                          **self._early_record()}
-                log.write({"kind": "event", **event})
-                self.emit(event)
+                self.record(log, event)
         # The stopping step is checkpointed: final.json names it, and a relaunch of the
         # stopped run resumes there and ends at once.
         if s.step % cfg.checkpoint.every == 0 or s.step == cfg.steps or stop:
