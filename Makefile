@@ -18,6 +18,14 @@ $(STAMP): pyproject.toml constraints.txt
 	# torch first, so nothing later resolves `torch>=2.6` to a CUDA build from the registry.
 	$(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -c constraints.txt -e ".[dev]"
+	# fasttext-community and fasttext-predict both install the module `fasttext`; the full
+	# one (with train_supervised) must be the one left on disk.
+	$(PY) -m pip install -q --no-deps --force-reinstall "fasttext-community>=0.11"
+	# mosaicml-streaming (MDS export and its reader in tests) without its declared
+	# dependencies: they would replace torch with a CUDA build (via torchvision) and
+	# downgrade numpy and transformers. Its MDS code needs only these.
+	$(PY) -m pip install -q -c constraints.txt brotli python-snappy zstd catalogue
+	$(PY) -m pip install -q --no-deps "mosaicml-streaming==0.13.0"
 	touch $(STAMP)
 
 install: $(STAMP)
