@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from core.protocol import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
+from core.protocol import EXIT_DIVERGED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
 
 # Errors of a write that has no file name (a write(2) on an open file): the output's.
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
@@ -272,7 +272,75 @@ def cmd_train(args: argparse.Namespace) -> int:
                         ("--steps", args.steps)):
         if value is not None:
             argv += [flag, str(value)]
-    return train_main(argv)
+    cfg = _tracked_config(args)
+    if cfg is False:
+        return EXIT_ERROR
+    code = train_main(argv)
+    # The run as the metrics log has it, whatever the exit code: a failed run is logged
+    # as FAILED, not lost. A logging failure turns a done run's 0 into 1.
+    if (cfg is not None and (Path(cfg.run_dir) / "metrics.jsonl").is_file()
+            and not _log_tracking(cfg, code == EXIT_OK, ENDINGS.get(code, f"exit {code}"))):
+        code = code or EXIT_ERROR
+    return code
+
+
+ENDINGS = {EXIT_OK: "done", EXIT_ERROR: "error", EXIT_DIVERGED: "diverged"}
+
+
+def _tracked_config(args: argparse.Namespace) -> Any:
+    """The training config when it turns MLflow tracking on (its store checked before any
+    training: False after printing why it cannot be used), else None (a bad config is
+    left to the trainer, which names the key)."""
+    from infra.tracking import TrackingError, check_tracking, tracking_on
+    from training.config import TrainConfigError, load_train_config
+
+    try:
+        cfg = load_train_config(args.config, {"dataset": args.dataset,
+                                              "run_dir": args.run_dir, "steps": args.steps})
+    except TrainConfigError:
+        return None
+    if not tracking_on(cfg):
+        return None
+    try:
+        check_tracking(cfg)
+    except TrackingError as e:
+        print_error(str(e))
+        return False
+    return cfg
+
+
+def _log_tracking(cfg: Any, ok: bool, ending: str) -> bool:
+    from infra.tracking import TrackingError, log_run
+
+    try:
+        r = log_run(cfg, ok, ending)
+    except TrackingError as e:
+        print_error(f"{e}; log the run again with `ballast track` and the same arguments")
+        return False
+    Console().print(f"mlflow: run {r['run_id']} in experiment {r['experiment']} at {r['uri']}",
+                    markup=False, highlight=False)
+    return True
+
+
+def cmd_track(args: argparse.Namespace) -> int:
+    """Log a run dir as it is now (its metrics log, and the prep of its dataset) as a new
+    MLflow run: after a logging failure, or for a run trained with tracking off."""
+    from infra.tracking import tracking_on
+    from training.config import TrackingConfig, TrainConfigError, load_train_config
+
+    try:
+        cfg = load_train_config(args.config, {"dataset": args.dataset,
+                                              "run_dir": args.run_dir})
+    except TrainConfigError as e:
+        print_error(str(e))
+        return EXIT_ERROR
+    if not tracking_on(cfg):  # asked for explicitly: the defaults, MLflow on
+        cfg = cfg.model_copy(update={"tracking": TrackingConfig()})
+    if not (Path(cfg.run_dir) / "metrics.jsonl").is_file():
+        print_error(f"{cfg.run_dir}: no metrics.jsonl (has this run trained?)")
+        return EXIT_ERROR
+    done = (Path(cfg.run_dir) / "final.json").is_file()
+    return EXIT_OK if _log_tracking(cfg, done, "done" if done else "unfinished") else EXIT_ERROR
 
 
 def cmd_export_hf(args: argparse.Namespace) -> int:
@@ -369,6 +437,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--run-dir", help="override `run_dir:`")
     tr.add_argument("--steps", type=int, help="override `steps:`")
     tr.set_defaults(func=cmd_train)
+    tk = sub.add_parser("track", help="log a training run (and its dataset's prep) to MLflow "
+                                      "as it is now (`tracking:` in its config, or defaults)")
+    tk.add_argument("config", help="the run's training config (YAML)")
+    tk.add_argument("--dataset", help="override `dataset:`")
+    tk.add_argument("--run-dir", help="override `run_dir:`")
+    tk.set_defaults(func=cmd_track)
     hp = sub.add_parser("hpo", help="hyperparameter search on proxy models (Optuna)")
     hp_sub = hp.add_subparsers(dest="hpo_command", required=True)
     hp_run = hp_sub.add_parser("run", help="run the search a config describes (the `hpo` "

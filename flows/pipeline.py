@@ -81,6 +81,10 @@ def summary_md(prepared: dict[str, Any], trained: dict[str, Any]) -> str:
     if trained.get("remote"):
         lines.append(f"- object storage: `{trained['remote']}`")
     lines.append("- loss curve: the `train-loss-curve` artifact")
+    if trained.get("mlflow"):  # prep and training in one MLflow run (infra/tracking.py)
+        m = trained["mlflow"]
+        lines.append(f"- MLflow: run `{m['run_id']}` (experiment `{m['experiment']}`, "
+                     f"`{m['uri']}`)")
     return "\n".join(lines)
 
 

@@ -33,6 +33,7 @@ from flows.runs import run_name
 from infra.jobs import BACKENDS, JobBackend, JobHandle, JobSpec, backend_entry, make_backend
 from infra.launch import LaunchConfig, load_launch
 from infra.supervisor import RECOVERY_FLAGS, Attempt, supervise
+from infra.tracking import TrackingError, check_tracking, log_run, tracking_on
 from training import checkpoint as ckpt
 from training.config import TrainConfig, load_train_config
 
@@ -232,6 +233,7 @@ def train(config_path: str, dataset: str | None = None, run_dir: str | None = No
     """
     logger = get_run_logger()
     cfg = _resolve(config_path, dataset, run_dir, steps)
+    check_tracking(cfg)  # an unusable MLflow store fails the flow now, not after training
     lc = load_launch(config_path, launch)
     rd = Path(cfg.run_dir)
     rd.mkdir(parents=True, exist_ok=True)
@@ -290,6 +292,16 @@ def train(config_path: str, dataset: str | None = None, run_dir: str | None = No
               "tokens_seen": final.get("tokens_seen"),
               "val_loss": evals[-1]["val_loss"] if evals else None,
               "val_step": evals[-1]["step"] if evals else None}
+    tracking_error = None
+    if tracking_on(cfg):  # the run as its metrics log has it, done or not
+        try:
+            result["mlflow"] = log_run(cfg, outcome.ok, outcome.ending,
+                                       {"prefect.flow_run_id": str(flow_run.get_id())})
+            logger.info(f"MLflow run {result['mlflow']['run_id']} in experiment "
+                        f"{result['mlflow']['experiment']} at {result['mlflow']['uri']}")
+        except TrackingError as e:
+            tracking_error = str(e)
+            logger.error(tracking_error)
     create_markdown_artifact(key="train-summary", description="Where the run's results are",
                              markdown=_summary_md(result))
     if result["loss_curve"]:
@@ -297,6 +309,11 @@ def train(config_path: str, dataset: str | None = None, run_dir: str | None = No
                               description=f"Loss of {rd.name}, step {result['step']}")
     if not outcome.ok:
         raise TrainingFailed(f"{outcome.ending}: {outcome.message}")
+    if tracking_error is not None:  # trained, but not tracked: not a silent success
+        again = " ".join([config_path, *(f"{f} {v}" for f, v in (
+            ("--dataset", dataset), ("--run-dir", run_dir)) if v is not None)])
+        raise TrackingError(f"training done, but {tracking_error}; log it again with "
+                            f"`ballast track {again}`")
     return result
 
 
@@ -325,6 +342,10 @@ def _summary_md(r: dict[str, Any]) -> str:
     if r["remote"]:
         lines.append(f"- object storage: `{_absolute(r['remote'])}`")
     lines.append(f"- attempts: {len(r['attempts'])} (the `train-attempts` artifact)")
+    if r.get("mlflow"):
+        m = r["mlflow"]
+        lines.append(f"- MLflow: run `{m['run_id']}` in experiment `{m['experiment']}` at "
+                     f"`{m['uri']}`")
     if r["loss_curve"]:
         lines += [f"- loss curve: `{r['loss_curve']}`", "",
                   f"![loss curve]({_data_uri(Path(r['loss_curve']))})"]

@@ -260,6 +260,61 @@ class ResumeOverrides(Strict):
         return v if v is None else OptimConfig._registered(v)
 
 
+# MLflow tracking URI schemes the tracking section accepts: a SQLite file (what works
+# offline without a server), an MLflow server, Databricks, or a database MLflow's
+# SQLAlchemy store speaks (postgresql+psycopg2://... included).
+TRACKING_SCHEMES = ("sqlite", "http", "https", "databricks", "postgresql", "mysql", "mssql")
+
+
+class TrackingConfig(Strict):
+    """Experiment tracking, off unless the section is present. The trainer writes
+    TensorBoard event files (rank 0, as it trains); the `train` flow and `ballast train`
+    log the run to MLflow when training ends (infra/tracking.py)."""
+
+    enabled: bool = True  # false: the section is kept, nothing is tracked
+    mlflow: bool = True
+    # The MLflow tracking URI. None: $MLFLOW_TRACKING_URI, else a SQLite store under the
+    # run, sqlite:///<run_dir>/mlflow/mlflow.db (artifacts in <run_dir>/mlflow/artifacts).
+    # MLflow 3 refuses its old directory store (file:/ or ./mlruns), so that is an error.
+    uri: str | None = None
+    experiment: str = Field(default="ballast", min_length=1, max_length=500)
+    tensorboard: bool = True  # event files in <run_dir>/tensorboard
+
+    @field_validator("uri")
+    @classmethod
+    def _uri(cls, v: str | None) -> str | None:
+        if v is not None:
+            check_tracking_uri(v)
+        return v
+
+    @model_validator(mode="after")
+    def _installed(self) -> TrackingConfig:
+        import importlib.util
+
+        for key, module in (("mlflow", "mlflow"), ("tensorboard", "tensorboard")):
+            if self.enabled and getattr(self, key) and importlib.util.find_spec(module) is None:
+                raise ValueError(f"tracking.{key} needs the {module} package, which is not "
+                                 "installed: pip install 'ballast-lm[track]', or set "
+                                 f"tracking.{key}: false")
+        return self
+
+
+def check_tracking_uri(uri: str) -> None:
+    """ValueError with the reason when `uri` is not an MLflow tracking URI Ballast can use
+    (the scheme only: whether a server answers is checked before training starts)."""
+    scheme = uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
+    if scheme == "file" or (not scheme and not uri.startswith("databricks")):
+        raise ValueError("MLflow 3 refuses the file store (a directory or file:/ URI); use "
+                         "a SQLite file, sqlite:////absolute/path/mlflow.db, or a server, "
+                         "http://host:5000")
+    if scheme and scheme not in TRACKING_SCHEMES:
+        raise ValueError(f"unsupported scheme {scheme}:// (use one of "
+                         f"{', '.join(s + '://' for s in TRACKING_SCHEMES)})")
+    if scheme == "sqlite" and not uri.startswith("sqlite:///"):
+        raise ValueError("a SQLite URI has three slashes before a relative path and four "
+                         "before an absolute one: sqlite:////abs/path/mlflow.db")
+
+
 RUN_PLACEHOLDER = "{run}"
 _RUN_NAME = re.compile(r"[A-Za-z0-9._-]+")
 # ModelConfig keys that say how the model runs, not what it is: checkpoints made with and
@@ -360,6 +415,7 @@ class TrainConfig(Strict):
     noise_scale: NoiseScaleConfig | None = None  # off unless set; see NoiseScaleConfig
     checkpoint: CheckpointConfig = CheckpointConfig()
     storage: StorageOptions = StorageOptions()  # for s3:// URIs; unset = the environment
+    tracking: TrackingConfig | None = None  # MLflow and TensorBoard; off unless set
     # How the `train` flow launches this run (validated by the launcher, infra/launch.py,
     # which sits above training in the layers); the trainer itself ignores it.
     launch: dict[str, Any] | None = None

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from core.files import write_atomic
+
+
+class Sink(Protocol):
+    """A second writer of every record (TensorBoard's event files)."""
+
+    def write(self, record: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
 
 
 class MetricsLog:
@@ -15,13 +22,38 @@ class MetricsLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open)
+        self.sinks: list[Sink] = []
 
     def write(self, record: dict[str, Any]) -> None:
         self._f.write(json.dumps(record, sort_keys=True) + "\n")
         self._f.flush()
+        for sink in self.sinks:
+            sink.write(record)
 
     def close(self) -> None:
         self._f.close()
+        for sink in self.sinks:
+            sink.close()
+
+
+def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
+    """A record's numbers as (name, value), the names MLflow and TensorBoard both show:
+    `<kind>/<key>` (train/loss, eval/val_loss, noise_scale/b_noise), a per-layer list as
+    `<kind>/<key>/<layer>` (stats/attn_logit_max/0), and an event as `events/<event>` = 1
+    at its step. Flags, text and missing values (null) are left out."""
+    kind = record.get("kind", "record")
+    if kind == "event":
+        return [(f"events/{record.get('event', 'event')}", 1.0)]
+    out: list[tuple[str, float]] = []
+    for key, v in sorted(record.items()):
+        if key in ("kind", "step") or isinstance(v, bool):
+            continue
+        if isinstance(v, int | float):
+            out.append((f"{kind}/{key}", float(v)))
+        elif isinstance(v, list) and v and all(
+                isinstance(x, int | float) and not isinstance(x, bool) for x in v):
+            out += [(f"{kind}/{key}/{i}", float(x)) for i, x in enumerate(v)]
+    return out
 
 
 def truncate_after(path: str | Path, step: int) -> None:

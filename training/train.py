@@ -34,6 +34,7 @@ from training.checkpoint_manager import open_checkpoints
 from training.config import TrainConfig, TrainConfigError, load_train_config
 from training.data import DatasetError, Loader, Sampler, TrainData, load_data, validation_batches
 from training.faults import Faults, Hooks
+from training.flops import device_peak_flops
 from training.guards import Decision, StabilityGuard
 from training.loss import lm_loss, shift_targets
 from training.metrics import MetricsLog, plot_loss, truncate_after
@@ -122,6 +123,14 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=self.device.type == "cuda")
         self.data: TrainData = load_data(cfg.dataset, options=cfg.storage)
         self.model = GPT(cfg.model, self.data.vocab_size, self.data.seq_len).to(self.device)
+        # MFU against the peak of the GPU actually present (training/flops.py); None on
+        # the CPU or a GPU the table does not know, and then MFU is not logged.
+        self.flops_per_token = self.model.flops_per_token(self.data.seq_len)
+        self.peak = device_peak_flops(self.device, cfg.precision.dtype)
+        if self.device.type == "cuda" and self.peak is None and self.world.is_main:
+            print(f"note: no peak FLOP/s known for {torch.cuda.get_device_name(self.device)} "
+                  f"at {cfg.precision.dtype} (training/flops.py): MFU is not logged",
+                  file=sys.stderr)
         self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
         self.fsdp = self.world.active and cfg.parallel == "fsdp2"
         wrapped: torch.nn.Module = self.model
@@ -345,6 +354,14 @@ class Trainer:
         local = [getattr(p, "to_local", lambda p=p: p)() for p in self.model.parameters()]
         bad = sum(0 if bool(torch.isfinite(t).all()) else 1 for t in local if t.numel())
         return distributed.all_sum(bad, self.world, self.device) == 0
+
+    def mfu(self, tokens_per_s: float) -> dict[str, float]:
+        """{"mfu": model FLOPs utilisation} over every rank's GPU, or {} without a known
+        peak. Tokens are the real (non-padding) ones trained, so padding is not counted as
+        useful work, and recomputation (activation checkpointing) is not counted either."""
+        if self.peak is None:
+            return {}
+        return {"mfu": tokens_per_s * self.flops_per_token / (self.peak[1] * self.world.size)}
 
     # -- events -------------------------------------------------------------------
     def progress_event(self, loss: float, took: float, steps: int,
@@ -626,6 +643,11 @@ class Trainer:
         latest = self._resume(metrics_path)
         s = self.state
         log = MetricsLog(metrics_path if self.world.is_main else os.devnull)
+        tr = cfg.tracking
+        if tr is not None and tr.enabled and tr.tensorboard and self.world.is_main:
+            from training.tensorboard_log import TensorBoardLog
+
+            log.sinks.append(TensorBoardLog(self.run_dir / "tensorboard", purge_step=latest))
         for ev in self.choice.events:  # found before the log was open: at the resume step
             ev["step"] = s.step
         self.choice.flush(log)
@@ -664,10 +686,11 @@ class Trainer:
                     s.tokens_seen += out.real_tokens
                 if s.step % cfg.log_every == 0 or s.step == cfg.steps:
                     now = time.perf_counter()
+                    tokens_per_s = (s.tokens_seen - tokens_last) / max(now - t_last, 1e-9)
                     log.write({
                         "kind": "train", "step": s.step, "loss": out.loss, "ce": out.ce,
                         "z_loss": out.z_loss, "lr": out.lr, "grad_norm": out.grad_norm,
-                        "tokens_per_s": (s.tokens_seen - tokens_last) / max(now - t_last, 1e-9),
+                        "tokens_per_s": tokens_per_s, **self.mfu(tokens_per_s),
                         "tokens_seen": s.tokens_seen, "accum": out.accum,
                         "skipped": self.guard.skipped_non_finite + self.guard.skipped_spikes,
                         "rollbacks": len(s.rollbacks), "loss_scale": self.scaler.get_scale()
