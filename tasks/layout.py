@@ -6,6 +6,8 @@ Layout under the run's output URI:
     dropped/<stage>/<shard>.parquet   documents <stage> dropped, with reason and detail
     _done/<stage>/<shard>.json        accounting for that shard; written last, so its
                                       presence means the shard is complete
+    provenance/<shard>.parquet        the quality stage's kept documents: id, source,
+                                      location, the rules' statistics (core/provenance.py)
     report.json                       the accounting of the whole run
 """
 
@@ -65,6 +67,10 @@ def docs_key(stage: str, shard: str) -> str:
 
 def dropped_key(stage: str, shard: str) -> str:
     return f"dropped/{stage}/{shard}.parquet"
+
+
+def provenance_key(shard: str) -> str:
+    return f"provenance/{shard}.parquet"
 
 
 def done_key(stage: str, shard: str) -> str:

@@ -16,6 +16,10 @@ bounded by the batch (concat) or the window (bfd), never by the corpus.
 Each row also carries `segment_ids` (1, 2, 3... per document piece, 0 on padding) and
 `position_ids` that restart at 0 at each piece, so a trainer can build a block-diagonal
 attention mask and keep documents from attending to each other.
+
+Each batch also says which document pieces its rows hold (`Rows.spans`: the provenance),
+one entry per segment in row and segment order: the document's position in the input
+stream (0-based, empty documents counted) and the piece's token offsets in it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,18 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Rows", "efficiency", "pack_bfd", "pack_concat"]
+__all__ = ["Rows", "Spans", "efficiency", "pack_bfd", "pack_concat"]
+
+
+@dataclass
+class Spans:
+    """The document pieces of a batch's rows, in row order, then segment order (entry k of
+    a row is its segment k + 1). int64 arrays, one entry per piece."""
+
+    row: np.ndarray  # the row in the batch
+    doc: np.ndarray  # the document's position in the packer's input stream
+    start: np.ndarray  # the piece's token offsets [start, end) in the document
+    end: np.ndarray
 
 
 @dataclass
@@ -48,6 +63,7 @@ class Rows:
     n_pad: int
     n_docs: int
     n_split_docs: int
+    spans: Spans | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -114,6 +130,26 @@ def _concat_rows(
     )
 
 
+def _concat_spans(s: np.ndarray, ln: np.ndarray, od: np.ndarray, n_tok: int,
+                  seq_len: int) -> Spans:
+    """The pieces of the rows of a slice of `n_tok` tokens: documents at offsets `s`
+    (relative to the slice; negative for one begun in an earlier slice) of lengths `ln`
+    and stream positions `od`. Document-major order is row-major here: a stream's
+    documents follow each other."""
+    hit = (s < n_tok) & (s + ln > 0)
+    s, ln, od = s[hit], ln[hit], od[hit]
+    a = np.maximum(s, 0)
+    b = np.minimum(s + ln, n_tok)
+    first = a // seq_len
+    cnt = (b - 1) // seq_len - first + 1
+    rep = np.repeat(np.arange(len(s), dtype=np.int64), cnt)
+    within = np.arange(len(rep), dtype=np.int64) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    row = first[rep] + within
+    lo = np.maximum(a[rep], row * seq_len)
+    hi = np.minimum(b[rep], (row + 1) * seq_len)
+    return Spans(row, od[rep], lo - s[rep], hi - s[rep])
+
+
 def pack_concat(
     docs: Iterable[np.ndarray], seq_len: int, pad_id: int, batch_rows: int = 1024
 ) -> Iterator[Rows]:
@@ -126,24 +162,31 @@ def pack_concat(
     chunk = seq_len * batch_rows
     buf: list[np.ndarray] = []
     buf_len = 0
-    starts: list[int] = []  # document start offsets relative to the start of `buf`
+    # The documents with tokens in `buf`: start offsets relative to the start of `buf`
+    # (negative for one begun in an earlier batch), lengths, stream positions.
+    starts: list[int] = []
     lens: list[int] = []
+    ords: list[int] = []
 
     def cut(flat: np.ndarray, upto: int) -> Iterator[Rows]:
         # Emit [0, upto) of the buffer in batches of `chunk` tokens (the last may be short).
         s = np.asarray(starts, dtype=np.int64)
         ln = np.asarray(lens, dtype=np.int64)
+        od = np.asarray(ords, dtype=np.int64)
         for off in range(0, upto, chunk):
             end = min(off + chunk, upto)
             sel = (s >= off) & (s < end)
-            yield _concat_rows(flat[off:end], s[sel] - off, ln[sel], seq_len, pad_id)
+            rows = _concat_rows(flat[off:end], s[sel] - off, ln[sel], seq_len, pad_id)
+            rows.spans = _concat_spans(s - off, ln, od, end - off, seq_len)
+            yield rows
 
-    for doc in docs:
+    for i, doc in enumerate(docs):
         a = _tokens(doc)
         if a.size == 0:
             continue
         starts.append(buf_len)
         lens.append(int(a.size))
+        ords.append(i)
         buf.append(a)
         buf_len += int(a.size)
         if buf_len >= chunk:
@@ -152,9 +195,10 @@ def pack_concat(
             done = buf_len - buf_len % chunk
             yield from cut(flat, done)
             buf, buf_len = [flat[done:]], buf_len - done
-            keep = [i for i, st in enumerate(starts) if st >= done]
-            starts = [starts[i] - done for i in keep]
-            lens = [lens[i] for i in keep]
+            keep = [k for k, st in enumerate(starts) if st + lens[k] > done]
+            starts = [starts[k] - done for k in keep]
+            lens = [lens[k] for k in keep]
+            ords = [ords[k] for k in keep]
     if buf_len:
         yield from cut(np.concatenate(buf), buf_len)
 
@@ -166,6 +210,8 @@ class _Piece(NamedTuple):
     tokens: np.ndarray
     first: bool  # the document's first piece: where the document is counted
     split: bool  # the document was cut into more than one piece
+    doc: int  # the document's position in the input stream
+    start: int  # the piece's first token's offset in the document
 
 
 def _build_rows(rows: list[list[_Piece]], seq_len: int, pad_id: int) -> Rows:
@@ -199,6 +245,9 @@ def _build_rows(rows: list[list[_Piece]], seq_len: int, pad_id: int) -> Rows:
     seg[dest] = piece_seg[tok_piece]
     shape = (n, seq_len)
     seg2 = seg.reshape(shape)
+    p_start = np.fromiter((p.start for p in pieces), dtype=np.int64, count=len(pieces))
+    spans = Spans(piece_row, np.fromiter((p.doc for p in pieces), dtype=np.int64,
+                                         count=len(pieces)), p_start, p_start + lens)
     return Rows(
         input_ids=ids.reshape(shape),
         position_ids=pos.reshape(shape),
@@ -208,6 +257,7 @@ def _build_rows(rows: list[list[_Piece]], seq_len: int, pad_id: int) -> Rows:
         n_pad=total - n_real,
         n_docs=sum(p.first for p in pieces),
         n_split_docs=sum(p.first and p.split for p in pieces),
+        spans=spans,
     )
 
 
@@ -266,24 +316,25 @@ def pack_bfd(
     Memory: one window of documents plus at most `window` open rows and one batch.
     """
     _check(seq_len, batch_rows, window)
-    it = iter(docs)
+    it = iter(enumerate(docs))
     out: list[list[_Piece]] = []  # closed rows, in output order
     rows: list[list[_Piece]] = []  # open rows carried between windows, oldest first
     room: list[int] = []
     while block := list(islice(it, window)):
         pool: list[_Piece] = []
-        for doc in block:
+        for i, doc in block:
             a = _tokens(doc)
             if a.size == 0:
                 continue
             if a.size <= seq_len:
-                pool.append(_Piece(a, True, False))
+                pool.append(_Piece(a, True, False, i, 0))
                 continue
             k, r = divmod(int(a.size), seq_len)
-            out.extend([_Piece(a[j * seq_len : (j + 1) * seq_len], j == 0, True)] for j in range(k))
+            out.extend([_Piece(a[j * seq_len : (j + 1) * seq_len], j == 0, True, i, j * seq_len)]
+                       for j in range(k))
             if r:
                 # Copy the tail so a carried open row does not pin the whole long document.
-                pool.append(_Piece(a[k * seq_len :].copy(), False, True))
+                pool.append(_Piece(a[k * seq_len :].copy(), False, True, i, k * seq_len))
         # Stable sort: equal lengths keep arrival order, so the result is deterministic.
         pool.sort(key=lambda p: -p.tokens.size)
         _best_fit(pool, rows, room, seq_len)

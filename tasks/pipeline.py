@@ -35,8 +35,9 @@ T = TypeVar("T")
 RUN_KEY = "_run.json"
 # The layout of the intermediate files. Bumped when a step's files change shape (2:
 # per-shard duplicate lists, band-per-member signatures, byte-range ingest units), so an
-# output half-made by an older ballast is refused instead of resumed wrongly.
-LAYOUT = 2
+# output half-made by an older ballast is refused instead of resumed wrongly. 3: the
+# provenance (quality's document tables, the mixture's document index, packed spans).
+LAYOUT = 3
 # Test hook: "STEP:N" SIGKILLs this process after the N-th completed item of STEP (e.g.
 # "near: signatures:3"), to test that a killed run resumes exactly where it stopped.
 FAILPOINT_ENV = "BALLAST_FAILPOINT"

@@ -177,7 +177,9 @@ def test_prep_dataset_matches_save_to_disk_byte_for_byte(tmp_path):
     (ref / "tokenizer.json").write_bytes(store.get(TOKENIZER_KEY))
 
     new, old = tree(out), tree(ref)
-    assert sorted(new) == sorted([*old, MANIFEST])
+    # Beside save_to_disk's files: the manifest and the provenance (core/provenance.py).
+    prov = {rel for rel in new if rel.startswith("provenance/")}
+    assert prov and sorted(set(new) - prov) == sorted([*old, MANIFEST])
     for rel in old:
         assert new[rel] == old[rel], rel
     manifest = json.loads(new[MANIFEST])
@@ -188,7 +190,7 @@ def test_prep_dataset_matches_save_to_disk_byte_for_byte(tmp_path):
             entry["rows"], entry["real_tokens"] = arrow_stats(ref / rel)
             entry["tokens"] = entry["rows"] * cfg.pack.seq_len
         assert manifest["files"][rel] == entry, rel
-    assert set(manifest["files"]) == set(old)
+    assert set(manifest["files"]) == set(old) | prov
     for name, n in rows.items():
         assert manifest["splits"][name]["rows"] == n
     assert verify(str(out)) == []

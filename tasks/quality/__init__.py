@@ -97,6 +97,10 @@ class Outcome:
     # Fields for the kept document's metadata ({"language": "en", ...}; `language`); empty
     # when no rule added any or the document was dropped.
     annotations: Mapping[str, Any] = field(default_factory=dict)
+    # What the rules measured on a kept document ({"<rule>.<value>": number}; Doc.stats);
+    # empty when dropped (the drop's detail holds the failing value). Not part of an
+    # outcome's equality: two outcomes are the same verdict whatever was measured.
+    stats: Mapping[str, float] = field(default_factory=dict, compare=False)
 
 
 def filter_document(
@@ -114,8 +118,8 @@ def filter_document(
             return Outcome(None, f"{rule.name}:{verdict.check}", verdict.detail)
         # Edited text: views of the old text no longer apply; replacement counts and
         # annotations carry on.
-        doc = Doc(verdict, meta, doc.redacted, doc.annotations)
-    return Outcome(doc.text, None, "", doc.redacted, doc.annotations)
+        doc = Doc(verdict, meta, doc.redacted, doc.annotations, doc.stats)
+    return Outcome(doc.text, None, "", doc.redacted, doc.annotations, doc.stats)
 
 
 def filter_documents(
@@ -141,12 +145,12 @@ def filter_documents(
                 continue
             if verdict is not None:
                 d = docs[i]
-                docs[i] = Doc(verdict, metas[i], d.redacted, d.annotations)
+                docs[i] = Doc(verdict, metas[i], d.redacted, d.annotations, d.stats)
             still.append(i)
         alive = still
     for i in alive:
         d = docs[i]
-        outcomes[i] = Outcome(d.text, None, "", d.redacted, d.annotations)
+        outcomes[i] = Outcome(d.text, None, "", d.redacted, d.annotations, d.stats)
     return [o for o in outcomes if o is not None]
 
 

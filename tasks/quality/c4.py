@@ -100,6 +100,8 @@ class C4(Rule[C4Params]):
                 f"sentences={num_sentences} in {len(kept)} kept lines < {p.min_num_sentences}",
             )
         cleaned = "\n".join(kept).strip()
+        doc.stats["c4.lines_removed"] = len(doc.lines) - len(kept)
+        doc.stats["c4.sentences"] = num_sentences
         if not cleaned:
             return Drop("empty", "no line survived cleaning")
         return None if cleaned == doc.text else cleaned

@@ -101,9 +101,11 @@ class Code(Rule[CodeParams]):
         lines = doc.lines
         if lines:
             longest = max(map(len, lines))
+            doc.stats["code.longest_line"] = longest
             if p.max_line_length is not None and longest > p.max_line_length:
                 return Drop("max_line_length", f"longest line={longest} > {p.max_line_length}")
             mean = sum(map(len, lines)) / len(lines)
+            doc.stats["code.mean_line_length"] = mean
             if (
                 p.max_mean_line_length is not None
                 and len(lines) >= p.min_lines_for_mean
@@ -115,6 +117,7 @@ class Code(Rule[CodeParams]):
                 )
         if p.min_alnum_frac is not None:
             frac = len(_NON_ALNUM.sub("", text)) / len(text)
+            doc.stats["code.alnum_frac"] = frac
             if frac < p.min_alnum_frac:
                 return Drop("min_alnum_frac", f"alphanumeric={fmt(frac)} < {p.min_alnum_frac}")
         if self._markers:

@@ -58,10 +58,12 @@ class FineWeb(Rule[FineWebParams]):
         if not lines:
             return Drop("empty", "no non-blank line")
         n = len(lines)
+        stats = doc.stats
 
         if p.line_punct_thr is not None:
             n_punct = sum(1 for line in lines if line[-1] in TERMINAL_PUNCTUATION)
             ratio = n_punct / n
+            stats["fineweb.line_punct_ratio"] = ratio
             if ratio < p.line_punct_thr and not (ratio == 0 and p.line_punct_exclude_zero):
                 return Drop(
                     "line_punct_thr",
@@ -76,6 +78,7 @@ class FineWeb(Rule[FineWebParams]):
         n_newlines = text.count("\n")
         if p.char_duplicates_ratio is not None:
             ratio = dup_count_and_chars(lines)[1] / (len(text) - n_newlines)
+            stats["fineweb.char_duplicates_ratio"] = ratio
             if ratio > p.char_duplicates_ratio:
                 return Drop(
                     "char_duplicates_ratio",

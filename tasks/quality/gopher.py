@@ -63,6 +63,8 @@ class GopherQuality(Rule[GopherQualityParams]):
         # combining mark; symbol tokens never do.
         content = [w for w in words if w[-1].isalnum() or w[-1] in MARKS]
         n_content = len(content)
+        stats = doc.stats
+        stats["gopher_quality.words"] = n_content
 
         if p.min_doc_words is not None and n_content < p.min_doc_words:
             return Drop("min_doc_words", f"words={n_content} < {p.min_doc_words}")
@@ -71,6 +73,7 @@ class GopherQuality(Rule[GopherQualityParams]):
 
         if n_content:
             avg = sum(map(len, content)) / n_content
+            stats["gopher_quality.mean_word_length"] = avg
             if p.min_avg_word_length is not None and avg < p.min_avg_word_length:
                 return Drop(
                     "min_avg_word_length", f"mean word length={fmt(avg)} < {p.min_avg_word_length}"
@@ -115,6 +118,7 @@ class GopherQuality(Rule[GopherQualityParams]):
             # str.isalpha() settles most words in C; only the rest need the regex.
             others = [w for w in words if not w.isalpha()]
             n_alpha = n_words - len(others) + sum(1 for w in others if HAS_ALPHA.search(w))
+            stats["gopher_quality.alpha_words_ratio"] = n_alpha / n_words
             if n_alpha / n_words < p.min_alpha_words_ratio:
                 return Drop(
                     "min_alpha_words_ratio",
@@ -124,6 +128,7 @@ class GopherQuality(Rule[GopherQualityParams]):
         # Exact, case-sensitive matches ("The" is not "the"), as in datatrove.
         if p.min_stop_words is not None:
             found = len(self._stop_words.intersection(words))
+            stats["gopher_quality.stop_words"] = found
             if found < p.min_stop_words:
                 return Drop("min_stop_words", f"distinct stop words={found} < {p.min_stop_words}")
         return None
@@ -175,6 +180,8 @@ class GopherRepetition(Rule[GopherRepetitionParams]):
 
         paragraphs = _PARAGRAPH_SPLIT.split(text.strip())
         n_dup, dup_chars = dup_count_and_chars(paragraphs)
+        stats = doc.stats
+        stats["gopher_repetition.dup_para_frac"] = n_dup / len(paragraphs)
         if p.dup_para_frac is not None and n_dup / len(paragraphs) > p.dup_para_frac:
             return Drop(
                 "dup_para_frac",
@@ -188,6 +195,7 @@ class GopherRepetition(Rule[GopherRepetitionParams]):
 
         lines = _LINE_SPLIT.split(text)
         n_dup, dup_chars = dup_count_and_chars(lines)
+        stats["gopher_repetition.dup_line_frac"] = n_dup / len(lines)
         if p.dup_line_frac is not None and n_dup / len(lines) > p.dup_line_frac:
             return Drop(
                 "dup_line_frac", f"duplicate lines={n_dup}/{len(lines)} > {p.dup_line_frac}"
@@ -210,6 +218,7 @@ class GopherRepetition(Rule[GopherRepetitionParams]):
             first = next(g for g, c in counts.items() if c == top)
             i = hashes.index(first)
             frac = (cum[i + n] - cum[i] + n - 1) * top / size
+            stats[f"gopher_repetition.top_{n}_gram_frac"] = frac
             if frac > max_frac:
                 return Drop(f"top_{n}_gram", f"top {n}-gram chars={fmt(frac)} > {max_frac}")
 

@@ -39,6 +39,7 @@ class CharRepetition(Rule[CharRepetitionParams]):
     def apply(self, doc: Doc) -> Verdict:
         p = self.params
         text = doc.text
+        stats = doc.stats
         if p.max_run is not None:
             run = _long_run(text, p.max_run)
             if run is not None:
@@ -48,6 +49,7 @@ class CharRepetition(Rule[CharRepetitionParams]):
             n_chars = doc.non_space_chars
             if n_chars >= p.min_chars and n_chars:
                 char, count = _most_common_char(text)
+                stats["char_repetition.top_char_frac"] = count / n_chars
                 if count / n_chars > p.max_char_frac:
                     return Drop(
                         "max_char_frac",
@@ -124,6 +126,7 @@ class Length(Rule[LengthParams]):
     def apply(self, doc: Doc) -> Verdict:
         p = self.params
         n = len(doc.text.strip())
+        doc.stats["length.chars"] = n
         if p.min_chars is not None and n < p.min_chars:
             return Drop("min_chars", f"chars={n} < {p.min_chars}")
         if p.max_chars is not None and n > p.max_chars:

@@ -68,6 +68,7 @@ class Doc:
         meta: str | Mapping[str, Any] | None = None,
         redacted: dict[str, int] | None = None,
         annotations: dict[str, Any] | None = None,
+        stats: dict[str, float] | None = None,
     ) -> None:
         self.text = text
         # What rules replaced so far, by kind ({"email": 2}): a redacting rule adds to it,
@@ -76,6 +77,10 @@ class Doc:
         # Fields a rule adds to the kept document's metadata (`language`: {"language": "en",
         # "language_score": 0.93}); handed on like `redacted`, read by later rules here.
         self.annotations: dict[str, Any] = {} if annotations is None else annotations
+        # What the rules measured on the way ({"gopher_quality.words": 412, ...}): kept with
+        # the document's provenance, so one can see why it was kept. Handed on like
+        # `redacted`; a rule records only values it computes for its checks anyway.
+        self.stats: dict[str, float] = {} if stats is None else stats
         # The record's metadata as the quality stage has it (a JSON object string) or a
         # mapping; parsed only when a rule reads `meta`.
         self.raw_meta = meta

@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,12 +22,15 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from core import provenance
 from core.dataset import COLUMN_DOCS, FORMAT, MANIFEST, arrow_stats, row_schema
 from core.files import remove_temp_files, sha256_bytes, sha256_file, temp_beside
 from core.store import Store, open_store
 from tasks.config import PrepConfig
-from tasks.layout import output_store, version_name, version_store
-from tasks.stages.pack import packed_done_key, packed_key
+from tasks.layout import output_store, provenance_key, version_name, version_store
+from tasks.records import PARQUET_OPTIONS
+from tasks.stages.mixture import read_doc_index
+from tasks.stages.pack import packed_done_key, packed_key, spans_key
 from tasks.stages.tokenize import TOKENIZER_KEY, load_run_tokenizer
 
 if TYPE_CHECKING:
@@ -138,12 +141,13 @@ def packed_rows(store: Store, parts: list[str]) -> int:
 
 
 def packed_batches(store: Store, parts: list[str], batch_rows: int,
-                   scratch: Path) -> Iterator[pa.RecordBatch]:
-    """The packed rows of `parts`, in order, a record batch at a time. A partition in a
-    remote store is downloaded to `scratch` first (one on disk at a time) rather than
-    held in memory."""
+                   scratch: Path, key_of: Callable[[str], str] = packed_key
+                   ) -> Iterator[pa.RecordBatch]:
+    """The packed rows of `parts` (or, with `key_of=spans_key`, their provenance), in
+    order, a record batch at a time. A partition in a remote store is downloaded to
+    `scratch` first (one on disk at a time) rather than held in memory."""
     for p in parts:
-        key = packed_key(p)
+        key = key_of(p)
         path = store.local_path(key)
         fetched = path is None
         if path is None:
@@ -256,6 +260,47 @@ def write_split(target: Store, name: str, batches: Iterator[pa.RecordBatch], row
     return files
 
 
+def write_spans(target: Store, name: str, batches: Iterator[pa.RecordBatch],
+                shards: list[tuple[str, int]], scratch: Path) -> dict[str, dict[str, Any]]:
+    """The provenance of split `name`: one spans file per Arrow shard (`shards`: its file
+    and rows), with the same rows, in row groups of provenance.ROW_GROUP rows (a reader
+    finds a row's group by division). Returns the manifest entries of the files."""
+    reader = _RowReader(batches, provenance.SPANS_SCHEMA)
+    files: dict[str, dict[str, Any]] = {}
+    step = provenance.ROW_GROUP * 64  # rows per write: a multiple of the row group
+    for shard, rows in shards:
+        rel = provenance.spans_file(name, shard)
+        with _staged(target, rel, scratch) as path:
+            with pq.ParquetWriter(path, provenance.SPANS_SCHEMA, **PARQUET_OPTIONS) as w:
+                for off in range(0, rows, step):
+                    w.write_table(reader.take(min(step, rows - off)),
+                                  row_group_size=provenance.ROW_GROUP)
+            files[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size,
+                          "rows": rows}
+    if not reader.exhausted():
+        raise RuntimeError(f"the provenance of {name} holds more rows than its packed rows")
+    return files
+
+
+def copy_doc_tables(cfg: PrepConfig, target: Store) -> tuple[dict[str, Any], list[dict]]:
+    """Every document table of the version (the quality stage's, one per shard) into the
+    dataset, numbered by the global document index. Returns the files' manifest entries
+    and the provenance's `docs` list."""
+    store = output_store(cfg)
+    files: dict[str, Any] = {}
+    docs = []
+    for k, (shard, first, n) in enumerate(read_doc_index(cfg)):
+        data = store.get(provenance_key(shard))
+        rows = pq.read_metadata(pa.BufferReader(data)).num_rows
+        if rows != n:
+            raise RuntimeError(f"{provenance_key(shard)} holds {rows} documents, its tokens "
+                               f"{n}: the output is inconsistent; prepare it again")
+        rel = provenance.docs_file(k)
+        files[rel] = _put(target, rel, data)
+        docs.append({"file": rel, "shard": shard, "first_doc": first, "docs": n})
+    return files, docs
+
+
 def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any],
                   validation_parts: list[str] | None = None) -> dict:
     """Save the packed rows as a DatasetDict under <output>/dataset and write the
@@ -286,6 +331,7 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
     # Known before any shard is written: the shard boundaries depend on the totals.
     rows = {name: packed_rows(store, ps) for name, ps in parts.items()}
     files: dict[str, Any] = {}
+    prov_splits: dict[str, list[dict[str, Any]]] = {}
     scratch.mkdir(parents=True, exist_ok=True)
     try:
         files["dataset_dict.json"] = _put(
@@ -295,8 +341,19 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
             batches = packed_batches(store, ps, read_batch_rows(schema), scratch)
             # A fixed fingerprint: `datasets` would otherwise draw one from a path, and
             # state.json would differ per run.
-            files.update(write_split(target, name, batches, n, max(1, min(max_shards[name], n)),
-                                     f"{fp}-{name}", schema, scratch))
+            split_files = write_split(target, name, batches, n,
+                                      max(1, min(max_shards[name], n)), f"{fp}-{name}",
+                                      schema, scratch)
+            files.update(split_files)
+            shards = [(rel, int(e["rows"])) for rel, e in sorted(split_files.items())
+                      if rel.endswith(".arrow")]
+            spans = packed_batches(store, ps, provenance.ROW_GROUP * 16, scratch, spans_key)
+            span_files = write_spans(target, name, spans, shards, scratch)
+            files.update(span_files)
+            prov_splits[name] = [{"file": rel, "rows": e["rows"]}
+                                 for rel, e in sorted(span_files.items())]
+        doc_files, prov_docs = copy_doc_tables(cfg, target)
+        files.update(doc_files)
     finally:
         _drop_scratch(scratch)
     # One tokenizer for every version of an output (token ids must mean the same).
@@ -322,6 +379,8 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
             } for name, n in rows.items()
         },
         "files": files,
+        "provenance": {"format": provenance.FORMAT, "columns": provenance.COLUMN_DOCS,
+                       "splits": prov_splits, "docs": prov_docs},
         **extra,
     }
     target.put(MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())

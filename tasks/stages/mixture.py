@@ -29,12 +29,24 @@ _MASK56 = np.uint64((1 << 56) - 1)
 # Training tokens per pack partition (expected; the split is by hash): 32 MiB of int32.
 PARTITION_TOKENS = 1 << 23
 
-MIX_SCHEMA = pa.schema([("key", pa.uint64()), ("source", pa.string()),
+# `doc`: the document's global index in the version (its shard's first_doc + its row),
+# which the packed rows' provenance names.
+MIX_SCHEMA = pa.schema([("key", pa.uint64()), ("source", pa.string()), ("doc", pa.int64()),
                         ("tokens", pa.list_(pa.int32()))])
+# The version's documents, numbered: [shard, first_doc, docs] per shard in all_shards order.
+DOC_INDEX_KEY = "mixture/doc_index.json"
 
 
 def repeats_key(shard: str) -> str:
     return f"mixture/repeats/{shard}.npy"
+
+
+def first_doc_key(shard: str) -> str:
+    return f"mixture/first_doc/{shard}.json"
+
+
+def read_doc_index(cfg: PrepConfig) -> list[tuple[str, int, int]]:
+    return [(s, int(f), int(n)) for s, f, n in json.loads(version_store(cfg).get(DOC_INDEX_KEY))]
 
 
 def part_key(part: str, shard: str) -> str:
@@ -135,8 +147,16 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
     for s in sources.values():
         s["planned_share"] = s["planned_tokens"] / planned_total
         s["realised_share"] = s["realised_tokens"] / total
+    first = 0
+    index = []
     for shard, r in zip(shards, repeats, strict=True):
         vstore.put(repeats_key(shard), _npy(r))
+        # Each shard's first global document index, read by its scatter (one small key a
+        # shard, not the whole index); the index itself for the dataset step.
+        vstore.put(first_doc_key(shard), json.dumps(first).encode())
+        index.append([shard, first, len(r)])
+        first += len(r)
+    vstore.put(DOC_INDEX_KEY, json.dumps(index).encode())
     result = {"sources": sources, "total_planned_tokens": planned_total,
               "total_realised_tokens": total,
               "train_partitions": partition_count(cfg, total),
@@ -154,6 +174,7 @@ def scatter_shard(cfg: PrepConfig, shard: str) -> dict:
     plan = json.loads(store.get(PLAN_KEY))
     t = read_tokens(output_store(cfg), shard)
     counts = np.load(io.BytesIO(store.get(repeats_key(shard))))
+    first = int(json.loads(store.get(first_doc_key(shard))))
     ids, sources, splits = (t[c].to_pylist() for c in ("id", "source", "split"))
     keys = doc_keys(ids, cfg.seed)
     val = np.asarray(splits, dtype=object) == "validation"
@@ -172,6 +193,7 @@ def scatter_shard(cfg: PrepConfig, shard: str) -> dict:
         sel = np.flatnonzero((g == gi) & (p == pi))
         table = pa.table({"key": pa.array(okeys[sel], pa.uint64()),
                           "source": pa.array([sources[i] for i in doc_idx[sel]], pa.string()),
+                          "doc": pa.array(doc_idx[sel] + first, pa.int64()),
                           "tokens": tokens.take(pa.array(doc_idx[sel]))}, schema=MIX_SCHEMA)
         store.put(part_key(part, shard), table_to_parquet_bytes(table))
     vparts = validation_partitions(plan)
@@ -180,6 +202,7 @@ def scatter_shard(cfg: PrepConfig, shard: str) -> dict:
         vrows = np.flatnonzero(val & (vp == k))
         vtable = pa.table({"key": pa.array(keys[vrows], pa.uint64()),
                            "source": pa.array([sources[i] for i in vrows], pa.string()),
+                           "doc": pa.array(vrows + first, pa.int64()),
                            "tokens": tokens.take(pa.array(vrows))}, schema=MIX_SCHEMA)
         store.put(part_key(part, shard), table_to_parquet_bytes(vtable))
 

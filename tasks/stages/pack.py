@@ -1,7 +1,8 @@
 """Packing: each partition of the training order (and the validation split) is sorted by
 its order keys and packed into fixed-length rows, with what the trainer needs to keep
 attention inside documents (position ids that restart per document, segment ids) and a
-loss mask for padding."""
+loss mask for padding. Beside the rows, each partition's provenance: the document pieces
+every row holds (core/provenance.py's spans, by global document index)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from core.dataset import COLUMNS, row_schema
+from core.provenance import ROW_GROUP as SPANS_ROW_GROUP
+from core.provenance import SPANS_SCHEMA
 from tasks.config import PrepConfig
 from tasks.layout import version_store
 from tasks.pack import Rows, pack_bfd, pack_concat
@@ -29,6 +32,10 @@ ROW_GROUP = 1024  # packed rows per Parquet row group (one packer batch)
 
 def packed_key(part: str) -> str:
     return f"packed/{part}.parquet"
+
+
+def spans_key(part: str) -> str:
+    return f"packed-spans/{part}.parquet"
 
 
 def packed_done_key(part: str) -> str:
@@ -57,15 +64,32 @@ def rows_batch(rows: Rows, seq_len: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(cols, schema=row_schema(seq_len))
 
 
+def spans_batch(rows: Rows, doc_index: np.ndarray) -> pa.RecordBatch:
+    """The provenance of a batch of rows: per row, the global index of each piece's
+    document (`doc_index`: by position in the packer's input) and its token offsets."""
+    sp = rows.spans
+    assert sp is not None
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(np.bincount(sp.row, minlength=len(rows)), out=offsets[1:])
+    off = pa.array(offsets)
+    cols = [pa.ListArray.from_arrays(off, pa.array(doc_index[sp.doc], pa.int64())),
+            pa.ListArray.from_arrays(off, pa.array(sp.start.astype(np.int32))),
+            pa.ListArray.from_arrays(off, pa.array(sp.end.astype(np.int32)))]
+    return pa.RecordBatch.from_arrays(cols, schema=SPANS_SCHEMA)
+
+
 def pack_partition(cfg: PrepConfig, shards: list[str], part: str) -> dict:
     """Gather a partition's documents from every token shard, order them by key, pack.
     Rows are written as they are packed: memory holds the partition's documents (bounded
     by the mixture's PARTITION_TOKENS) and one batch of rows, never all its rows."""
     store = version_store(cfg)
     tables = [pq.read_table(pa.BufferReader(store.get(part_key(part, s)))) for s in shards]
-    table = pa.concat_tables(tables) if tables else pa.table({"key": [], "tokens": []})
+    table = (pa.concat_tables(tables) if tables else
+             pa.table({"key": pa.array([], pa.uint64()), "doc": pa.array([], pa.int64()),
+                       "tokens": pa.array([], pa.list_(pa.int32()))}))
     del tables
     table = table.take(pc.sort_indices(table, sort_keys=[("key", "ascending")]))
+    doc_index = table.column("doc").to_numpy()
     tok = load_run_tokenizer(cfg)
     seq_len = cfg.pack.seq_len
     if cfg.pack.strategy == "bfd":
@@ -76,14 +100,18 @@ def pack_partition(cfg: PrepConfig, shards: list[str], part: str) -> dict:
              "pad_tokens": 0, "split_docs": 0}
     with tempfile.TemporaryDirectory(prefix="ballast-pack-") as tmp:
         path = os.path.join(tmp, "rows.parquet")
-        with pq.ParquetWriter(path, row_schema(seq_len), **PARQUET_OPTIONS) as writer:
+        spath = os.path.join(tmp, "spans.parquet")
+        with pq.ParquetWriter(path, row_schema(seq_len), **PARQUET_OPTIONS) as writer, \
+                pq.ParquetWriter(spath, SPANS_SCHEMA, **PARQUET_OPTIONS) as swriter:
             for b in batches:
                 writer.write_batch(rows_batch(b, seq_len), row_group_size=ROW_GROUP)
+                swriter.write_batch(spans_batch(b, doc_index), row_group_size=SPANS_ROW_GROUP)
                 stats["rows"] += len(b)
                 stats["real_tokens"] += b.n_real
                 stats["pad_tokens"] += b.n_pad
                 stats["split_docs"] += b.n_split_docs
         store.put_file(packed_key(part), path)
+        store.put_file(spans_key(part), spath)
     store.put(packed_done_key(part), json.dumps(stats, sort_keys=True).encode())
     return stats
 

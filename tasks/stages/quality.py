@@ -16,11 +16,12 @@ from tasks.layout import (
     ShardStats,
     doc_location,
     output_store,
+    provenance_key,
     read_docs,
     write_shard,
 )
 from tasks.quality import Outcome, batched, filter_document, filter_documents, parse_rules
-from tasks.records import DOC_SCHEMA
+from tasks.records import DOC_SCHEMA, table_to_parquet_bytes
 
 STAGE = "quality"
 
@@ -33,6 +34,7 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
     stats = ShardStats()
     dropped = DroppedRows()
     kept: dict[str, list[str]] = {"id": [], "text": [], "source": [], "meta": []}
+    prov = ProvenanceRows()
     rules = {src: parse_rules(cfg.rules_for(src)) for src in set(sources)}
     scored = batch_outcomes(rules, texts, sources, metas)
     for row, text in enumerate(texts):
@@ -54,6 +56,9 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
         # Only rules that annotate (`language`) change meta: other runs keep its bytes.
         kept["meta"].append(with_annotations(metas[row], out.annotations)
                             if out.annotations else metas[row])
+        prov.add(ids[row], src, doc_location(metas[row], shard, row), out)
+    # The kept documents' provenance, aligned with their rows (written before the marker).
+    store.put(provenance_key(shard), table_to_parquet_bytes(prov.table()))
     return write_shard(store, STAGE, shard, pa.table(kept, schema=DOC_SCHEMA), dropped, stats)
 
 
@@ -84,3 +89,41 @@ def with_annotations(meta: str | None, annotations: Mapping[str, Any]) -> str:
     fields = json.loads(meta) if meta else {}
     fields.update(annotations)
     return json.dumps(fields, sort_keys=True, ensure_ascii=False, default=str, allow_nan=False)
+
+
+class ProvenanceRows:
+    """The kept documents' provenance table (core/provenance.py's document columns): id,
+    source, location and one float64 column per statistic the rules measured, in sorted
+    name order, null where a document's chain did not measure it. Numeric annotations
+    (`language_score`, `perplexity`) count as statistics too."""
+
+    def __init__(self) -> None:
+        self.base: dict[str, list[str]] = {"id": [], "source": [], "location": []}
+        self.stats: dict[str, list[float | None]] = {}
+
+    def add(self, id: str, source: str, location: str, out: Outcome) -> None:
+        n = len(self.base["id"])
+        self.base["id"].append(id)
+        self.base["source"].append(source)
+        self.base["location"].append(location)
+        values = dict(out.stats)
+        for k, v in out.annotations.items():
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                values[k] = v
+        for k, v in values.items():
+            col = self.stats.get(k)
+            if col is None:
+                col = self.stats[k] = [None] * n
+            col.append(float(v))
+        for col in self.stats.values():
+            if len(col) == n:
+                col.append(None)
+
+    def table(self) -> pa.Table:
+        cols: dict[str, Any] = dict(self.base)
+        fields = [pa.field("id", pa.string()), pa.field("source", pa.string()),
+                  pa.field("location", pa.string())]
+        for k in sorted(self.stats):
+            cols[k] = self.stats[k]
+            fields.append(pa.field(k, pa.float64()))
+        return pa.table(cols, schema=pa.schema(fields))
