@@ -26,6 +26,9 @@ $(STAMP): pyproject.toml constraints.txt
 	# downgrade numpy and transformers. Its MDS code needs only these.
 	$(PY) -m pip install -q -c constraints.txt brotli python-snappy zstd catalogue
 	$(PY) -m pip install -q --no-deps "mosaicml-streaming==0.13.0"
+	# megatron-core, for its IndexedDataset reader (tests of the Megatron export), also
+	# without its dependencies (they pin a CUDA stack); the reader needs torch and numpy.
+	$(PY) -m pip install -q --no-deps "megatron-core==0.16.1"
 	touch $(STAMP)
 
 install: $(STAMP)

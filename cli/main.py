@@ -357,6 +357,45 @@ def cmd_export_hf(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_export_dataset(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from core.store import StorageError
+    from tasks.export import ExportError, check, export_dataset
+
+    splits = tuple(args.splits.split(","))
+    try:
+        manifest = check(args.dataset, args.format, args.out, splits,
+                         shard_tokens=args.shard_tokens)[3]
+    except (ExportError, StorageError) as e:
+        print_error(str(e))
+        return EXIT_ERROR
+    with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
+                  console=stderr_console(), disable=args.no_progress) as bars:
+        tasks = {s: bars.add_task(f"export {s} rows", total=int(
+            manifest.get("splits", {}).get(s, {}).get("rows", 0))) for s in splits}
+
+        def advance(split: str, rows: int) -> None:
+            bars.advance(tasks[split], rows)
+
+        try:
+            rec = export_dataset(args.dataset, args.format, args.out, splits,
+                                 shard_tokens=args.shard_tokens, progress=advance)
+        except (ExportError, StorageError) as e:
+            print_error(str(e))
+            return EXIT_ERROR
+    out = Console(soft_wrap=True)
+    for name, s in rec["splits"].items():
+        count = s.get("documents", s.get("samples"))
+        unit = "documents" if "documents" in s else "rows"
+        cut = f" ({s['cut_pieces']} of them pieces of cut documents)" if s.get("cut_pieces") \
+            else ""
+        out.print(f"{name}: {count} {unit}{cut}, {len(s['files'])} files", markup=False)
+    out.print(f"{args.out}: {args.format} export of {rec['dataset']} (checksums and the "
+              f"dataset's accounting in ballast_export.json)", markup=False)
+    return EXIT_OK
+
+
 def cmd_hpo_run(args: argparse.Namespace) -> int:
     from core.errors import ConfigError
     from flows.hpo import hpo, load_hpo_config, summary_text
@@ -472,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     dep.add_argument("--dask", metavar="ADDRESS",
                      help="prep (prep-only and the pipeline) runs on this Dask cluster")
     dep.set_defaults(func=cmd_deploy)
-    exp = sub.add_parser("export", help="export a checkpoint for other tools")
+    exp = sub.add_parser("export", help="export a checkpoint or a dataset for other tools")
     exp_sub = exp.add_subparsers(dest="format", required=True)
     hf = exp_sub.add_parser("hf", help="as a Hugging Face transformers model directory")
     hf.add_argument("checkpoint", help="a step-N checkpoint, a checkpoint directory or a run "
@@ -484,6 +523,18 @@ def build_parser() -> argparse.ArgumentParser:
     hf.add_argument("--max-shard-size", default="5GB",
                     help="split model.safetensors above this size (with an index)")
     hf.set_defaults(func=cmd_export_hf)
+    ed = exp_sub.add_parser("dataset", help="a prepared dataset in another trainer's format")
+    ed.add_argument("dataset", help="dataset directory or s3:// URI (its newest version)")
+    ed.add_argument("out", help="an empty or new directory (or s3:// prefix) to write to")
+    ed.add_argument("--format", required=True, choices=["megatron", "llmc", "mds"],
+                    help="megatron: indexed .bin/.idx (documents); llmc: llm.c/nanoGPT "
+                         ".bin shards; mds: MosaicML streaming shards (packed rows)")
+    ed.add_argument("--splits", default="train,validation",
+                    help="comma-separated splits to export")
+    ed.add_argument("--shard-tokens", type=int, default=10**8,
+                    help="llmc: tokens per shard (llm.c's fineweb.py: 10^8)")
+    ed.add_argument("--no-progress", action="store_true", help="no progress bars")
+    ed.set_defaults(func=cmd_export_dataset)
     return p
 
 

@@ -1,0 +1,124 @@
+"""The packed rows of a prepared dataset, read back as the sequences other trainers want:
+a split's Arrow shards record batch by record batch (one shard on local disk at a time),
+and the document pieces of those rows (core/dataset.py's `segment_ids`), joined again
+into whole documents where the packing makes that exact.
+
+Where a piece ends and whether it can be joined: every document the tokenizer wrote ends
+with EOS, so a piece that does not end with EOS is a document cut by the packer. With
+`concat` packing the rest of it is the first piece of the next row (one token stream cut
+into rows), so such pieces are joined and every sequence is a whole document. With `bfd`
+packing a long document's remainder is packed into some other row, which the rows do not
+name, so its pieces stay separate sequences (`cut` counts them)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from core.store import Store
+
+
+@dataclass
+class Rows:
+    """A record batch of packed rows as (n, seq_len) arrays."""
+
+    input_ids: np.ndarray
+    position_ids: np.ndarray
+    segment_ids: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+@dataclass
+class Sequences:
+    """Whole sequences, back to back: `tokens` is their concatenation, `lengths` theirs;
+    `cut` of them do not end with EOS (pieces of a document the packing cut)."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+    cut: int
+
+
+def _matrix(batch: pa.RecordBatch, name: str, seq_len: int) -> np.ndarray:
+    # flatten() honours a sliced batch's offset; the values are fixed-width, no nulls.
+    values = batch.column(name).flatten().to_numpy(zero_copy_only=False)
+    return values.reshape(-1, seq_len)
+
+
+def split_rows(store: Store, manifest: dict[str, Any], split: str) -> Iterator[Rows]:
+    """The rows of `split` in the dataset's order (its shards in the manifest's order, as
+    `load_from_disk` reads them), a record batch at a time. A shard of a remote dataset is
+    downloaded to a temporary file first and removed when it has been read."""
+    seq_len = int(manifest["seq_len"])
+    for rel in manifest["splits"][split]["files"]:
+        path = store.local_path(rel)
+        with tempfile.TemporaryDirectory(prefix="ballast-export-") as tmp:
+            if path is None:
+                path = Path(tmp) / Path(rel).name
+                store.get_file(rel, path)
+            with pa.memory_map(str(path)) as src:
+                for batch in pa.ipc.open_stream(src):
+                    if batch.num_rows:
+                        yield Rows(*(_matrix(batch, c, seq_len) for c in
+                                     ("input_ids", "position_ids", "segment_ids")))
+
+
+def pieces(rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The document pieces of a batch of rows, in order: their tokens back to back, their
+    lengths, and for each whether it runs to the last slot of its row."""
+    seq_len = rows.segment_ids.shape[1]
+    seg = rows.segment_ids.reshape(-1)
+    real = seg > 0
+    # A piece starts where a real token's segment differs from the slot before it, or at a
+    # row start (segment ids restart at 1 in every row).
+    start = real.copy()
+    start[1:] &= (seg[1:] != seg[:-1]) | (np.arange(1, seg.size) % seq_len == 0)
+    piece = np.cumsum(start)[real] - 1
+    lengths = np.bincount(piece, minlength=int(start.sum())).astype(np.int64)
+    last = np.flatnonzero(real)[np.cumsum(lengths) - 1] if lengths.size else lengths
+    return rows.input_ids.reshape(-1)[real], lengths, last % seq_len == seq_len - 1
+
+
+def sequences(batches: Iterator[Rows], eos_id: int, join: bool) -> Iterator[Sequences]:
+    """The sequences of a split's rows: one per document piece, or (`join`) with a piece
+    that runs to the end of its row without EOS joined to the next row's first piece.
+    A document joined across batches is held until its end: memory is a batch plus the
+    longest document."""
+    carry: list[np.ndarray] = []  # the tokens of a document still open at a batch end
+    for rows in batches:
+        tokens, lengths, at_row_end = pieces(rows)
+        if not lengths.size:
+            continue
+        ends = np.cumsum(lengths)
+        open_end = tokens[ends - 1] != eos_id  # the piece is not a document's last
+        cont = open_end & at_row_end if join else np.zeros_like(open_end)
+        # A sequence starts at every piece that does not continue the one before it.
+        first = np.ones(lengths.size, dtype=bool)
+        first[1:] = ~cont[:-1]
+        if carry:
+            first[0] = False
+        seq = np.cumsum(first) - 1 + (1 if carry else 0)
+        seq_lengths = np.bincount(seq, weights=lengths).astype(np.int64)
+        if carry:
+            tokens = np.concatenate([*carry, tokens])
+            seq_lengths[0] += sum(c.size for c in carry)
+            carry = []
+        if cont[-1]:  # the last sequence goes on in the next batch
+            keep = int(seq_lengths[-1])
+            carry = [tokens[tokens.size - keep:].copy()]
+            tokens, seq_lengths = tokens[:tokens.size - keep], seq_lengths[:-1]
+        cut_ends = np.cumsum(seq_lengths) - 1
+        cut = int(np.count_nonzero(tokens[cut_ends] != eos_id)) if seq_lengths.size else 0
+        if seq_lengths.size:
+            yield Sequences(tokens, seq_lengths, cut)
+    if carry:  # a row stream that ends inside a document: what there is, as a cut piece
+        tokens = np.concatenate(carry)
+        yield Sequences(tokens, np.array([tokens.size], np.int64),
+                        int(tokens[-1] != eos_id))
