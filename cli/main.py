@@ -396,6 +396,34 @@ def cmd_export_dataset(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_blame(args: argparse.Namespace) -> int:
+    import json
+
+    from training import blame
+
+    try:
+        run = blame.open_run(args.run_dir, args.config, args.dataset, args.world_size)
+        if args.step is not None:
+            d: Any = blame.step_report(run, args.step)
+            lines = blame.step_text(d, run.world_size)
+        elif args.event:
+            d = blame.events_report(run)
+            lines = blame.events_text(d, run.world_size)
+        else:
+            d = run.steps_with(args.doc)
+            lines = blame.doc_text(d)
+    except blame.BlameError as e:
+        print_error(str(e))
+        return EXIT_ERROR
+    out = Console(soft_wrap=True, highlight=False)
+    if args.json:
+        out.print(json.dumps(d, indent=1), markup=False)
+    else:
+        for line in lines:
+            out.print(line, markup=False)
+    return EXIT_OK
+
+
 def cmd_hpo_run(args: argparse.Namespace) -> int:
     from core.errors import ConfigError
     from flows.hpo import hpo, load_hpo_config, summary_text
@@ -482,6 +510,23 @@ def build_parser() -> argparse.ArgumentParser:
     tk.add_argument("--dataset", help="override `dataset:`")
     tk.add_argument("--run-dir", help="override `run_dir:`")
     tk.set_defaults(func=cmd_track)
+    bl = sub.add_parser("blame", help="the documents a training step trained on: sources, "
+                                      "input locations, the quality statistics that kept them")
+    bl.add_argument("run_dir", help="the training run directory (its metrics.jsonl)")
+    what = bl.add_mutually_exclusive_group(required=True)
+    what.add_argument("--step", type=int, metavar="N",
+                      help="step N's batch, as the sampler ordered it after any rollback or "
+                           "skip (steps as guard events number them: from 0)")
+    what.add_argument("--event", action="store_true",
+                      help="every guard event (skipped spike, rollback window) with its batches")
+    what.add_argument("--doc", metavar="ID", help="every step that trained on document ID")
+    bl.add_argument("--config", help="the run's training config (default: final.json's, or "
+                                     "its newest checkpoint's)")
+    bl.add_argument("--dataset", help="override the config's `dataset:` (a moved dataset)")
+    bl.add_argument("--world-size", type=int, help="ranks the run trained on, for the rank "
+                                                   "of each sample (default: the run's own)")
+    bl.add_argument("--json", action="store_true", help="JSON instead of text")
+    bl.set_defaults(func=cmd_blame)
     hp = sub.add_parser("hpo", help="hyperparameter search on proxy models (Optuna)")
     hp_sub = hp.add_subparsers(dest="hpo_command", required=True)
     hp_run = hp_sub.add_parser("run", help="run the search a config describes (the `hpo` "

@@ -302,6 +302,13 @@ def train(config_path: str, dataset: str | None = None, run_dir: str | None = No
         except TrackingError as e:
             tracking_error = str(e)
             logger.error(tracking_error)
+    guard_rows = _guard_events(rd / "metrics.jsonl")
+    result["guard_events"] = len(guard_rows)
+    if guard_rows:
+        create_table_artifact(key="train-guard-events", table=guard_rows,
+                              description=f"Skipped and rolled-back steps of {rd.name} and "
+                                          "the documents in their batches (`ballast blame "
+                                          f"{rd.resolve()} --event` for all of them)")
     create_markdown_artifact(key="train-summary", description="Where the run's results are",
                              markdown=_summary_md(result))
     if result["loss_curve"]:
@@ -326,6 +333,32 @@ def _evals(metrics: Path) -> list[dict[str, Any]]:
         return []
 
 
+GUARD_EVENTS = ("skip", "rollback", "abort")
+
+
+def _guard_events(metrics: Path) -> list[dict[str, Any]]:
+    """A row per guard event of the metrics log (skip, rollback, abort), with the documents
+    the trainer named for its batch (most tokens first, from the dataset's provenance)."""
+    from training.metrics import read
+
+    try:
+        records = read(metrics)
+    except (OSError, ValueError):
+        return []
+    rows = []
+    for r in records:
+        if r.get("kind") != "event" or r.get("event") not in GUARD_EVENTS:
+            continue
+        docs = r.get("documents") or []
+        named = "; ".join(f"{d.get('path') or d.get('location')} ({d.get('tokens')} tokens)"
+                          for d in docs[:3])
+        more = int(r.get("documents_total", len(docs))) - min(len(docs), 3)
+        rows.append({"step": r.get("step"), "event": r.get("event"), "reason": r.get("reason"),
+                     "loss": r.get("loss"), "loss_z": r.get("loss_z"),
+                     "documents": named + (f" and {more} more" if more > 0 else "")})
+    return rows
+
+
 def _data_uri(png: Path) -> str:
     """The picture itself, inline: the UI shows it without reaching the worker's disk."""
     return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
@@ -342,6 +375,10 @@ def _summary_md(r: dict[str, Any]) -> str:
     if r["remote"]:
         lines.append(f"- object storage: `{_absolute(r['remote'])}`")
     lines.append(f"- attempts: {len(r['attempts'])} (the `train-attempts` artifact)")
+    if r.get("guard_events"):
+        lines.append(f"- guard events: {r['guard_events']} skipped or rolled-back steps, with "
+                     "their documents (the `train-guard-events` artifact; `ballast blame "
+                     f"{r['run_dir']} --event`)")
     if r.get("mlflow"):
         m = r["mlflow"]
         lines.append(f"- MLflow: run `{m['run_id']}` in experiment `{m['experiment']}` at "

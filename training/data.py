@@ -63,6 +63,7 @@ class TrainData:
     manifest: dict[str, Any]
     train: Split
     validation: Split
+    root: Path | None = None  # the local dataset directory (its provenance is there)
 
     @property
     def vocab_size(self) -> int:
@@ -135,7 +136,7 @@ def load_data(uri: str, check: bool = True, options: StorageOptions | None = Non
     splits = {name: Split(dd[name].data.table, seq_len) for name in ("train", "validation")}
     if splits["train"].rows == 0:
         raise DatasetError(f"{uri}: the train split is empty")
-    return TrainData(manifest, splits["train"], splits["validation"])
+    return TrainData(manifest, splits["train"], splits["validation"], Path(uri))
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:

@@ -80,7 +80,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -196,8 +196,12 @@ def _fmt_ids(ids: list[str | int]) -> str:
 class StabilityGuard:
     """Per-step stability decisions; see the module docstring for the policy."""
 
-    def __init__(self, cfg: GuardConfig):
+    def __init__(self, cfg: GuardConfig,
+                 describe: Callable[[list[str | int]], dict[str, Any]] | None = None):
         self.cfg = cfg
+        # Fields an event gets about its sample ids (the trainer's: the documents of those
+        # dataset rows, from the dataset's provenance); None: the ids alone.
+        self.describe = describe
         self.loss_stats = RunningStats(cfg.ema_beta, relative_floor=True)
         self.grad_stats = RunningStats(cfg.ema_beta, relative_floor=False)  # of log(grad_norm)
         self.skipped_non_finite = 0
@@ -495,6 +499,8 @@ class StabilityGuard:
         }
         for k, v in (extra or {}).items():
             event[k] = _num(v) if isinstance(v, float) else v
+        if self.describe is not None and ids:
+            event.update(self.describe(list(ids)))
         event["detail"] = detail
         self.events.append(event)
         return Decision(action, reason, detail, _copy_event(event), loss_z, grad_z)

@@ -30,6 +30,7 @@ import torch
 from core.protocol import EXIT_CRASHED, EXIT_DIVERGED, EXIT_ERROR, EXIT_OK, format_event
 from training import checkpoint as ckpt
 from training import distributed
+from training.blame import event_documents
 from training.checkpoint_manager import open_checkpoints
 from training.config import TrainConfig, TrainConfigError, load_train_config
 from training.data import DatasetError, Loader, Sampler, TrainData, load_data, validation_batches
@@ -176,7 +177,8 @@ class Trainer:
                                       "stopped": False}
         self.scaler = torch.amp.GradScaler(self.device.type,
                                            enabled=cfg.precision.dtype == "fp16")
-        self.guard = StabilityGuard(cfg.guards)
+        # Its skip and rollback events name the documents of their rows (provenance).
+        self.guard = StabilityGuard(cfg.guards, describe=event_documents(self.data))
         self.sampler = Sampler(self.data.train.rows, cfg.seed, cfg.shuffle)
         # The next micro-batches load in a background thread while this step computes.
         self.loader = Loader(self.data.train, self.sampler,
@@ -692,6 +694,9 @@ class Trainer:
                         "z_loss": out.z_loss, "lr": out.lr, "grad_norm": out.grad_norm,
                         "tokens_per_s": tokens_per_s, **self.mfu(tokens_per_s),
                         "tokens_seen": s.tokens_seen, "accum": out.accum,
+                        # The sampler position after the step: `ballast blame` maps steps
+                        # to data with it.
+                        "samples_seen": s.samples_seen,
                         "skipped": self.guard.skipped_non_finite + self.guard.skipped_spikes,
                         "rollbacks": len(s.rollbacks), "loss_scale": self.scaler.get_scale()
                         if self.scaler.is_enabled() else None,
@@ -804,7 +809,8 @@ class Trainer:
             "config": self.cfg.model_dump(mode="json"), "seed": self.cfg.seed,
             "dataset": {"uri": self.cfg.dataset,
                         "config_fingerprint": self.data.manifest.get("config_fingerprint")},
-            "environment": environment(),
+            # world_size: how the samples of a micro-batch were split over ranks (blame).
+            "environment": {**environment(), "world_size": self.world.size},
             "checkpoint": str(self.ckpt_dir / ckpt.step_name(self.state.step)),
             **stopped,
         }, indent=2, default=str))
