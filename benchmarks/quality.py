@@ -2,11 +2,20 @@
 against datatrove's Gopher + C4 + FineWeb filters when datatrove (with spaCy) is installed.
 
     python benchmarks/quality.py [--out benchmarks/results/quality.json] [--repeat 5]
+
+The chain is timed with both splitters for English words and sentences (text.py): "regex"
+(the older approximation) and "spacy" (spacy_en, the default), passes interleaved. With
+runs/spacy-reference/reference.json (benchmarks/spacy_reference.py dump, in .venv-spacy)
+it also reports how often each splitter gives spaCy's tokens (per document and per token)
+and sentence counts (per line) on the web corpora, and, where the dump holds datatrove's
+decisions, how often the chain decides as datatrove did and datatrove's time.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import hashlib
 import json
 import platform
 import statistics
@@ -21,8 +30,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 
 from tasks.quality import DEFAULT_RULES, filter_document, parse_rules  # noqa: E402
+from tasks.quality.text import (  # noqa: E402
+    count_sentences,
+    split_words,
+    use_english_splitter,
+)
 
 DATA = ROOT.parent / "shared" / "data"
+REFERENCE = ROOT / "runs" / "spacy-reference" / "reference.json"
+SPLITTERS = ("regex", "spacy")  # before / after; the last is the default
 CORPORA = (
     "web_openwebtext_1k",
     "web_c4_olmo_fixtures",
@@ -52,6 +68,119 @@ def run_ours(texts: list[str], rules: list[Any]) -> tuple[float, list[str | None
     start = time.perf_counter()
     reasons = [filter_document(rules, t).reason for t in texts]
     return time.perf_counter() - start, reasons
+
+
+def file_id(path: Path) -> dict[str, Any]:
+    data = path.read_bytes()
+    return {"bytes": len(data), "md5": hashlib.md5(data).hexdigest()}
+
+
+def load_reference(path: Path) -> dict[str, Any] | str:
+    """spacy_reference.py's dump, or why there is none."""
+    if not path.is_file():
+        return (
+            f"no spaCy reference at {path}; make it with: python3 -m venv .venv-spacy && "
+            ".venv-spacy/bin/pip install spacy==3.8.18 && "
+            ".venv-spacy/bin/python benchmarks/spacy_reference.py dump"
+        )
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def fresh(name: str, entry: dict[str, Any]) -> bool:
+    """Whether a dump's entry was made from the corpus file as it is now."""
+    path = DATA / f"{name}.jsonl"
+    if not path.is_file():
+        return False
+    now = file_id(path)
+    if now != {"bytes": entry.get("bytes"), "md5": entry.get("md5")}:
+        print(f"skip {name} in the reference: the corpus changed since the dump (rerun it)")
+        return False
+    return True
+
+
+def agreement(ref: dict[str, Any]) -> dict[str, Any]:
+    """Each splitter against spaCy's tokens and sentence counts: documents whose token
+    list is exactly spaCy's; tokens in the longest common runs of both lists (difflib)
+    over the longer list's length; lines (non-blank, stripped) with spaCy's sentence
+    count."""
+    out: dict[str, Any] = {"spacy": ref.get("spacy"), "corpora": {}, "overall": {}}
+    totals = {s: [0, 0, 0, 0, 0, 0] for s in SPLITTERS}  # docs ok/all, tokens, lines
+    for name, entry in ref["corpora"].items():
+        if not fresh(name, entry):
+            continue
+        texts = load(name)
+        row: dict[str, Any] = {}
+        for splitter in SPLITTERS:
+            use_english_splitter(splitter)
+            t = totals[splitter]
+            d_ok = tok_ok = tok_n = l_ok = l_n = 0
+            for text, want, want_sents in zip(
+                texts, entry["tokens"], entry["line_sentences"], strict=True
+            ):
+                got = split_words(text)
+                if got == want:
+                    d_ok += 1
+                    tok_ok += len(want)
+                    tok_n += len(want)
+                else:
+                    m = difflib.SequenceMatcher(None, got, want, autojunk=False)
+                    tok_ok += sum(b.size for b in m.get_matching_blocks())
+                    tok_n += max(len(got), len(want))
+                lines = [s for line in text.splitlines() if (s := line.strip())]
+                l_n += len(lines)
+                l_ok += sum(count_sentences(s) == n for s, n in zip(lines, want_sents, strict=True))
+            row[splitter] = {
+                "docs_exact": round(d_ok / len(texts), 5),
+                "tokens": round(tok_ok / max(tok_n, 1), 5),
+                "sentence_lines": round(l_ok / max(l_n, 1), 5),
+            }
+            for i, v in enumerate((d_ok, len(texts), tok_ok, tok_n, l_ok, l_n)):
+                t[i] += v
+        out["corpora"][name] = row
+    use_english_splitter(SPLITTERS[-1])
+    for s, (d_ok, d_n, tok_ok, tok_n, l_ok, l_n) in totals.items():
+        out["overall"][s] = {
+            "docs": d_n,
+            "docs_exact": round(d_ok / max(d_n, 1), 5),
+            "tokens_n": tok_n,
+            "tokens": round(tok_ok / max(tok_n, 1), 5),
+            "lines": l_n,
+            "sentence_lines": round(l_ok / max(l_n, 1), 5),
+        }
+    return out
+
+
+def reference_decisions(
+    dref: dict[str, Any],
+    corpora: dict[str, list[str]],
+    nbytes: dict[str, int],
+    summaries: dict[str, dict[str, Any]],
+    by_splitter: dict[str, dict[str, list[str | None]]],
+) -> dict[str, Any]:
+    """The chain's decisions against datatrove's in the dump (same documents, same order),
+    and datatrove's time there (another process on this machine, maybe under another
+    load: compare with care)."""
+    names = [n for n in corpora if n in dref["corpora"] and fresh(n, dref["corpora"][n])]
+    out: dict[str, Any] = {"version": dref.get("version"), "corpora": {}}
+    same = {s: 0 for s in SPLITTERS}
+    for name in names:
+        kept = dref["corpora"][name]["kept"]
+        row: dict[str, Any] = {"kept_fraction": round(sum(kept) / len(kept), 4)}
+        for s in SPLITTERS:
+            ours = [x is None for x in by_splitter[s][name]]
+            n = sum(a == b for a, b in zip(ours, kept, strict=True))
+            row[f"same_decision_{s}"] = round(n / len(kept), 4)
+            same[s] += n
+        out["corpora"][name] = row
+    docs = sum(len(corpora[n]) for n in names)
+    dt_s = sum(dref["corpora"][n]["seconds"] for n in names)
+    out["overall"] = rates(docs, sum(nbytes[n] for n in names), dt_s)
+    out["same_decision"] = {s: round(same[s] / max(docs, 1), 4) for s in SPLITTERS}
+    out["speedup"] = {
+        s: round(dt_s / sum(summaries[s]["corpora"][n]["seconds"] for n in names), 1)
+        for s in SPLITTERS
+    }
+    return out
 
 
 def datatrove_chain() -> tuple[Any, list[Any]] | str:
@@ -101,6 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="timed passes of our chain")
     ap.add_argument("--dt-repeat", type=int, default=1, help="timed passes of datatrove's")
     ap.add_argument("--no-datatrove", action="store_true", help="skip the datatrove baseline")
+    ap.add_argument(
+        "--reference",
+        type=Path,
+        default=REFERENCE,
+        help="spacy_reference.py's dump (spaCy tokens, datatrove decisions)",
+    )
     args = ap.parse_args(argv)
 
     if not DATA.is_dir():
@@ -118,12 +253,15 @@ def main(argv: list[str] | None = None) -> int:
 
     rules = parse_rules(list(DEFAULT_RULES))
     nbytes = {n: sum(len(t.encode("utf-8")) for t in ts) for n, ts in corpora.items()}
-    times: dict[str, list[float]] = {n: [] for n in corpora}
-    reasons: dict[str, list[str | None]] = {}
+    times: dict[str, dict[str, list[float]]] = {s: {n: [] for n in corpora} for s in SPLITTERS}
+    by_splitter: dict[str, dict[str, list[str | None]]] = {s: {} for s in SPLITTERS}
     for _ in range(max(1, args.repeat)):
-        for name, texts in corpora.items():
-            seconds, reasons[name] = run_ours(texts, rules)
-            times[name].append(seconds)
+        for splitter in SPLITTERS:  # interleaved: both meet the same machine load
+            use_english_splitter(splitter)
+            for name, texts in corpora.items():
+                seconds, by_splitter[splitter][name] = run_ours(texts, rules)
+                times[splitter][name].append(seconds)
+    use_english_splitter(SPLITTERS[-1])
 
     result: dict[str, Any] = {
         "rules": list(DEFAULT_RULES),
@@ -131,22 +269,39 @@ def main(argv: list[str] | None = None) -> int:
         "timing": "median of the passes; one process, one core",
         "python": platform.python_version(),
         "machine": platform.platform(),
-        "corpora": {},
     }
     total_docs = sum(len(t) for t in corpora.values())
     total_bytes = sum(nbytes.values())
-    for name, texts in corpora.items():
-        r = reasons[name]
-        drops = Counter(x for x in r if x is not None)
-        result["corpora"][name] = {
-            **rates(len(texts), nbytes[name], statistics.median(times[name])),
-            "kept_fraction": round(1 - sum(drops.values()) / len(texts), 4),
-            "drop_reasons": dict(drops.most_common()),
+    summaries: dict[str, dict[str, Any]] = {}
+    for splitter in SPLITTERS:
+        summary: dict[str, Any] = {"corpora": {}}
+        for name, texts in corpora.items():
+            drops = Counter(x for x in by_splitter[splitter][name] if x is not None)
+            summary["corpora"][name] = {
+                **rates(len(texts), nbytes[name], statistics.median(times[splitter][name])),
+                "kept_fraction": round(1 - sum(drops.values()) / len(texts), 4),
+                "drop_reasons": dict(drops.most_common()),
+            }
+        per_pass = [sum(ts) for ts in zip(*times[splitter].values(), strict=True)]
+        summary["overall"] = rates(total_docs, total_bytes, statistics.median(per_pass))
+        kept_all = sum(1 for r in by_splitter[splitter].values() for x in r if x is None)
+        summary["overall"]["kept_fraction"] = round(kept_all / total_docs, 4)
+        summaries[splitter] = summary
+    reasons = by_splitter[SPLITTERS[-1]]
+    result["corpora"] = summaries[SPLITTERS[-1]]["corpora"]
+    overall = summaries[SPLITTERS[-1]]["overall"]
+    result["english_splitters"] = {
+        s: {
+            "overall": v["overall"],
+            "corpora": {
+                n: {k: c[k] for k in ("docs_per_s", "mb_per_s", "kept_fraction")}
+                for n, c in v["corpora"].items()
+            },
         }
-    per_pass = [sum(ts) for ts in zip(*times.values(), strict=True)]
-    overall = rates(total_docs, total_bytes, statistics.median(per_pass))
-    kept_all = sum(1 for r in reasons.values() for x in r if x is None)
-    overall["kept_fraction"] = round(kept_all / total_docs, 4)
+        for s, v in summaries.items()
+    }
+    slow = overall["seconds"] / summaries["regex"]["overall"]["seconds"]
+    result["english_splitters"]["spacy_time_over_regex"] = round(slow, 3)
     result["overall"] = overall
 
     dt: dict[str, Any] = {"available": False}
@@ -176,6 +331,16 @@ def main(argv: list[str] | None = None) -> int:
         dt["speedup"] = round(dt["overall"]["seconds"] / overall["seconds"], 1)
     result["datatrove"] = dt
 
+    ref = load_reference(args.reference)
+    if isinstance(ref, str):
+        result["spacy_reference"] = {"available": False, "note": ref}
+    else:
+        result["spacy_reference"] = {"available": True, **agreement(ref)}
+        if ref.get("datatrove", {}).get("available"):
+            result["datatrove_reference"] = reference_decisions(
+                ref["datatrove"], corpora, nbytes, summaries, by_splitter
+            )
+
     print(f"{'corpus':34} {'docs':>6} {'MB':>7} {'s':>7} {'docs/s':>9} {'MB/s':>7} {'kept':>6}")
     for name, c in [*result["corpora"].items(), ("overall", overall)]:
         print(
@@ -198,6 +363,35 @@ def main(argv: list[str] | None = None) -> int:
             )
     else:
         print(f"datatrove baseline skipped: {dt['note']}")
+    for s, v in result["english_splitters"].items():
+        if isinstance(v, dict):
+            o = v["overall"]
+            print(
+                f"english splitter {s:6}: {o['docs_per_s']:.0f} docs/s, "
+                f"{o['mb_per_s']:.3f} MB/s, kept {o['kept_fraction']:.1%}"
+            )
+    print(f"  spacy / regex time: {result['english_splitters']['spacy_time_over_regex']}")
+    sr = result["spacy_reference"]
+    if sr["available"]:
+        for s, o in sr["overall"].items():
+            print(
+                f"agreement with spaCy {sr['spacy']} ({s}): documents {o['docs_exact']:.3%} of "
+                f"{o['docs']}, tokens {o['tokens']:.4%} of {o['tokens_n']}, sentence "
+                f"counts {o['sentence_lines']:.4%} of {o['lines']} lines"
+            )
+    else:
+        print(f"spaCy agreement skipped: {sr['note']}")
+    if "datatrove_reference" in result:
+        d = result["datatrove_reference"]
+        print(
+            f"datatrove {d['version']} (from the reference dump): {d['overall']['docs_per_s']:.0f} "
+            f"docs/s, {d['overall']['mb_per_s']:.3f} MB/s"
+        )
+        for s in SPLITTERS:
+            print(
+                f"  {s}: ours {d['speedup'][s]}x faster, same decision "
+                f"{d['same_decision'][s]:.2%} of {d['overall']['docs']} documents"
+            )
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -23,18 +23,6 @@ POLICY_SUBSTRINGS = (
     "use cookies",
 )
 
-# Sentence boundaries inside one line, standing in for the spaCy sentencizer that
-# datatrove runs on every kept line (most of its C4 cost): terminal punctuation and any
-# closing quotes or brackets, then whitespace and something that is not more punctuation,
-# or directly a capital letter ("Birds.”A"). The punctuation must follow a letter/digit
-# or a closing bracket/quote, and not a lone letter: one-letter abbreviations ("U.S.",
-# "e.g.", "J. Doe") stay whole, as spaCy's tokenizer exceptions keep them.
-_SENTENCE_BREAK = re.compile(
-    r"(?:(?<=[^\W_])(?<![.\s][^\W\d_])(?<!^[^\W\d_])|(?<=[)\]\"'”’]))"
-    r"[.!?…。！？]+[\"'”’)\]]*"
-    r"(?:\s+(?=[\"'“‘(\[*]*[^\s.!?…])|(?=[\"'“‘(\[*]*[A-Z]))"
-)
-
 Limit = Annotated[int, Field(ge=1)]
 
 
@@ -92,7 +80,8 @@ class C4(Rule[C4Params]):
             if p.filter_policy and any(s in lower for s in POLICY_SUBSTRINGS):
                 continue
             if p.min_num_sentences is not None:
-                num_sentences += 1 + len(_SENTENCE_BREAK.findall(line))
+                # spaCy's sentencizer on the line, as datatrove (Doc.count_sentences)
+                num_sentences += doc.count_sentences(line)
             kept.append(line)
         if p.min_num_sentences is not None and num_sentences < p.min_num_sentences:
             return Drop(

@@ -13,7 +13,7 @@ from typing import Annotated
 from pydantic import Field
 
 from tasks.quality.base import Drop, Fraction, Rule, RuleParams, Verdict, fmt
-from tasks.quality.text import HAS_ALPHA, MARKS, Doc, dup_count_and_chars
+from tasks.quality.text import HAS_ALPHA, SYMBOLS, Doc, dup_count_and_chars
 
 # The eight English stop words listed by Gopher (appendix A.1.1); datatrove's STOP_WORDS
 # is the same list.
@@ -59,9 +59,8 @@ class GopherQuality(Rule[GopherQualityParams]):
         words = doc.words
         n_words = len(words)
         # Symbol tokens count as words in the ratios below but not in the word count and
-        # mean length, as in datatrove. Words and clitics end in a letter, digit or
-        # combining mark; symbol tokens never do.
-        content = [w for w in words if w[-1].isalnum() or w[-1] in MARKS]
+        # mean length, as in datatrove: a symbol is made only of datatrove's punctuation.
+        content = [w for w in words if w.strip(SYMBOLS)]
         n_content = len(content)
         stats = doc.stats
         stats["gopher_quality.words"] = n_content
