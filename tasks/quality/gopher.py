@@ -8,7 +8,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable
 from itertools import compress, count
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field
 
@@ -20,6 +20,22 @@ from tasks.quality.text import HAS_ALPHA, SYMBOLS, Doc, dup_count_and_chars
 STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
 
 Count = Annotated[int, Field(ge=0)]
+
+# Languages written without spaces, whose words ICU segments (Doc.word_language): the
+# English thresholds would drop every document (a Chinese word is 1-2 characters; none of
+# the English stop words occur). FineWeb-2's thresholds and stop words for them
+# (huggingface/fineweb-2 configs/cmn_Hani.yml, jpn_Jpan.yml, tha_Thai.yml), applied to a
+# document in that language unless the config sets the parameter itself.
+LANGUAGE_DEFAULTS: dict[str, dict[str, Any]] = {
+    "zh": {"min_avg_word_length": 1, "max_avg_word_length": 5, "min_alpha_words_ratio": 0.735,
+           "stop_words": ("的", "年", "在", "月", "是", "和", "日", "了", "於", "·", "為",
+                          "有", "被", "人", "中", "为", "他", "與", "後", "也", "而", "由")},
+    "ja": {"min_avg_word_length": 1, "max_avg_word_length": 5, "min_alpha_words_ratio": 0.759,
+           "stop_words": ("の", "に", "を", "は", "た", "て", "が", "と", "で", "年", "し",
+                          "・", "月", "れ", "さ")},
+    "th": {"min_avg_word_length": 2, "max_avg_word_length": 10, "min_alpha_words_ratio": 0.9,
+           "stop_words": ("ใน", "ที่", "และ", "ของ", "เป็น", "มี", "การ", "ได้")},
+}
 
 
 class GopherQualityParams(RuleParams):
@@ -52,9 +68,18 @@ class GopherQuality(Rule[GopherQualityParams]):
 
     def setup(self) -> None:
         self._stop_words = frozenset(self.params.stop_words)
+        # The parameters for each language with defaults of its own: the config's where it
+        # sets them, else the language's.
+        given = self.params.model_fields_set
+        self._by_language = {}
+        for lang, defaults in LANGUAGE_DEFAULTS.items():
+            params = self.params.model_copy(
+                update={k: v for k, v in defaults.items() if k not in given})
+            self._by_language[lang] = (params, frozenset(params.stop_words))
 
     def apply(self, doc: Doc) -> Verdict:
-        p = self.params
+        p, stop_words = self._by_language.get(doc.word_language or "",
+                                              (self.params, self._stop_words))
         text = doc.text
         words = doc.words
         n_words = len(words)
@@ -126,7 +151,7 @@ class GopherQuality(Rule[GopherQualityParams]):
 
         # Exact, case-sensitive matches ("The" is not "the"), as in datatrove.
         if p.min_stop_words is not None:
-            found = len(self._stop_words.intersection(words))
+            found = len(stop_words.intersection(words))
             stats["gopher_quality.stop_words"] = found
             if found < p.min_stop_words:
                 return Drop("min_stop_words", f"distinct stop words={found} < {p.min_stop_words}")

@@ -11,7 +11,7 @@ from functools import cached_property
 from itertools import accumulate, pairwise
 from typing import Any
 
-from tasks.quality import spacy_en
+from tasks.quality import segment, spacy_en
 
 
 def _mark_ranges() -> list[tuple[int, int]]:
@@ -146,12 +146,21 @@ class Doc:
         return lang if isinstance(lang, str) else None
 
     @cached_property
+    def word_language(self) -> str | None:
+        """The language words are split by: the `language` rule's label, else, for text
+        in a script written without spaces (Chinese, Japanese, Thai, ...), the language
+        its script says (tasks/quality/segment.py); None for unlabelled other text."""
+        lang = self.language
+        return segment.base_language(lang) if lang is not None \
+            else segment.script_language(self.text)
+
+    @cached_property
     def words(self) -> list[str]:
-        return split_words(self.text, self.language)
+        return split_words(self.text, self.word_language)
 
     def count_sentences(self, text: str) -> int:
         """Sentences in `text` (a line of this document), by this document's language."""
-        return count_sentences(text, self.language)
+        return count_sentences(text, self.word_language)
 
     @cached_property
     def lines(self) -> list[str]:
@@ -216,8 +225,11 @@ def _english(language: str | None) -> bool:
 
 def split_words(text: str, language: str | None = None) -> list[str]:
     """The words of `text` as datatrove's `split_into_words` gives them: for English or
-    an unknown language (None) spaCy's English tokens (spacy_en.tokenize), otherwise
+    an unknown language (None) spaCy's English tokens (spacy_en.tokenize), for a language
+    written without spaces ICU's word segments (segment.words), otherwise
     `split_words_regex`."""
+    if language in segment.NO_SPACE_LANGUAGES:
+        return segment.words(text, language)
     return spacy_en.tokenize(text) if _english(language) else split_words_regex(text)
 
 
@@ -227,6 +239,8 @@ def count_sentences(text: str, language: str | None = None) -> int:
     plus the sentence breaks that _SENTENCE_BREAK finds."""
     if _english(language):
         return spacy_en.count_sentences(text)
+    if language in segment.NO_SPACE_LANGUAGES:
+        return segment.count_sentences(text)
     return 1 + len(_SENTENCE_BREAK.findall(text)) if text else 0
 
 
