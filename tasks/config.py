@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
@@ -65,16 +66,40 @@ class SourceConfig(Strict):
     split: Literal["auto", "train", "validation"] = "auto"
     # Line-level dedup within this source (the `lines` stage); unset = off.
     line_dedup: LineDedupConfig | None = None
+    # Mix this source per language (meta.language, written by the `language` rule): each
+    # language is a mixture component of its own, "<name>/<lang>" ("<name>/und" for
+    # documents without a label), with the source's epoch cap. A mapping names the
+    # languages kept and their weights within the source's (a language it does not name
+    # is left out, accounted as downsampled); "all" keeps every language in proportion to
+    # its tokens. With mixture.alpha, every kept language is weighted n_lang ** alpha
+    # (temperature sampling over languages, as mT5 and XLM-R) and a mapping's values are
+    # not used. Unset: the source is one component.
+    languages: dict[str, float] | Literal["all"] | None = None
 
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Leave line_dedup out while it is unset: a config that does not use it dumps,
-        and so fingerprints, exactly as before the key existed (an existing output is
-        still claimed by the same config)."""
+        """Leave line_dedup and languages out while unset: a config that does not use them
+        dumps, and so fingerprints, exactly as before the keys existed (an existing output
+        is still claimed by the same config)."""
         out = handler(self)
-        if self.line_dedup is None:
-            out.pop("line_dedup", None)
+        for key in ("line_dedup", "languages"):
+            if getattr(self, key) is None:
+                out.pop(key, None)
         return out
+
+    @field_validator("languages")
+    @classmethod
+    def _language_weights(cls, v: dict[str, float] | str | None
+                          ) -> dict[str, float] | str | None:
+        if isinstance(v, dict):
+            if not v:
+                raise ValueError("name at least one language, or use 'all'")
+            bad = [f"{k}={w!r}" for k, w in v.items() if not (k and math.isfinite(w) and w >= 0)]
+            if bad:
+                raise ValueError(f"weights must be finite and >= 0: {', '.join(bad)}")
+            if not any(w > 0 for w in v.values()):
+                raise ValueError("the weights sum to 0: give a language a positive weight")
+        return v
 
 
 class NearDedupConfig(Strict):

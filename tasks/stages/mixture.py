@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -98,33 +99,36 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
     store, vstore = output_store(cfg), version_store(cfg)
     if vstore.exists(PLAN_KEY):
         return json.loads(vstore.get(PLAN_KEY))
-    names = [s.name for s in cfg.sources]
-    cols = ["id", "source", "split", "n_tokens"]
-    per: dict[str, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]] = {n: [] for n in names}
+    by_lang = {s.name for s in cfg.sources if s.languages is not None}
+    cols = ["id", "source", "split", "n_tokens", *(["language"] if by_lang else [])]
+    # Mixture components: a source, or one language of a source mixed per language.
+    per: dict[str, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]] = {}
     sizes = []
     val_tokens = 0
     for si, shard in enumerate(shards):
         t = read_tokens(store, shard, cols)
         sizes.append(t.num_rows)
-        src = np.asarray(t["source"].to_pylist(), dtype=object)
+        comp = np.asarray(t["source"].to_pylist(), dtype=object)
+        if by_lang:
+            lang = np.asarray([x or "und" for x in t["language"].to_pylist()], dtype=object)
+            split_rows = np.isin(comp, list(by_lang))
+            comp[split_rows] = comp[split_rows] + "/" + lang[split_rows]
         train = np.asarray(t["split"].to_pylist(), dtype=object) == "train"
         keys = doc_keys(t["id"].to_pylist(), cfg.seed)
         ntok = t["n_tokens"].to_numpy()
         val_tokens += int(ntok[~train].sum())
-        for name in names:
-            rows = np.flatnonzero((src == name) & train)
-            if len(rows):
-                per[name].append((si, rows, keys[rows], ntok[rows]))
-    available = {n: int(sum(int(p[3].sum()) for p in per[n])) for n in names}
-    weights = ({s.name: float(s.weight) for s in cfg.sources}
-               if cfg.mixture.alpha is None and all(s.weight is not None for s in cfg.sources)
-               else None)
-    caps = {s.name: s.max_epochs or cfg.mixture.max_epochs for s in cfg.sources}
-    plans = plan_mixture(available, weights, cfg.mixture.alpha, caps, cfg.mixture.total_tokens)
+        for name in sorted(set(comp[train].tolist())):
+            rows = np.flatnonzero((comp == name) & train)
+            per.setdefault(name, []).append((si, rows, keys[rows], ntok[rows]))
+    available = {c: int(sum(int(p[3].sum()) for p in per.get(c, [])))
+                 for c in components(cfg, per)}
+    weights, alpha = component_weights(cfg, available)
+    caps = {c: _source(cfg, c).max_epochs or cfg.mixture.max_epochs for c in available}
+    plans = plan_mixture(available, weights, alpha, caps, cfg.mixture.total_tokens)
     repeats = [np.ones(n, dtype=np.int32) for n in sizes]  # validation rows: 1
     sources: dict[str, Any] = {}
     for p in plans:
-        parts = per[p.source]
+        parts = per.get(p.source, [])
         if parts:
             keys = np.concatenate([x[2] for x in parts])
             ntok = np.concatenate([x[3] for x in parts])
@@ -164,6 +168,63 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
               "warnings": [s["warning"] for s in sources.values() if s["warning"]]}
     vstore.put(PLAN_KEY, json.dumps(result, indent=2, sort_keys=True).encode())
     return result
+
+
+def _source(cfg: PrepConfig, component: str) -> Any:
+    name = component.split("/", 1)[0]
+    return next(s for s in cfg.sources if s.name == name)
+
+
+def components(cfg: PrepConfig, seen: Mapping[str, Any]) -> list[str]:
+    """The mixture's components in plan order: each source, or for a source mixed per
+    language, "<source>/<lang>" for every language its documents have and every one its
+    `languages` mapping names (a named language with no documents gets the mixture's
+    empty-source warning), sorted."""
+    out: list[str] = []
+    for s in cfg.sources:
+        if s.languages is None:
+            out.append(s.name)
+            continue
+        langs = {c.split("/", 1)[1] for c in seen if c.startswith(s.name + "/")}
+        if isinstance(s.languages, dict):
+            langs |= set(s.languages)
+        out += [f"{s.name}/{lang}" for lang in sorted(langs)]
+    return out
+
+
+def component_weights(cfg: PrepConfig, available: dict[str, int]
+                      ) -> tuple[dict[str, float] | None, float | None]:
+    """(weights, alpha) for plan_mixture. Without per-language sources: the sources'
+    weights when every source has one (and alpha is unset), else alpha / natural shares,
+    as before. With them, explicit weights per component: a language a `languages`
+    mapping leaves out gets 0; the others get n ** alpha with mixture.alpha, else their
+    source's weight (or, without weights, the source's tokens) split by the mapping's
+    weights or, for "all", by tokens."""
+    alpha = cfg.mixture.alpha
+    weighted = alpha is None and all(s.weight is not None for s in cfg.sources)
+    if not any(s.languages is not None for s in cfg.sources):
+        return ({s.name: float(s.weight) for s in cfg.sources} if weighted  # type: ignore[arg-type]
+                else None), alpha
+    out: dict[str, float] = {}
+    for s in cfg.sources:
+        comps = [c for c in available if c == s.name or c.startswith(s.name + "/")]
+        langs = s.languages
+        kept = [c for c in comps if not isinstance(langs, dict)
+                or c.split("/", 1)[1] in langs]
+        total = sum(available[c] for c in kept)
+        base = float(s.weight) if weighted else float(total)  # type: ignore[arg-type]
+        for c in comps:
+            if c not in kept:
+                out[c] = 0.0
+            elif alpha is not None:
+                out[c] = float(available[c]) ** alpha
+            elif isinstance(langs, dict):
+                out[c] = base * langs[c.split("/", 1)[1]] / sum(langs.values())
+            elif langs == "all":
+                out[c] = base * available[c] / total if total else 0.0
+            else:
+                out[c] = base
+    return out, None
 
 
 def scatter_shard(cfg: PrepConfig, shard: str) -> dict:

@@ -4,6 +4,7 @@ parallel with EOS after each document. Each document also gets its split here
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from functools import lru_cache
 
@@ -29,6 +30,9 @@ TOKENS_SCHEMA = pa.schema([
     ("n_tokens", pa.int32()),
     ("n_bytes", pa.int64()),
     ("tokens", pa.list_(pa.int32())),
+    # meta.language for the documents of a source mixed per language (sources[].languages),
+    # null otherwise; shards written before the column existed read as all null.
+    ("language", pa.string()),
 ])
 
 
@@ -108,9 +112,13 @@ def _encode_column(tok: Tokenizer, texts: pa.ChunkedArray) -> tuple[np.ndarray, 
 def tokenize_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
     store = output_store(cfg)
     tok = load_run_tokenizer(cfg)
+    by_language = {s.name for s in cfg.sources if s.languages is not None}
     docs = pq.read_table(pa.BufferReader(store.get(docs_key(input_stage, shard))),
-                         columns=["id", "text", "source"])
+                         columns=["id", "text", "source", *(["meta"] if by_language else [])])
     ids, sources = (docs[c].to_pylist() for c in ("id", "source"))
+    languages = ([_language(m) if src in by_language else None
+                  for src, m in zip(sources, docs["meta"].to_pylist(), strict=True)]
+                 if by_language else [None] * len(ids))
     values, offsets = _encode_column(tok, docs["text"])
     lengths = np.diff(offsets).astype(np.int32)
     val = is_validation(ids, cfg.dataset.validation_fraction)
@@ -125,6 +133,7 @@ def tokenize_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
         "id": ids, "source": sources, "split": split, "n_tokens": pa.array(lengths),
         "n_bytes": nbytes.cast(pa.int64()),
         "tokens": pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values)),
+        "language": pa.array(languages, pa.string()),
     }, schema=TOKENS_SCHEMA)
     store.put(tokens_key(shard), table_to_parquet_bytes(table))
     stats = ShardStats()
@@ -137,6 +146,22 @@ def tokenize_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
     return write_shard(store, STAGE, shard, None, DroppedRows(), stats, {"tokens": tokens})
 
 
+def _language(meta: str | None) -> str | None:
+    """meta.language of a document (the `language` rule's label), None without one."""
+    if not meta:
+        return None
+    lang = json.loads(meta).get("language")
+    return lang if isinstance(lang, str) and lang else None
+
+
 def read_tokens(store: Store, shard: str, columns: list[str] | None = None) -> pa.Table:
-    return pq.read_table(pa.BufferReader(store.get(tokens_key(shard))), columns=columns)
+    buf = pa.BufferReader(store.get(tokens_key(shard)))
+    if columns is None or "language" not in columns:
+        return pq.read_table(buf, columns=columns)
+    pf = pq.ParquetFile(buf)
+    if "language" in pf.schema_arrow.names:
+        return pf.read(columns=columns)
+    # A shard tokenized before the column existed (an earlier version's): no labels.
+    t = pf.read(columns=[c for c in columns if c != "language"])
+    return t.append_column("language", pa.nulls(t.num_rows, pa.string()))
 
