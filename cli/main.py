@@ -456,6 +456,34 @@ def cmd_hpo_transfer(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_quality_train(args: argparse.Namespace) -> int:
+    from tasks.quality.train_classifier import TrainConfig, TrainError, load_examples, train
+
+    if not (args.positive or args.negative or args.labelled):
+        print_error("give --positive and --negative files, or --labelled")
+        return EXIT_ERROR
+    try:
+        texts, labels = load_examples(args.positive, args.negative, args.labelled,
+                                      args.label_field, args.text_field)
+        cfg = TrainConfig(features=args.features, epoch=args.epoch, lr=args.lr,
+                          word_ngrams=args.word_ngrams, holdout=args.holdout,
+                          keep_good=args.keep_good, seed=args.seed, threads=args.threads)
+        r = train(texts, labels, args.out, cfg, sources={
+            "positive": args.positive, "negative": args.negative, "labelled": args.labelled})
+    except TrainError as e:
+        print_error(str(e))
+        return EXIT_ERROR
+    h = r["held_out"]
+    Console(soft_wrap=True).print(
+                    f"{args.out}: threshold {r['threshold']:.4g} ({r['threshold_rule']}); "
+                    f"held out ({h['good']} good, {h['bad']} bad): good kept "
+                    f"{h['good_kept']:.1%}, bad kept {h['bad_kept']:.1%}, precision "
+                    f"{h['precision']:.1%}; report "
+                    f"{Path(args.out).with_suffix('.report.json')}",
+                    markup=False, highlight=False)
+    return EXIT_OK
+
+
 def cmd_deploy(args: argparse.Namespace) -> int:
     from flows.deployments import deploy_all
     from infra.jobs import POOLS
@@ -542,6 +570,31 @@ def build_parser() -> argparse.ArgumentParser:
     hp_tr.add_argument("--out", required=True, metavar="CONFIG",
                        help="where to write the training config (YAML)")
     hp_tr.set_defaults(func=cmd_hpo_transfer)
+    qu = sub.add_parser("quality", help="quality classifier tools")
+    qu_sub = qu.add_subparsers(dest="quality_command", required=True)
+    qt = qu_sub.add_parser("train", help="train a fastText quality classifier (the "
+                                         "`classifier` rule's model) on labelled pages")
+    qt.add_argument("--positive", action="append", default=[], metavar="JSONL",
+                    help="good pages (JSONL with a text field); repeatable")
+    qt.add_argument("--negative", action="append", default=[], metavar="JSONL",
+                    help="bad pages; repeatable")
+    qt.add_argument("--labelled", action="append", default=[], metavar="JSONL",
+                    help="pages with a 1/0 label field; repeatable")
+    qt.add_argument("--label-field", default="label")
+    qt.add_argument("--text-field", default="text")
+    qt.add_argument("--out", required=True, metavar="MODEL.bin",
+                    help="the model file; MODEL.report.json is written next to it")
+    qt.add_argument("--features", choices=["text", "text+stats"], default="text+stats",
+                    help="words and bigrams, plus the heuristic statistics as tokens")
+    qt.add_argument("--epoch", type=int, default=25)
+    qt.add_argument("--lr", type=float, default=0.5)
+    qt.add_argument("--word-ngrams", type=int, default=2)
+    qt.add_argument("--holdout", type=float, default=0.2, help="held-out share for the report")
+    qt.add_argument("--keep-good", type=float, default=0.85,
+                    help="the threshold keeps at least this share of good training pages")
+    qt.add_argument("--seed", type=int, default=0)
+    qt.add_argument("--threads", type=int, default=1, help="more is faster, not reproducible")
+    qt.set_defaults(func=cmd_quality_train)
     dep = sub.add_parser("deploy", help="register the Prefect deployments (pipeline on a "
                                         "schedule, prep only, train only) on a work pool")
     dep.add_argument("--prep-config", default="configs/demo.yaml")

@@ -498,7 +498,8 @@ def test_default_chain_is_unchanged():
            "fineweb": FineWeb, "char_repetition": CharRepetition, "length": Length}
     assert {k: RULES[k] for k in old} == old
     assert set(RULES) - set(old) == {"code", "url", "char_ratios", "boilerplate", "pii",
-                                     "decontaminate", "language", "perplexity"}
+                                     "decontaminate", "language", "perplexity",
+                                     "classifier"}
     cfg = parse_config({"output": "o", "sources": [{"name": "s", "paths": ["p"]}]})
     assert cfg.quality == list(DEFAULT_RULES)
     assert cfg.rules_for("s") == list(DEFAULT_RULES)

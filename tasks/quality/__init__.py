@@ -15,6 +15,7 @@ from core.config import key_path
 from tasks.quality.base import Drop, Rule, RuleParams
 from tasks.quality.boilerplate import Boilerplate
 from tasks.quality.c4 import C4
+from tasks.quality.classifier import Classifier
 from tasks.quality.code import Code
 from tasks.quality.decontam import Decontaminate
 from tasks.quality.fineweb import FineWeb
@@ -58,6 +59,7 @@ RULES: dict[str, type[Rule[Any]]] = {
         Decontaminate,
         Language,
         Perplexity,
+        Classifier,
     )
 }
 

@@ -1,0 +1,190 @@
+"""Benchmark: how well each quality method separates human-labelled good and bad web pages,
+as cross-validated keep rates on pages the method never saw.
+
+    python benchmarks/classifier.py [--folds 5] [--skip-perplexity]
+                                    [--out benchmarks/results/classifier.json]
+
+Data: ../shared/data/web_dclm_quality_labels_train.jsonl (249 Common Crawl pages from
+DCLM's annotations, 1 good, 0 bad). The same 5 folds (benchmarks/perplexity.py's
+cross_validate: seed 0, every 5th page of a shuffle) for every method; a method's
+threshold is chosen on the training folds only, to keep 85% of the good training pages:
+- heuristics: the default rule chain (DEFAULT_RULES), fixed published thresholds;
+- classifier (text, text+stats): `train_model` on the training folds (its threshold from
+  inner out-of-fold scores), applied to the held-out fold through the `classifier` rule;
+- perplexity: benchmarks/perplexity.py's small reference model and its cross_validate;
+- heuristics -> classifier: both rules in one chain (what a config with both does);
+- classifier + perplexity: the mean of the two scores' percentile ranks among the training
+  pages (classifier scores out-of-fold), cut at 85% of the good training pages.
+Target (issue 14): good kept >= 85%, bad kept <= 15%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from bisect import bisect_left, bisect_right
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.perplexity import GOOD_KEEP, LABELLED, auc, cross_validate  # noqa: E402
+from tasks.quality import DEFAULT_RULES, filter_documents, parse_rules  # noqa: E402
+from tasks.quality.train_classifier import (  # noqa: E402
+    TrainConfig,
+    choose_threshold,
+    scores,
+    train_model,
+)
+
+
+def folds_of(n: int, folds: int, seed: int = 0) -> list[list[int]]:
+    """perplexity.cross_validate's folds."""
+    idx = list(range(n))
+    random.Random(seed).shuffle(idx)
+    return [idx[f::folds] for f in range(folds)]
+
+
+def rates(kept: list[bool], labels: list[int]) -> dict[str, float]:
+    good = [k for k, y in zip(kept, labels, strict=True) if y == 1]
+    bad = [k for k, y in zip(kept, labels, strict=True) if y == 0]
+    return {"good_kept": round(sum(good) / len(good), 4),
+            "bad_kept": round(sum(bad) / len(bad), 4)}
+
+
+def heuristics(texts: list[str]) -> list[bool]:
+    rules = parse_rules(list(DEFAULT_RULES))
+    return [o.reason is None for o in filter_documents(rules, texts, [None] * len(texts))]
+
+
+def percentile(ref: list[float], x: float) -> float:
+    """Mid-rank of x among the sorted reference values, in [0, 1]."""
+    return (bisect_left(ref, x) + bisect_right(ref, x)) / (2 * len(ref))
+
+
+def classifier_cv(texts: list[str], labels: list[int], folds: list[list[int]],
+                  cfg: TrainConfig, work: Path, chain_keep: list[bool]
+                  ) -> dict[str, Any]:
+    """Held-out scores and keep decisions of the `classifier` rule, fold by fold, plus the
+    out-of-fold training scores each fold's threshold came from (for the combination)."""
+    n = len(texts)
+    kept = [False] * n
+    chained = [False] * n
+    held_scores = [0.0] * n
+    train_oof: list[dict[int, float]] = []
+    thresholds = []
+    for fold in folds:
+        held = set(fold)
+        tr = [i for i in range(n) if i not in held]
+        model, spec, threshold, oof = train_model([texts[i] for i in tr],
+                                                  [labels[i] for i in tr], cfg)
+        thresholds.append(round(threshold, 4))
+        train_oof.append(dict(zip(tr, oof, strict=True)))
+        path = work / "fold.bin"
+        model.save_model(str(path))
+        (work / "fold.report.json").write_text(json.dumps(
+            {"threshold": threshold, "features": spec}))
+        # Through the rule, as a pipeline applies it; the rule reads the fold's report.
+        rule = parse_rules([{"classifier": {"model": str(path)}}])
+        for i, o in zip(fold, filter_documents(rule, [texts[i] for i in fold],
+                                               [None] * len(fold)), strict=True):
+            kept[i] = o.reason is None
+            chained[i] = kept[i] and chain_keep[i]
+        for i, s in zip(fold, scores(model, spec, [texts[i] for i in fold]), strict=True):
+            held_scores[i] = s
+    return {"kept": kept, "chained": chained, "scores": held_scores,
+            "train_oof": train_oof, "thresholds": thresholds}
+
+
+def combined(labels: list[int], folds: list[list[int]], clf: dict[str, Any],
+             ppl: list[float]) -> list[bool]:
+    kept = [False] * len(labels)
+    for fold, oof in zip(folds, clf["train_oof"], strict=True):
+        tr = sorted(oof)
+        ref_c = sorted(oof[i] for i in tr)
+        ref_p = sorted(-ppl[i] for i in tr)
+
+        def score(i: int, c: float, ref_c: list[float] = ref_c,
+                  ref_p: list[float] = ref_p) -> float:
+            return (percentile(ref_c, c) + percentile(ref_p, -ppl[i])) / 2
+
+        cut = choose_threshold([score(i, oof[i]) for i in tr], [labels[i] for i in tr],
+                               GOOD_KEEP)
+        for i in fold:
+            kept[i] = score(i, clf["scores"][i]) >= cut
+    return kept
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--folds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=600, help="perplexity model's training steps")
+    ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-ppl"))
+    ap.add_argument("--skip-perplexity", action="store_true",
+                    help="leave out the methods that need the reference model (~6 min on CPU)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "classifier.json"))
+    args = ap.parse_args()
+    if not LABELLED.exists():
+        print(f"skipped: {LABELLED} is absent")
+        return 0
+    rows = [json.loads(line) for line in LABELLED.read_text(encoding="utf-8").splitlines()]
+    texts, labels = [r["text"] for r in rows], [int(r["label"]) for r in rows]
+    folds = folds_of(len(texts), args.folds)
+    methods: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    chain = heuristics(texts)
+    methods["heuristics"] = rates(chain, labels) | {
+        "rules": list(DEFAULT_RULES), "note": "fixed published thresholds, no training",
+        "seconds": round(time.perf_counter() - t0, 2)}
+    clf: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="ballast-clf-") as work:
+        for features in ("text", "text+stats"):
+            cfg = TrainConfig(features=features)
+            t0 = time.perf_counter()
+            clf[features] = r = classifier_cv(texts, labels, folds, cfg, Path(work), chain)
+            good = [s for s, y in zip(r["scores"], labels, strict=True) if y == 1]
+            bad = [s for s, y in zip(r["scores"], labels, strict=True) if y == 0]
+            methods[f"classifier[{features}]"] = rates(r["kept"], labels) | {
+                "auc_good_above_bad": round(auc(good, bad), 4),
+                "fold_thresholds": r["thresholds"],
+                "config": {k: getattr(cfg, k) for k in ("features", "word_ngrams", "epoch",
+                                                        "lr", "dim", "folds", "keep_good")},
+                "seconds": round(time.perf_counter() - t0, 1)}
+            methods[f"heuristics -> classifier[{features}]"] = rates(r["chained"], labels)
+    if not args.skip_perplexity:
+        from benchmarks.perplexity import build_model
+        from tasks.quality.perplexity import perplexities
+
+        model_dir = build_model(Path(args.workdir), args.steps)
+        ppl = [float("inf") if p is None else p
+               for p in perplexities(texts, str(model_dir), device="cpu")]
+        good = [-s for s, y in zip(ppl, labels, strict=True) if y == 1]
+        bad = [-s for s, y in zip(ppl, labels, strict=True) if y == 0]
+        methods["perplexity"] = cross_validate(ppl, labels, args.folds) | {
+            "auc_good_above_bad": round(auc(good, bad), 4), "model": str(model_dir)}
+        for features in ("text", "text+stats"):
+            methods[f"classifier[{features}] + perplexity"] = rates(
+                combined(labels, folds, clf[features], ppl), labels)
+    result = {
+        "labelled": LABELLED.name,
+        "pages": {"good": labels.count(1), "bad": labels.count(0)},
+        "folds": args.folds, "target": {"good_kept_min": GOOD_KEEP, "bad_kept_max": 0.15},
+        "methods": methods,
+    }
+    for name, m in methods.items():
+        print(f"{name:42s} good kept {m['good_kept']:6.1%}   bad kept {m['bad_kept']:6.1%}"
+              + (f"   AUC {m['auc_good_above_bad']:.3f}" if "auc_good_above_bad" in m else ""))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
