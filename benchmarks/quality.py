@@ -9,6 +9,11 @@ runs/spacy-reference/reference.json (benchmarks/spacy_reference.py dump, in .ven
 it also reports how often each splitter gives spaCy's tokens (per document and per token)
 and sentence counts (per line) on the web corpora, and, where the dump holds datatrove's
 decisions, how often the chain decides as datatrove did and datatrove's time.
+
+Also each rule alone (on the web corpora; `code` on the code corpora) and the default
+chains: web, web with language ID, web with language ID and the classifier (a model
+`ballast quality train` makes from the labelled pages unless --classifier names one),
+and the code chain; median of --rule-repeat passes, docs/s and MB/s.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import json
 import platform
 import statistics
 import sys
+import tempfile
 import time
 from collections import Counter
 from importlib.metadata import version
@@ -68,6 +74,98 @@ def run_ours(texts: list[str], rules: list[Any]) -> tuple[float, list[str | None
     start = time.perf_counter()
     reasons = [filter_document(rules, t).reason for t in texts]
     return time.perf_counter() - start, reasons
+
+
+WEB = ("web_openwebtext_1k", "web_c4_olmo_fixtures", "web_dolma_cc_fixtures")
+CODE = ("code_python_cosqa_dev", "code_java_methods_codexglue_flat", "code_humanevalx")
+LABELLED = DATA / "web_dclm_quality_labels_train.jsonl"
+
+
+def classifier_model(path: Path | None, tmp: Path) -> Path | None:
+    """The model for the classifier rule and chain: `path`, else one `ballast quality
+    train` makes from the labelled pages (the mechanism's demo model, ~10 s), else None."""
+    if path is not None:
+        return path
+    if not LABELLED.is_file():
+        return None
+    from tasks.quality.train_classifier import TrainConfig, load_examples, train
+
+    texts, labels = load_examples(labelled=[str(LABELLED)])
+    out = tmp / "quality.bin"
+    train(texts, labels, out, TrainConfig())
+    return out
+
+
+def rule_configs(model: Path | None, tmp: Path) -> dict[str, Any]:
+    """Each rule as the benchmark runs it alone: its defaults, plus what it cannot run
+    without (decontaminate: an evaluation set, here 200 C4 fixture documents;
+    classifier: a model; char_ratios: a threshold, all five at 0.5). perplexity is left out: it needs a trained LM directory
+    (benchmarks/perplexity.py times it)."""
+    from tasks.quality import RULES
+
+    evalset = tmp / "eval.jsonl"
+    if (DATA / "web_c4_olmo_fixtures.jsonl").is_file():
+        evalset.write_text("".join(json.dumps({"text": t}) + "\n"
+                                   for t in load("web_c4_olmo_fixtures")[:200]))
+    out: dict[str, Any] = {}
+    for name in RULES:
+        if name == "perplexity":
+            continue
+        if name == "decontaminate":
+            if evalset.is_file():
+                out[name] = {name: {"files": [str(evalset)]}}
+        elif name == "classifier":
+            if model is not None:
+                out[name] = {name: {"model": str(model)}}
+        elif name == "char_ratios":  # every check on (it has no defaults), for the timing
+            out[name] = {name: {k: 0.5 for k in ("max_digit_frac", "max_punct_frac",
+                                                 "max_whitespace_frac", "max_bracket_frac",
+                                                 "max_non_alnum_frac")}}
+        else:
+            out[name] = name
+    return out
+
+
+def timed(texts: list[str], rules: list[Any], repeat: int) -> tuple[float, list[str | None]]:
+    times = []
+    for _ in range(repeat):
+        seconds, reasons = run_ours(texts, rules)
+        times.append(seconds)
+    return statistics.median(times), reasons
+
+
+def rules_and_chains(corpora: dict[str, list[str]], model: Path | None, tmp: Path,
+                     repeat: int) -> dict[str, Any]:
+    """docs/s and MB/s of every rule alone (on the web corpora; `code` on the code
+    corpora) and of the default chains: web, web with language ID, web with language ID
+    and the classifier, code."""
+    from tasks.quality import CODE_DEFAULT_RULES
+
+    web = [t for n in WEB if n in corpora for t in corpora[n]]
+    code = [t for n in CODE if n in corpora for t in corpora[n]]
+    sizes = {"web": sum(len(t.encode()) for t in web), "code": sum(len(t.encode()) for t in code)}
+    texts = {"web": web, "code": code}
+
+    def row(kind: str, spec: list[Any]) -> dict[str, Any]:
+        seconds, reasons = timed(texts[kind], parse_rules(spec), repeat)
+        kept = sum(r is None for r in reasons) / max(len(reasons), 1)
+        return {"on": kind, **rates(len(texts[kind]), sizes[kind], seconds),
+                "kept_fraction": round(kept, 4)}
+
+    out: dict[str, Any] = {"per_rule": {}, "chains": {}}
+    for name, spec in rule_configs(model, tmp).items():
+        out["per_rule"][name] = row("code" if name == "code" else "web", [spec])
+    chains: dict[str, tuple[str, list[Any]]] = {
+        "web": ("web", list(DEFAULT_RULES)),
+        "web + language": ("web", ["language", *DEFAULT_RULES]),
+    }
+    if model is not None:
+        chains["web + language + classifier"] = (
+            "web", ["language", *DEFAULT_RULES, {"classifier": {"model": str(model)}}])
+    chains["code"] = ("code", list(CODE_DEFAULT_RULES))
+    for name, (kind, spec) in chains.items():
+        out["chains"][name] = {"rules": spec, **row(kind, spec)}
+    return out
 
 
 def file_id(path: Path) -> dict[str, Any]:
@@ -230,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="timed passes of our chain")
     ap.add_argument("--dt-repeat", type=int, default=1, help="timed passes of datatrove's")
     ap.add_argument("--no-datatrove", action="store_true", help="skip the datatrove baseline")
+    ap.add_argument("--classifier", type=Path, help="a fastText model for the classifier rule "
+                    "and chain (default: one trained on the labelled pages)")
+    ap.add_argument("--rule-repeat", type=int, default=3, help="timed passes per rule / chain")
     ap.add_argument(
         "--reference",
         type=Path,
@@ -304,6 +405,10 @@ def main(argv: list[str] | None = None) -> int:
     result["english_splitters"]["spacy_time_over_regex"] = round(slow, 3)
     result["overall"] = overall
 
+    with tempfile.TemporaryDirectory(prefix="ballast-quality-bench-") as tmp:
+        model = classifier_model(args.classifier, Path(tmp))
+        result.update(rules_and_chains(corpora, model, Path(tmp), max(1, args.rule_repeat)))
+
     dt: dict[str, Any] = {"available": False}
     chain = "datatrove skipped (--no-datatrove)" if args.no_datatrove else datatrove_chain()
     if isinstance(chain, str):
@@ -341,6 +446,11 @@ def main(argv: list[str] | None = None) -> int:
                 ref["datatrove"], corpora, nbytes, summaries, by_splitter
             )
 
+    print(f"{'rule / chain':34} {'on':>5} {'docs/s':>9} {'MB/s':>7} {'kept':>6}")
+    for label, rows in (("", result["per_rule"]), ("chain: ", result["chains"])):
+        for name, c in rows.items():
+            print(f"{label + name:34} {c['on']:>5} {c['docs_per_s']:>9.0f} {c['mb_per_s']:>7.2f} "
+                  f"{c['kept_fraction']:>6.1%}")
     print(f"{'corpus':34} {'docs':>6} {'MB':>7} {'s':>7} {'docs/s':>9} {'MB/s':>7} {'kept':>6}")
     for name, c in [*result["corpora"].items(), ("overall", overall)]:
         print(

@@ -77,3 +77,34 @@ def test_every_non_space_character_is_in_one_token():
     for _ in range(3000):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
         assert "".join(spacy_en.tokenize(text)) == "".join(text.split()), text
+
+
+def test_a_chunk_of_letters_is_one_token() -> None:
+    """The cache's shortcut for letters-only chunks (spacy_en._tokens_of) against the full
+    prefix/suffix/infix path: the shared corpora's words and random strings of letters of
+    many scripts, none of them a special case, are one token each."""
+
+    from tests.helpers import SHARED
+
+    words: set[str] = set()
+    for path in sorted(SHARED.glob("web_*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            words.update(w for w in json.loads(line)["text"].split() if w.isalpha())
+    rng = random.Random(0)
+    letters = [chr(c) for c in (*range(0x41, 0x7B), *range(0xC0, 0x250), *range(0x370, 0x3FF),
+                                *range(0x400, 0x4FF), *range(0x5D0, 0x5EB),
+                                *range(0x620, 0x64B), *range(0x4E00, 0x4E80))
+               if chr(c).isalpha()]
+    words.update("".join(rng.choices(letters, k=rng.randint(1, 12))) for _ in range(20_000))
+    checked = 0
+    for w in words:
+        if w in spacy_en.SPECIAL:
+            continue
+        assert spacy_en.chunk_tokens(w) == [w], w
+        checked += 1
+    assert checked > 20_000
+    # ... and the tokenizer, which takes the shortcut, gives the same.
+    sample = sorted(words)[:2000]
+    spacy_en._CACHE.clear()
+    assert spacy_en.tokenize(" ".join(sample)) == [t for w in sample
+                                                    for t in spacy_en.chunk_tokens(w)]

