@@ -99,8 +99,8 @@ def classifier_model(path: Path | None, tmp: Path) -> Path | None:
 def rule_configs(model: Path | None, tmp: Path) -> dict[str, Any]:
     """Each rule as the benchmark runs it alone: its defaults, plus what it cannot run
     without (decontaminate: an evaluation set, here 200 C4 fixture documents;
-    classifier: a model; char_ratios: a threshold, all five at 0.5). perplexity is left out: it needs a trained LM directory
-    (benchmarks/perplexity.py times it)."""
+    classifier: a model; char_ratios: a threshold, all five at 0.5). perplexity is left
+    out: it needs a trained LM directory (benchmarks/perplexity.py times it)."""
     from tasks.quality import RULES
 
     evalset = tmp / "eval.jsonl"
