@@ -57,10 +57,11 @@ def manifest(ds: str) -> dict[str, Any]:
     return json.loads((Path(ds) / "manifest.json").read_text())
 
 
-def documents(cols: dict[str, np.ndarray], eos: int, join: bool) -> list[np.ndarray]:
-    """The dataset's sequences computed row by row in plain Python (the reference for
-    rows.py's vectorised version): each segment of each row, a segment that runs to its
-    row's end without EOS joined to the next row's first segment when `join`."""
+def row_pieces(cols: dict[str, np.ndarray], eos: int, join: bool) -> list[np.ndarray]:
+    """The sequences the rows alone give, computed row by row in plain Python (the
+    reference for rows.py's `sequences`, used without provenance): each segment of each
+    row, a segment that runs to its row's end without EOS joined to the next row's first
+    segment when `join`."""
     out: list[list[int]] = []
     open_doc = False
     for ids, seg in zip(cols["input_ids"].tolist(), cols["segment_ids"].tolist(), strict=True):
@@ -75,6 +76,29 @@ def documents(cols: dict[str, np.ndarray], eos: int, join: bool) -> list[np.ndar
             prev = s
         open_doc = join and seg[-1] != 0 and ids[-1] != eos
     return [np.array(d) for d in out]
+
+
+def whole_documents(ds: str, split: str) -> list[np.ndarray]:
+    """Every document of the split from its rows and the provenance reader
+    (core/provenance.py), one row at a time: its pieces joined in offset order, in the
+    order in which each document's last piece comes."""
+    from core.provenance import Provenance
+
+    prov = Provenance(ds)
+    cols = arrow(ds, split)
+    pieces: dict[int, list[tuple[int, list[int]]]] = {}
+    last: dict[int, int] = {}
+    n = 0
+    for r, (ids, seg) in enumerate(zip(cols["input_ids"].tolist(),
+                                       cols["segment_ids"].tolist(), strict=True)):
+        for k, sp in enumerate(prov.spans(split, r), start=1):
+            toks = [t for t, s in zip(ids, seg, strict=True) if s == k]
+            assert len(toks) == sp.end - sp.start
+            pieces.setdefault(sp.doc, []).append((sp.start, toks))
+            last[sp.doc] = n
+            n += 1
+    order = sorted(last, key=last.__getitem__)
+    return [np.array([t for _, p in sorted(pieces[d]) for t in p]) for d in order]
 
 
 def check_record(out: Path, ds: str) -> dict[str, Any]:
@@ -102,19 +126,21 @@ def test_megatron_reads_the_documents(dataset: tuple[str, str], tmp_path: Path) 
     assert r.returncode == 0, r.stderr
     rec = check_record(out, ds)
     eos = manifest(ds)["tokenizer"]["eos_id"]
+    assert rec["documents_from"] == "provenance"
     for split in ("train", "validation"):
-        cols = arrow(ds, split)
-        want = documents(cols, eos, join=strategy == "concat")
+        want = whole_documents(ds, split)
         ix = IndexedDataset(str(out / f"{split}_text_document"))
         assert len(ix) == len(want) == rec["splits"][split]["documents"]
         assert ix.index.dtype == np.uint16  # byte vocabulary: DType.optimal_dtype
         assert np.array_equal(ix.document_indices, np.arange(len(want) + 1))
         for i in range(len(ix)):
             assert np.array_equal(ix[i].astype(np.int64), want[i]), (split, i)
-        ends_eos = sum(int(d[-1] == eos) for d in want)
-        assert rec["splits"][split]["cut_pieces"] == len(want) - ends_eos
-        if strategy == "concat":  # every sequence a whole document
-            assert ends_eos == len(want) == manifest(ds)["packing"][split]["docs"]
+        # Every sequence a whole document, with either packing: bfd's cut documents too.
+        assert all(d[-1] == eos for d in want)
+        assert len(want) == manifest(ds)["packing"][split]["docs"]
+        assert rec["splits"][split]["cut_pieces"] == 0
+    if strategy == "bfd":  # the packer did cut documents, which the export joined
+        assert manifest(ds)["packing"]["train"]["split_docs"] > 0
 
 
 def nanogpt_shard(path: Path) -> tuple[int, np.ndarray]:
@@ -131,13 +157,13 @@ def nanogpt_shard(path: Path) -> tuple[int, np.ndarray]:
 
 def test_llmc_shards_hold_the_eos_first_stream(dataset: tuple[str, str], tmp_path: Path
                                                ) -> None:
-    strategy, ds = dataset
+    _, ds = dataset
     out = tmp_path / "llmc"
     rec = export_dataset(ds, "llmc", str(out), shard_tokens=20_000)
     check_record(out, ds)
     eos = manifest(ds)["tokenizer"]["eos_id"]
     for split, name in (("train", "train"), ("validation", "val")):
-        want = documents(arrow(ds, split), eos, join=strategy == "concat")
+        want = whole_documents(ds, split)
         # llm.c's fineweb.py: [eot] + the document's tokens; ours end with EOS, so it moves.
         stream = np.concatenate([np.concatenate([[eos], d[:-1] if d[-1] == eos else d])
                                  for d in want])
@@ -167,6 +193,32 @@ def test_mds_rows_through_streaming_dataset(dataset: tuple[str, str], tmp_path: 
         assert np.array_equal(got["tokens"], cols["input_ids"])
         for k in ("position_ids", "segment_ids", "loss_mask"):
             assert np.array_equal(got[k], cols[k]), k
+
+
+def test_without_provenance_rows_alone(dataset: tuple[str, str], tmp_path: Path) -> None:
+    """A dataset prepared before provenance: concat's documents are still joined from the
+    rows; bfd's cut documents stay pieces, counted."""
+    import shutil
+
+    strategy, ds = dataset
+    old = tmp_path / "old"
+    shutil.copytree(ds, old)
+    m = manifest(ds)
+    del m["provenance"]
+    (old / "manifest.json").write_text(json.dumps(m))
+    out = tmp_path / "meg"
+    rec = export_dataset(str(old), "megatron", str(out))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+    eos = m["tokenizer"]["eos_id"]
+    want = row_pieces(arrow(ds, "train"), eos, join=strategy == "concat")
+    ix = IndexedDataset(str(out / "train_text_document"))
+    assert len(ix) == len(want)
+    assert all(np.array_equal(ix[i].astype(np.int64), want[i]) for i in range(len(ix)))
+    cut = rec["splits"]["train"]["cut_pieces"]
+    assert cut == sum(int(d[-1] != eos) for d in want)
+    assert (cut == 0) == (strategy == "concat")
 
 
 def test_sequences_join_across_batches() -> None:
@@ -244,3 +296,29 @@ def test_s3_output(train_dataset: str, s3_bucket: str, moto_endpoint: str,
         assert hashlib.sha256(body).hexdigest() == f["sha256"]
     with pytest.raises(ExportError, match="not empty"):
         export_dataset(train_dataset, "megatron", f"s3://{s3_bucket}/exp", options=opts)
+
+
+def test_documents_join_pieces_in_offset_order() -> None:
+    """A document whose remainder comes before its first chunk (bfd can place it so) is
+    joined in offset order once all of it has come; a document whose pieces never add up
+    comes out at the end as pieces, counted as cut."""
+    from tasks.export.rows import Spans, documents
+
+    eos = 9
+    # Row 0: doc 7's remainder (offsets 4..6, ends with EOS), doc 1 whole. Row 1: doc 7's
+    # first chunk (0..4). Row 2: doc 3's first chunk (0..4), never finished.
+    ids = np.array([[5, eos, 2, eos], [1, 2, 3, 4], [6, 6, 6, 6]])
+    seg = np.array([[1, 1, 2, 2], [1, 1, 1, 1], [1, 1, 1, 1]])
+    spans = [Spans(np.array([7, 1]), np.array([4, 0]), np.array([6, 2])),
+             Spans(np.array([7]), np.array([0]), np.array([4])),
+             Spans(np.array([3]), np.array([0]), np.array([4]))]
+    batches = [(Rows(ids[i:i + 1], np.zeros_like(ids[i:i + 1]), seg[i:i + 1]), spans[i])
+               for i in range(3)]
+    out = list(documents(iter(batches), eos))
+    seqs = [s.tokens[a - n:a].tolist() for s in out
+            for a, n in zip(np.cumsum(s.lengths), s.lengths, strict=True)]
+    assert seqs == [[2, eos], [1, 2, 3, 4, 5, eos], [6, 6, 6, 6]]
+    assert sum(s.cut for s in out) == 1
+    bad = [(batches[0][0], Spans(np.array([7]), np.array([0]), np.array([2])))]
+    with pytest.raises(ValueError, match="do not match"):
+        list(documents(iter(bad), eos))

@@ -15,7 +15,7 @@ import hashlib
 import json
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from core.dataset import FORMAT, MANIFEST, resolve
 from core.errors import NotFound
 from core.store import StorageOptions, Store, open_store
 from tasks.export import llmc, mds, megatron
-from tasks.export.rows import sequences, split_rows
+from tasks.export.rows import documents, sequences, split_rows, split_rows_with_spans
 
 FORMATS = ("megatron", "llmc", "mds")
 RECORD = "ballast_export.json"
@@ -81,6 +81,15 @@ def check(dataset: str, fmt: str, out: str, splits: tuple[str, ...],
     return uri, src, raw, manifest, dst
 
 
+def _counted(batches: Iterator[Any], split: str,
+             progress: Callable[[str, int], None] | None) -> Iterator[Any]:
+    """`batches` (Rows, or (Rows, Spans)), calling progress(split, rows) for each."""
+    for b in batches:
+        if progress is not None:
+            progress(split, len(b[0] if isinstance(b, tuple) else b))
+        yield b
+
+
 def export_dataset(dataset: str, fmt: str, out: str,
                    splits: tuple[str, ...] = ("train", "validation"),
                    options: StorageOptions | None = None,
@@ -91,8 +100,9 @@ def export_dataset(dataset: str, fmt: str, out: str,
     uri, src, raw, manifest, dst = check(dataset, fmt, out, splits, options, shard_tokens)
     tok = manifest["tokenizer"]
     vocab, eos = int(tok["vocab_size"]), int(tok["eos_id"])
-    # concat packing cuts one token stream into rows, so a document cut at a row's end
-    # goes on at the next row's start and can be joined again (rows.py).
+    # Whole documents from the provenance (any packing); without it, concat packing's
+    # documents can still be joined from the rows alone (rows.py).
+    provenance = "provenance" in manifest
     join = manifest.get("packing", {}).get("strategy") == "concat"
     local = dst.local_path("")
     if local is not None:
@@ -102,20 +112,26 @@ def export_dataset(dataset: str, fmt: str, out: str,
     try:
         written: dict[str, Any] = {}
         for split in splits:
-            def batches(split: str = split):  # type: ignore[no-untyped-def]
-                for rows in split_rows(src, manifest, split):
-                    if progress is not None:
-                        progress(split, len(rows))
-                    yield rows
-
-            if fmt == "megatron":
-                written[split] = megatron.write_split(root, split, sequences(batches(), eos, join),
-                                                      vocab)
-            elif fmt == "llmc":
-                written[split] = llmc.write_split(root, split, sequences(batches(), eos, join),
-                                                  vocab, eos, shard_tokens)
+            if fmt == "mds":  # packed rows as they are
+                rows_iter = split_rows(src, manifest, split)
+                written[split] = mds.write_split(root, split, _counted(rows_iter, split,
+                                                                      progress))
+                continue
+            if provenance:
+                seqs = documents(_counted(split_rows_with_spans(src, manifest, split), split,
+                                          progress), eos)
             else:
-                written[split] = mds.write_split(root, split, batches())
+                seqs = sequences(_counted(split_rows(src, manifest, split), split, progress),
+                                 eos, join)
+            try:
+                if fmt == "megatron":
+                    written[split] = megatron.write_split(root, split, seqs, vocab)
+                else:
+                    written[split] = llmc.write_split(root, split, seqs, vocab, eos,
+                                                      shard_tokens)
+            except ValueError as e:  # rows and provenance disagree: a damaged dataset
+                raise ExportError(f"{uri}, split {split}: {e} (`ballast verify {uri}` "
+                                  "checks the files against the manifest)") from None
         tok_file = tok.get("file")
         if tok_file:  # the tokenizer, for the trainer that reads these ids
             src.get_file(tok_file, root / Path(tok_file).name)
@@ -123,7 +139,9 @@ def export_dataset(dataset: str, fmt: str, out: str,
         record = {
             "format": RECORD_FORMAT, "export": fmt, "dataset": uri,
             "dataset_manifest_sha256": hashlib.sha256(raw).hexdigest(),
-            "joined_documents": join, "splits": written,
+            "documents_from": ("provenance" if provenance else "rows (concat packing)"
+                               if join else "rows (bfd pieces not joined)"),
+            "splits": written,
             "files": {rel: {"bytes": (root / rel).stat().st_size,
                             "sha256": _sha256(root / rel)} for rel in files},
             "source_manifest": {k: manifest[k] for k in _CARRIED if k in manifest},

@@ -4,11 +4,13 @@ and the document pieces of those rows (core/dataset.py's `segment_ids`), joined 
 into whole documents where the packing makes that exact.
 
 Where a piece ends and whether it can be joined: every document the tokenizer wrote ends
-with EOS, so a piece that does not end with EOS is a document cut by the packer. With
-`concat` packing the rest of it is the first piece of the next row (one token stream cut
-into rows), so such pieces are joined and every sequence is a whole document. With `bfd`
-packing a long document's remainder is packed into some other row, which the rows do not
-name, so its pieces stay separate sequences (`cut` counts them)."""
+with EOS, so a piece that does not end with EOS is a document cut by the packer. A
+dataset with provenance names each piece's document and token offsets, so `documents`
+joins the pieces of every document whatever the packing (bfd puts a long document's
+remainder in a later row). Without provenance (a dataset prepared before it), `sequences`
+joins what the rows alone tell: with `concat` packing the rest of a cut document is the
+first piece of the next row (one token stream cut into rows); with `bfd` its pieces stay
+separate sequences (`cut` counts them)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from core.store import Store
 
@@ -122,3 +125,98 @@ def sequences(batches: Iterator[Rows], eos_id: int, join: bool) -> Iterator[Sequ
         tokens = np.concatenate(carry)
         yield Sequences(tokens, np.array([tokens.size], np.int64),
                         int(tokens[-1] != eos_id))
+
+
+@dataclass
+class Spans:
+    """The document pieces of a record batch of rows, as the dataset's provenance names
+    them, flattened in row and segment order: the global document index and the piece's
+    token offsets [start, end) in that document."""
+
+    doc: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+
+def _read_spans(path: Path) -> tuple[Spans, np.ndarray]:
+    """A provenance spans file whole (a few bytes per segment): flattened values and
+    each row's first entry (len rows + 1)."""
+    t = pq.read_table(path)
+    doc = t.column("doc").combine_chunks()
+    offsets = doc.offsets.to_numpy().astype(np.int64)
+    offsets = offsets - offsets[0]
+    flat = [t.column(c).combine_chunks().flatten().to_numpy() for c in ("doc", "start", "end")]
+    return Spans(flat[0].astype(np.int64), flat[1].astype(np.int64),
+                 flat[2].astype(np.int64)), offsets
+
+
+def split_rows_with_spans(store: Store, manifest: dict[str, Any], split: str
+                          ) -> Iterator[tuple[Rows, Spans]]:
+    """split_rows with each batch's provenance spans (manifest["provenance"]: one spans
+    file per Arrow shard, row for row)."""
+    files = manifest["provenance"]["splits"][split]
+    shards = manifest["splits"][split]["files"]
+    if len(files) != len(shards):
+        raise ValueError(f"the provenance of split {split} names {len(files)} files for "
+                         f"{len(shards)} Arrow shards")
+    for shard, entry in zip(shards, files, strict=True):
+        sub = {**manifest, "splits": {split: {**manifest["splits"][split], "files": [shard]}}}
+        with tempfile.TemporaryDirectory(prefix="ballast-export-") as tmp:
+            path = store.local_path(entry["file"])
+            if path is None:
+                path = Path(tmp) / Path(entry["file"]).name
+                store.get_file(entry["file"], path)
+            spans, offsets = _read_spans(path)
+        row = 0
+        for rows in split_rows(store, sub, split):
+            lo, hi = offsets[row], offsets[row + len(rows)]
+            yield rows, Spans(spans.doc[lo:hi], spans.start[lo:hi], spans.end[lo:hi])
+            row += len(rows)
+        if row != len(offsets) - 1:
+            raise ValueError(f"{entry['file']}: {len(offsets) - 1} rows of spans for {row} "
+                             f"rows of {shard}")
+
+
+def documents(batches: Iterator[tuple[Rows, Spans]], eos_id: int) -> Iterator[Sequences]:
+    """Whole documents from rows and their provenance, whatever the packing: a piece that
+    is a whole document (offset 0, ends with EOS) is one as it comes; the pieces of a
+    document the packer cut (bfd puts a long document's remainder in a later row of the
+    same window) are held until all of them have come and then joined in offset order, so
+    a document is emitted when its last piece is read. Memory: the open documents, at most
+    those of one packing window. A document still open at the end (its pieces do not add
+    up) is emitted piece by piece and counted in `cut`."""
+    pending: dict[int, list[tuple[int, np.ndarray]]] = {}
+    need: dict[int, int] = {}  # doc -> its length, once its EOS piece has come
+    have: dict[int, int] = {}
+    for rows, sp in batches:
+        tokens, lengths, _ = pieces(rows)
+        if lengths.size != sp.doc.size or not np.array_equal(lengths, sp.end - sp.start):
+            raise ValueError("the provenance spans do not match the rows' segments")
+        if not lengths.size:
+            continue
+        ends = np.cumsum(lengths)
+        whole = (sp.start == 0) & (tokens[ends - 1] == eos_id)
+        if whole.all() and not pending:
+            yield Sequences(tokens, lengths, 0)
+            continue
+        out: list[np.ndarray] = []
+        for i in range(lengths.size):
+            piece = tokens[ends[i] - lengths[i]:ends[i]]
+            if whole[i]:
+                out.append(piece)
+                continue
+            d = int(sp.doc[i])
+            pending.setdefault(d, []).append((int(sp.start[i]), piece.copy()))
+            have[d] = have.get(d, 0) + piece.size
+            if piece[-1] == eos_id:
+                need[d] = int(sp.end[i])
+            if need.get(d) == have[d]:
+                parts = sorted(pending.pop(d), key=lambda p: p[0])
+                del need[d], have[d]
+                out.append(np.concatenate([p for _, p in parts]))
+        if out:
+            yield Sequences(np.concatenate(out), np.array([o.size for o in out], np.int64), 0)
+    for d in sorted(pending):
+        parts = [p for _, p in sorted(pending[d], key=lambda p: p[0])]
+        yield Sequences(np.concatenate(parts), np.array([p.size for p in parts], np.int64),
+                        sum(int(p[-1] != eos_id) for p in parts))
