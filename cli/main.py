@@ -504,7 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
     from infra.jobs import POOLS
     from infra.k8s_manifests import IMAGE
 
-    p = argparse.ArgumentParser(prog="ballast", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="ballast", description="Ballast: prepare LLM pre-training "
+                                "data and keep the training run on it alive.")
     sub = p.add_subparsers(dest="command", required=True)
     prep = sub.add_parser("prep", help="run data prep from a YAML config (no server needed)")
     prep.add_argument("config", help="path to the run config (YAML)")
