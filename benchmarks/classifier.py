@@ -13,6 +13,9 @@ threshold is chosen on the training folds only, to keep 85% of the good training
   inner out-of-fold scores), applied to the held-out fold through the `classifier` rule;
 - perplexity: benchmarks/perplexity.py's small reference model and its cross_validate;
 - heuristics -> classifier: both rules in one chain (what a config with both does);
+- classifier + OpenWebText as good: the 1,000 shared OpenWebText pages added to every
+  fold's training set as good pages (reference data as positives, as DCLM trains on
+  OH-2.5 + ELI5); the threshold from the labelled training pages only;
 - classifier + perplexity: the mean of the two scores' percentile ranks among the training
   pages (classifier scores out-of-fold), cut at 85% of the good training pages.
 Target (issue 14): good kept >= 85%, bad kept <= 15%.
@@ -38,9 +41,14 @@ from tasks.quality import DEFAULT_RULES, filter_documents, parse_rules  # noqa: 
 from tasks.quality.train_classifier import (  # noqa: E402
     TrainConfig,
     choose_threshold,
+    fit,
+    out_of_fold_scores,
     scores,
     train_model,
 )
+
+# 1,000 pages of OpenWebText (outbound Reddit links with 3+ karma: GPT-2's quality proxy).
+OWT = LABELLED.parent / "web_openwebtext_1k.jsonl"
 
 
 def folds_of(n: int, folds: int, seed: int = 0) -> list[list[int]]:
@@ -68,10 +76,13 @@ def percentile(ref: list[float], x: float) -> float:
 
 
 def classifier_cv(texts: list[str], labels: list[int], folds: list[list[int]],
-                  cfg: TrainConfig, work: Path, chain_keep: list[bool]
-                  ) -> dict[str, Any]:
+                  cfg: TrainConfig, work: Path, chain_keep: list[bool],
+                  extra_good: list[str] | None = None) -> dict[str, Any]:
     """Held-out scores and keep decisions of the `classifier` rule, fold by fold, plus the
-    out-of-fold training scores each fold's threshold came from (for the combination)."""
+    out-of-fold training scores each fold's threshold came from (for the combination).
+    `extra_good`: reference pages added to every fold's training set as good (DCLM trains
+    on reference data as positives); the threshold still comes from the labelled training
+    pages' out-of-fold scores only."""
     n = len(texts)
     kept = [False] * n
     chained = [False] * n
@@ -81,8 +92,15 @@ def classifier_cv(texts: list[str], labels: list[int], folds: list[list[int]],
     for fold in folds:
         held = set(fold)
         tr = [i for i in range(n) if i not in held]
-        model, spec, threshold, oof = train_model([texts[i] for i in tr],
-                                                  [labels[i] for i in tr], cfg)
+        if extra_good:
+            tt = [texts[i] for i in tr] + extra_good
+            tl = [labels[i] for i in tr] + [1] * len(extra_good)
+            oof = out_of_fold_scores(tt, tl, cfg)[:len(tr)]
+            threshold = choose_threshold(oof, [labels[i] for i in tr], cfg.keep_good)
+            model, spec = fit(tt, tl, cfg)
+        else:
+            model, spec, threshold, oof = train_model([texts[i] for i in tr],
+                                                      [labels[i] for i in tr], cfg)
         thresholds.append(round(threshold, 4))
         train_oof.append(dict(zip(tr, oof, strict=True)))
         path = work / "fold.bin"
@@ -156,6 +174,18 @@ def main() -> int:
                                                         "lr", "dim", "folds", "keep_good")},
                 "seconds": round(time.perf_counter() - t0, 1)}
             methods[f"heuristics -> classifier[{features}]"] = rates(r["chained"], labels)
+        if OWT.is_file():  # reference pages as extra positives
+            owt = [json.loads(line)["text"] for line in OWT.read_text().splitlines()]
+            cfg = TrainConfig(features="text+stats")
+            t0 = time.perf_counter()
+            r = classifier_cv(texts, labels, folds, cfg, Path(work), chain, extra_good=owt)
+            good = [s for s, y in zip(r["scores"], labels, strict=True) if y == 1]
+            bad = [s for s, y in zip(r["scores"], labels, strict=True) if y == 0]
+            methods["classifier[text+stats] + OpenWebText as good"] = rates(
+                r["kept"], labels) | {
+                "auc_good_above_bad": round(auc(good, bad), 4),
+                "extra_good_pages": len(owt), "fold_thresholds": r["thresholds"],
+                "seconds": round(time.perf_counter() - t0, 1)}
     if not args.skip_perplexity:
         from benchmarks.perplexity import build_model
         from tasks.quality.perplexity import perplexities
