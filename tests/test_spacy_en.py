@@ -108,3 +108,17 @@ def test_a_chunk_of_letters_is_one_token() -> None:
     spacy_en._CACHE.clear()
     assert spacy_en.tokenize(" ".join(sample)) == [t for w in sample
                                                     for t in spacy_en.chunk_tokens(w)]
+
+
+def test_the_cache_across_generation_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a tiny cache (a switch of generations every 50 chunks), tokenize still gives
+    the whole-text algorithm's tokens (doc_tokens), chunks served from the old generation
+    included."""
+    monkeypatch.setattr(spacy_en, "CACHE_MAX", 50)
+    rng = random.Random(1)
+    vocab = ["the", "a", "Dr.", "U.S.", "don't", ":)", "x)", "5km", "e.g.", "(hi)", "word,",
+             "word.", "it's", "Mr.", "a.m.", "C++", "well-known", "gonna", "$5", "..."]
+    for _ in range(2000):
+        text = " ".join(rng.choice(vocab) for _ in range(rng.randint(1, 12)))
+        assert spacy_en.tokenize(text) == spacy_en.doc_tokens(text), text
+    assert len(spacy_en._OLD) > 0  # the old generation was in use
