@@ -21,6 +21,7 @@ from typing import Any
 
 from core.dataset import FORMAT, MANIFEST, resolve
 from core.errors import NotFound
+from core.files import sha256_file
 from core.store import StorageOptions, Store, open_store
 from tasks.export import llmc, mds, megatron
 from tasks.export.rows import documents, sequences, split_rows, split_rows_with_spans
@@ -35,14 +36,6 @@ _CARRIED = ("format", "config_fingerprint", "seed", "seq_len", "tokenizer", "spl
 
 class ExportError(ValueError):
     """The dataset cannot be exported as asked (one line, exit 1)."""
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check(dataset: str, fmt: str, out: str, splits: tuple[str, ...],
@@ -143,7 +136,7 @@ def export_dataset(dataset: str, fmt: str, out: str,
                                if join else "rows (bfd pieces not joined)"),
             "splits": written,
             "files": {rel: {"bytes": (root / rel).stat().st_size,
-                            "sha256": _sha256(root / rel)} for rel in files},
+                            "sha256": sha256_file(root / rel)} for rel in files},
             "source_manifest": {k: manifest[k] for k in _CARRIED if k in manifest},
         }
         body = json.dumps(record, indent=1, sort_keys=True).encode()

@@ -55,22 +55,32 @@ def _matrix(batch: pa.RecordBatch, name: str, seq_len: int) -> np.ndarray:
     return values.reshape(-1, seq_len)
 
 
+def _local(store: Store, rel: str, tmp: str) -> Path:
+    """A file of the dataset on local disk: its own path, or a download into `tmp`."""
+    path = store.local_path(rel)
+    if path is None:
+        path = Path(tmp) / Path(rel).name
+        store.get_file(rel, path)
+    return path
+
+
+def shard_rows(store: Store, rel: str, seq_len: int) -> Iterator[Rows]:
+    """The rows of one Arrow shard, a record batch at a time. A shard of a remote dataset
+    is downloaded to a temporary file first and removed when it has been read."""
+    with (tempfile.TemporaryDirectory(prefix="ballast-export-") as tmp,
+          pa.memory_map(str(_local(store, rel, tmp))) as src):
+        for batch in pa.ipc.open_stream(src):
+            if batch.num_rows:
+                yield Rows(*(_matrix(batch, c, seq_len) for c in
+                             ("input_ids", "position_ids", "segment_ids")))
+
+
 def split_rows(store: Store, manifest: dict[str, Any], split: str) -> Iterator[Rows]:
     """The rows of `split` in the dataset's order (its shards in the manifest's order, as
-    `load_from_disk` reads them), a record batch at a time. A shard of a remote dataset is
-    downloaded to a temporary file first and removed when it has been read."""
+    `load_from_disk` reads them), a record batch at a time."""
     seq_len = int(manifest["seq_len"])
     for rel in manifest["splits"][split]["files"]:
-        path = store.local_path(rel)
-        with tempfile.TemporaryDirectory(prefix="ballast-export-") as tmp:
-            if path is None:
-                path = Path(tmp) / Path(rel).name
-                store.get_file(rel, path)
-            with pa.memory_map(str(path)) as src:
-                for batch in pa.ipc.open_stream(src):
-                    if batch.num_rows:
-                        yield Rows(*(_matrix(batch, c, seq_len) for c in
-                                     ("input_ids", "position_ids", "segment_ids")))
+        yield from shard_rows(store, rel, seq_len)
 
 
 def pieces(rows: Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -159,16 +169,12 @@ def split_rows_with_spans(store: Store, manifest: dict[str, Any], split: str
     if len(files) != len(shards):
         raise ValueError(f"the provenance of split {split} names {len(files)} files for "
                          f"{len(shards)} Arrow shards")
+    seq_len = int(manifest["seq_len"])
     for shard, entry in zip(shards, files, strict=True):
-        sub = {**manifest, "splits": {split: {**manifest["splits"][split], "files": [shard]}}}
         with tempfile.TemporaryDirectory(prefix="ballast-export-") as tmp:
-            path = store.local_path(entry["file"])
-            if path is None:
-                path = Path(tmp) / Path(entry["file"]).name
-                store.get_file(entry["file"], path)
-            spans, offsets = _read_spans(path)
+            spans, offsets = _read_spans(_local(store, entry["file"], tmp))
         row = 0
-        for rows in split_rows(store, sub, split):
+        for rows in shard_rows(store, shard, seq_len):
             lo, hi = offsets[row], offsets[row + len(rows)]
             yield rows, Spans(spans.doc[lo:hi], spans.start[lo:hi], spans.end[lo:hi])
             row += len(rows)

@@ -24,9 +24,16 @@ NO_SPACE_LANGUAGES = frozenset({"zh", "ja", "th", "lo", "km", "my", "bo", "wuu",
 # English page with a few CJK names stays below.
 SCRIPT_SHARE = 0.3
 _SAMPLE = 2000  # characters looked at to tell the script
-_ANY_NO_SPACE = re.compile("[\u0e00-\u0eff\u0f00-\u0fff\u1000-\u109f\u1780-\u17ff"
-                           "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
-                           "\uf900-\ufaff\uff66-\uff9d\U00020000-\U0002fa1f]")
+# The scripts written without spaces: code-point ranges and the language (or "han":
+# Chinese unless kana come with it) each says; the pre-check regex is made from them.
+_SCRIPTS: tuple[tuple[int, int, str], ...] = (
+    (0x3040, 0x30FF, "ja"), (0x31F0, 0x31FF, "ja"), (0xFF66, 0xFF9D, "ja"),  # kana
+    (0x4E00, 0x9FFF, "han"), (0x3400, 0x4DBF, "han"), (0x20000, 0x2FA1F, "han"),
+    (0xF900, 0xFAFF, "han"),
+    (0x0E00, 0x0E7F, "th"), (0x0E80, 0x0EFF, "lo"), (0x1780, 0x17FF, "km"),
+    (0x1000, 0x109F, "my"), (0x0F00, 0x0FFF, "bo"),
+)
+_ANY_NO_SPACE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b, _ in _SCRIPTS) + "]")
 # A sentence ends at a run of terminal punctuation (full-width or not) and any closing
 # quotes or brackets, where more text follows; no space needs to follow, as none does in
 # these scripts. Thai marks sentences with spaces only, which this does not see.
@@ -35,21 +42,9 @@ _SENTENCE_END = re.compile(r"[。！？!?．…]+[」』”’）)\]\"']*(?=\s*\
 
 def _script_of(ch: str) -> str | None:
     o = ord(ch)
-    if 0x3040 <= o <= 0x30FF or 0x31F0 <= o <= 0x31FF or 0xFF66 <= o <= 0xFF9D:
-        return "ja"  # hiragana, katakana
-    if (0x4E00 <= o <= 0x9FFF or 0x3400 <= o <= 0x4DBF or 0x20000 <= o <= 0x2FA1F
-            or 0xF900 <= o <= 0xFAFF):
-        return "han"
-    if 0x0E00 <= o <= 0x0E7F:
-        return "th"
-    if 0x0E80 <= o <= 0x0EFF:
-        return "lo"
-    if 0x1780 <= o <= 0x17FF:
-        return "km"
-    if 0x1000 <= o <= 0x109F:
-        return "my"
-    if 0x0F00 <= o <= 0x0FFF:
-        return "bo"
+    for lo, hi, script in _SCRIPTS:
+        if lo <= o <= hi:
+            return script
     return None
 
 
