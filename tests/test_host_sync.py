@@ -24,7 +24,7 @@ import torch
 
 from training.config import parse_train_config
 from training.faults import Faults, Hooks
-from training.train import Trainer
+from training.trainer import Trainer
 
 TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
 # What brings a tensor's value to the host (on CUDA: a synchronisation each).

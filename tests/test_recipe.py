@@ -18,12 +18,13 @@ from torch import nn
 from tests.test_host_sync import BUDGET, reads_per_step
 from tests.test_host_sync import trainer as sync_trainer
 from training import checkpoint as ckpt
+from training.components.ema import Ema
 from training.config import ScheduleConfig, TrainConfigError, parse_train_config
 from training.loss import lm_loss, shift_targets
 from training.metrics import read
 from training.optim import agc_params, clip_grad_agc_
 from training.schedule import lr_multiplier
-from training.train import Trainer
+from training.trainer import Trainer
 
 TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
 
@@ -309,8 +310,9 @@ def test_ema_follows_the_lerp_after_each_step(train_dataset, tmp_path):
     try:
         params = list(t.model.parameters())
         want = [p.detach().clone() for p in params]
-        assert t.ema is not None and all(torch.equal(e, w) for e, w in zip(t.ema, want,
-                                                                           strict=True))
+        ema = t.component("ema")
+        assert isinstance(ema, Ema)
+        assert all(torch.equal(e, w) for e, w in zip(ema.shadow, want, strict=True))
         for _ in range(3):
             out = t.train_step()
             assert out.decision is not None and out.decision.action == "ok"
@@ -318,12 +320,12 @@ def test_ema_follows_the_lerp_after_each_step(train_dataset, tmp_path):
                                                                        strict=True)]
             t.state.step += 1
             t.state.samples_seen += out.samples
-        for e, w in zip(t.ema, want, strict=True):
+        for e, w in zip(ema.shadow, want, strict=True):
             assert torch.allclose(e, w, rtol=0, atol=1e-7)
-        assert any(not torch.equal(e, p) for e, p in zip(t.ema, params, strict=True))
+        assert any(not torch.equal(e, p) for e, p in zip(ema.shadow, params, strict=True))
         # Evaluating the EMA leaves the training weights as they were, bit for bit.
         before = [p.detach().clone() for p in params]
-        ema_val, val = t.evaluate_ema(), t.evaluate()
+        ema_val, val = ema.evaluate(), t.evaluate()
         assert all(torch.equal(p, b) for p, b in zip(params, before, strict=True))
         assert ema_val != val and math.isfinite(ema_val)
     finally:

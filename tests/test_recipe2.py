@@ -27,7 +27,7 @@ from training.model import GPT, Block, LayerNorm, RMSNorm, drop_path
 from training.noise_scale import NoiseScale
 from training.optim import build_optimizer, param_groups
 from training.schedule import lr_multiplier, set_lr
-from training.train import Trainer
+from training.trainer import Trainer
 
 V, T = 64, 16
 
@@ -431,7 +431,7 @@ def test_stats_values_are_what_they_say(train_dataset, tmp_path):
     finally:
         t.loader.close()
         t.ckpts.close()
-    st = out.stats
+    st = out.extras.get("layer_stats")
     assert st is not None and set(st) == {"act_rms", "grad_rms", "attn_logit_max",
                                           "update_ratio"}
     for i, b in enumerate(blocks):

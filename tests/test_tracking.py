@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ import yaml
 
 from tests.conftest import free_port
 from tests.tiny_run import write_configs
+from training.components.progress import mfu
 from training.flops import device_peak_flops, matmul_dtype, peak_flops
 from training.metrics import read, scalars
 
@@ -241,8 +241,6 @@ def test_unknown_peak_is_none(name, dtype):
 
 
 def test_mfu_uses_the_device_peak_and_every_rank():
-    from training.train import Trainer
-
     assert device_peak_flops(torch.device("cpu"), "bf16") is None
     assert matmul_dtype("bf16") == "bf16"
     before = torch.get_float32_matmul_precision()
@@ -254,7 +252,6 @@ def test_mfu_uses_the_device_peak_and_every_rank():
     finally:
         torch.set_float32_matmul_precision(before)
     # 2 ranks at 1e4 tokens/s each of 6e8 FLOPs, against 989.5 TFLOP/s per GPU.
-    t = SimpleNamespace(peak=("H100 SXM", 989.5e12), flops_per_token=6e8,
-                        world=SimpleNamespace(size=2))
-    assert Trainer.mfu(t, 2e4) == {"mfu": pytest.approx(2e4 * 6e8 / (2 * 989.5e12))}
-    assert Trainer.mfu(SimpleNamespace(peak=None), 2e4) == {}
+    assert mfu(2e4, 6e8, ("H100 SXM", 989.5e12), 2) == {
+        "mfu": pytest.approx(2e4 * 6e8 / (2 * 989.5e12))}
+    assert mfu(2e4, 6e8, None, 2) == {}

@@ -23,7 +23,7 @@ from training import checkpoint as ckpt
 from training.config import TrainConfigError, parse_train_config
 from training.faults import Faults
 from training.metrics import read
-from training.train import Trainer
+from training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,0 +1,396 @@
+"""The trainer: assembles a run from its config and runs the loop. The loop is a series of
+calls on parts that each own their concern: the step (training/step.py), guards (when a step
+is bad), the checkpoint package (how state is written, read and copied to object storage),
+recovery (rollbacks, the supervisor's recovery, the DIVERGED marker), faults (hooks tests
+use to inject faults), data, metrics, and the recipe options as components
+(training/components/: EMA, early stopping, the noise-scale controller, layer statistics,
+resume overrides, warm start, progress), which the trainer calls at fixed points.
+
+Exit codes (shared with launchers and Kubernetes): 0 done, 1 bad config or data,
+3 diverged beyond the rollback budget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from core.protocol import EXIT_CRASHED, EXIT_DIVERGED, EXIT_ERROR, EXIT_OK, format_event
+from training import checkpoint as ckpt
+from training import components, distributed
+from training.blame import event_documents
+from training.checkpoint.manager import open_checkpoints
+from training.checkpoint.remote import (
+    RemoteCheckpointError,
+    RemoteCheckpoints,
+    RemoteOwnershipError,
+)
+from training.components.base import Component
+from training.components.progress import Progress
+from training.config import TrainConfig
+from training.data import Loader, Sampler, TrainData, load_data
+from training.faults import Hooks
+from training.guards import StabilityGuard
+from training.metrics import MetricsLog, truncate_after
+from training.model import GPT
+from training.optim import agc_params, build_optimizer
+from training.recovery import CheckpointChoice, Recovery, State, diverge, recover, stopped_by_marker
+from training.run_record import write_final
+from training.step import StepResult, evaluate, pick_device, train_step
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, hooks: Hooks | None = None,
+                 recovery: Recovery | None = None):
+        self.cfg, self.hooks, self.recovery = cfg, hooks or Hooks(), recovery
+        self.rewind_remote = False  # the next remote upload follows a rollback
+        self.device = pick_device(cfg)
+        self.world = distributed.init(self.device.type)
+        torch.manual_seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=self.device.type == "cuda")
+        self.data: TrainData = load_data(cfg.dataset, options=cfg.storage)
+        self.model = GPT(cfg.model, self.data.vocab_size, self.data.seq_len).to(self.device)
+        self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
+        self.fsdp = self.world.active and cfg.parallel == "fsdp2"
+        wrapped: torch.nn.Module = self.model
+        if self.fsdp:
+            from torch.distributed.fsdp import fully_shard
+
+            # Each block is a unit (its parameters are gathered just before it runs),
+            # then the root (embeddings, final norm, head). Before the optimizer exists.
+            for block in self.model.blocks:
+                fully_shard(block)
+            fully_shard(self.model)
+        elif self.world.active:
+            # Same seed on every rank gives the same init; DDP also broadcasts rank 0's.
+            self.ddp = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=[self.device.index] if self.device.type == "cuda"
+                else None)
+            wrapped = self.ddp
+        self.forward = torch.compile(wrapped) if cfg.model.compile else wrapped
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        # Events found outside the loop's reach (a restore's overrides): written at the
+        # next step.
+        self.pending_events: list[dict[str, Any]] = []
+        self.agc_params = agc_params(self.model) if cfg.optim.agc is not None else []
+        self.scaler = torch.amp.GradScaler(self.device.type,
+                                           enabled=cfg.precision.dtype == "fp16")
+        # Its skip and rollback events name the documents of their rows (provenance).
+        self.guard = StabilityGuard(cfg.guards, describe=event_documents(self.data))
+        self.sampler = Sampler(self.data.train.rows, cfg.seed, cfg.shuffle)
+        # The next micro-batches load in a background thread while this step computes.
+        self.loader = Loader(self.data.train, self.sampler,
+                             lambda idx: distributed.rank_slice(idx, self.world),
+                             pin_memory=self.device.type == "cuda")
+        self.state = State()
+        self.run_dir = Path(cfg.run_dir)
+        self.ckpt_dir = Path(cfg.checkpoint_dir())
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._eval_tokens = 0  # tokens the last evaluate() scored
+        c = cfg.checkpoint
+        self.ckpts = open_checkpoints(self.ckpt_dir, self.world, self.device, self.model,
+                                      self.optimizer, self._after_save, sharded=self.fsdp,
+                                      async_save=c.async_save)
+        # The recipe options this config turns on (training/components/).
+        self.components: list[Component] = []
+        self.components = components.build(self)
+        self.progress = self.component("progress")
+        assert isinstance(self.progress, Progress)
+        remote_uri = cfg.remote_checkpoint_uri()  # <checkpoint.remote>/<run name>
+        self.remote = (RemoteCheckpoints(remote_uri, cfg.storage, c.keep_last, c.keep_every,
+                                         c.remote_max_failures,
+                                         log=lambda m: print(m, file=sys.stderr))
+                       if remote_uri and self.world.is_main else None)
+        self.choice = CheckpointChoice(self.ckpt_dir, self.remote)
+        self._claim_remote()
+
+    def component(self, name: str) -> Component | None:
+        """The component called `name`, if this run's config turned it on."""
+        return next((c for c in self.components if c.name == name), None)
+
+    def _claim_remote(self) -> None:
+        """Before anything is restored from, uploaded to or pruned in the remote prefix:
+        it must be this run's (RUN.json: run name and config fingerprint), or unclaimed.
+        Rank 0 checks; every rank raises the same error (exit 1, bad input)."""
+        error = None
+        if self.remote is not None:
+            try:
+                self.remote.claim(self.cfg.run_name(), self.cfg.checkpoint_fingerprint())
+            except RemoteOwnershipError as e:
+                error = str(e)
+        if self.cfg.checkpoint.remote:
+            error = distributed.broadcast_object(error, self.world, self.device)
+        if error is not None:
+            if self.remote is not None:
+                self.remote.close(drain=False)
+            raise RemoteOwnershipError(error)
+
+    # -- checkpoints --------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """What a checkpoint holds besides the model and optimizer."""
+        s = self.state
+        trainer = {"step": s.step, "samples_seen": s.samples_seen, "tokens_seen": s.tokens_seen,
+                   "lr_scale": s.lr_scale, "rollbacks": s.rollbacks}
+        for c in self.components:
+            trainer.update(c.trainer_state())
+        # Component entries only with the option on, so a default run's checkpoints are
+        # unchanged.
+        return {"scaler": self.scaler.state_dict(), "rng": ckpt.rng_state(),
+                "guard": self.guard.state_dict(), "config": self.cfg.model_dump(mode="json"),
+                "trainer": trainer,
+                **{c.key: c.state_dict() for c in self.components if c.key is not None}}
+
+    def save(self) -> None:
+        self.ckpts.save(self.state.step, self.snapshot())
+
+    def _after_save(self, step: int) -> None:
+        c = self.cfg.checkpoint
+        # Step 0 is kept: it is the rollback target of last resort.
+        ckpt.retain(self.ckpt_dir, c.keep_last, c.keep_every, protect={0})
+        if self.remote is not None:  # returns at once; the upload runs in its own thread
+            rewind, self.rewind_remote = self.rewind_remote, False
+            self.remote.submit(self.ckpt_dir, step, rewind=rewind)
+        self.emit({"event": "checkpoint", "step": step})
+        self.hooks.after_save(step, self.ckpt_dir)
+
+    def restore(self, step: int, modules_only: bool = False,
+                verified: bool = False) -> dict[str, Any]:
+        """Load checkpoint `step` (`verified`: rank 0 has just checked its checksums),
+        every component's state with it; `modules_only` keeps the loop's own position (a
+        rollback sets it)."""
+        for comp in self.components:
+            comp.before_restore(step)
+        try:
+            st = self.ckpts.restore(step, verified=verified)
+        except ValueError as e:  # torch: the saved groups do not match this optimizer's
+            raise ckpt.CheckpointError(
+                f"checkpoint {ckpt.step_name(step)} in {self.ckpt_dir}: its optimizer state "
+                f"does not fit this run's optimizer ({e}); optim.name, optim.lr_layer_decay "
+                "and optim.param_groups must stay as the run began (resume_overrides can "
+                "switch the optimizer)") from None
+        self.scaler.load_state_dict(st["scaler"])
+        ckpt.set_rng_state(st["rng"])
+        if not modules_only:
+            self.guard.load_state_dict(st["guard"])
+            t = st["trainer"]
+            self.state = State(t["step"], t["samples_seen"], t["tokens_seen"], t["lr_scale"],
+                               list(t["rollbacks"]))
+        for comp in self.components:
+            if comp.key is not None:
+                comp.load_state_dict(st.get(comp.key))
+        for comp in self.components:
+            comp.after_restore(st)
+        return st
+
+    def weights_finite(self) -> bool:
+        """Every parameter finite, on every rank (FSDP: each rank checks its shards)."""
+        local = [getattr(p, "to_local", lambda p=p: p)() for p in self.model.parameters()]
+        bad = sum(0 if bool(torch.isfinite(t).all()) else 1 for t in local if t.numel())
+        return distributed.all_sum(bad, self.world, self.device) == 0
+
+    # -- events -------------------------------------------------------------------
+    def emit(self, event: dict[str, Any]) -> None:
+        """One machine-readable line on stderr for whoever watches the process (the
+        supervisor reads them from the job's logs, whatever the backend)."""
+        if self.world.is_main:
+            print(format_event(event), file=sys.stderr, flush=True)
+
+    def record(self, log: MetricsLog, event: dict[str, Any]) -> None:
+        """An event in the metrics log and on stderr."""
+        log.write({"kind": "event", **event})
+        self.emit(event)
+
+    def _flush_events(self, log: MetricsLog) -> None:
+        for event in self.pending_events:
+            self.record(log, event)
+        self.pending_events.clear()
+
+    # -- the step and the evaluation (training/step.py) -----------------------------
+    def train_step(self) -> StepResult:
+        return train_step(self)
+
+    def evaluate(self) -> float:
+        val, self._eval_tokens = evaluate(self)
+        return val
+
+    def stopped(self) -> bool:
+        return any(c.stopped for c in self.components)
+
+    # -- the loop -----------------------------------------------------------------
+    def run(self) -> int:
+        try:
+            return self._run()
+        except RemoteCheckpointError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_CRASHED  # storage trouble is worth a restart; bad input is not
+        except ckpt.CheckpointError as e:  # no valid checkpoint left: a restart cannot help
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_ERROR
+        finally:
+            self.loader.close()
+            with contextlib.suppress(Exception):  # never leave a save half-way on exit
+                self.ckpts.close()
+            if self.remote is not None:
+                self.remote.close()
+            distributed.shutdown()
+
+    def _resume(self, metrics_path: Path) -> int | None:
+        """Every rank: restore the checkpoint rank 0 picks (None: a fresh start). Under DDP
+        on several nodes the other ranks' local disks hold no checkpoints (only rank 0
+        writes them); restore() broadcasts the state."""
+        choice: tuple[int | None, str | None] = (None, None)
+        if self.world.is_main:
+            removed = ckpt.clean_stale_tmp(self.ckpt_dir)
+            if removed:
+                print(f"checkpoint: removed what an interrupted checkpoint write left in "
+                      f"{self.ckpt_dir} (its process is gone): {', '.join(removed)}",
+                      file=sys.stderr, flush=True)
+            try:
+                choice = (self.choice.resume_step(self.state.step), None)
+            except ckpt.CheckpointError as e:
+                choice = (None, str(e))
+                if self.choice.events:  # what was found bad is on record all the same
+                    failed = MetricsLog(metrics_path)
+                    self.choice.flush(failed)
+                    failed.close()
+        latest, error = distributed.broadcast_object(choice, self.world, self.device)
+        if error is not None:
+            raise ckpt.CheckpointError(error)
+        if latest is not None:
+            self.restore(latest, verified=True)
+            if self.world.is_main:
+                truncate_after(metrics_path, latest)
+            distributed.barrier(self.world)
+        return latest
+
+    def _open_log(self, metrics_path: Path, latest: int | None) -> MetricsLog:
+        log = MetricsLog(metrics_path if self.world.is_main else os.devnull)
+        tr = self.cfg.tracking
+        if tr is not None and tr.enabled and tr.tensorboard and self.world.is_main:
+            from training.tensorboard_log import TensorBoardLog
+
+            log.sinks.append(TensorBoardLog(self.run_dir / "tensorboard", purge_step=latest))
+        return log
+
+    def _run(self) -> int:
+        cfg = self.cfg
+        if stopped_by_marker(self.run_dir, self.recovery is not None, self.world):
+            return EXIT_DIVERGED
+        metrics_path = self.run_dir / "metrics.jsonl"
+        latest = self._resume(metrics_path)
+        s = self.state
+        log = self._open_log(metrics_path, latest)
+        for ev in self.choice.events:  # found before the log was open: at the resume step
+            ev["step"] = s.step
+        self.choice.flush(log)
+        if latest is None:
+            for c in self.components:
+                c.on_fresh_start(log)
+            self.save()  # step 0: the rollback target of last resort
+            self.emit({"event": "start", "step": 0})
+        else:
+            log.write({"kind": "event", "event": "resume", "step": s.step,
+                       "checkpoint": ckpt.step_name(latest)})
+            self.emit({"event": "resume", "step": s.step, "checkpoint": ckpt.step_name(latest)})
+        if self.recovery is not None and latest is not None:
+            recover(self, self.recovery, log)
+            s = self.state
+        self.progress.begin()
+        try:
+            while s.step < cfg.steps and not self.stopped():
+                if self.pending_events:
+                    self._flush_events(log)
+                out = self.train_step()
+                d = out.decision
+                if d is not None and out.diverged:
+                    if diverge(self, d, log, out.samples):
+                        return EXIT_DIVERGED
+                    s = self.state
+                    continue
+                if d is not None and out.skipped and d.event:
+                    log.write({"kind": "event", **d.event})
+                s.step += 1
+                s.samples_seen += out.samples
+                if not out.skipped:
+                    s.tokens_seen += out.real_tokens
+                if s.step % cfg.log_every == 0 or s.step == cfg.steps:
+                    self._log_step(log, out)
+                for c in self.components:
+                    c.after_step(log, out)
+                trouble = self._evaluate_and_save(log)
+                if trouble is not None:
+                    if self._diverge_now(log, *trouble):
+                        return EXIT_DIVERGED
+                    s = self.state
+                if self.stopped():
+                    break
+        finally:
+            self._flush_events(log)  # a run resumed at its last step still records them
+            log.close()
+        self.ckpts.finish()  # the last checkpoint is on disk before final.json points at it
+        if self.world.is_main:
+            write_final(self, metrics_path)
+        if self.remote is not None:
+            self.remote.wait()  # the final checkpoint is in object storage before exit 0
+        done: dict[str, Any] = {"event": "done", "step": s.step, "tokens_seen": s.tokens_seen}
+        for c in self.components:
+            done.update(c.done_fields())
+        self.emit(done)
+        return EXIT_OK
+
+    def _log_step(self, log: MetricsLog, out: StepResult) -> None:
+        """The "train" record, then the progress event when one is due."""
+        s = self.state
+        log.write({
+            "kind": "train", "step": s.step, "loss": out.loss, "ce": out.ce,
+            "z_loss": out.z_loss, "lr": out.lr, "grad_norm": out.grad_norm,
+            **self.progress.speed(), "tokens_seen": s.tokens_seen, "accum": out.accum,
+            # The sampler position after the step: `ballast blame` maps steps to data.
+            "samples_seen": s.samples_seen,
+            "skipped": self.guard.skipped_non_finite + self.guard.skipped_spikes,
+            "rollbacks": len(s.rollbacks),
+            "loss_scale": self.scaler.get_scale() if self.scaler.is_enabled() else None,
+        })
+        self.progress.report(out.loss)
+
+    def _evaluate_and_save(self, log: MetricsLog) -> tuple[str, str] | None:
+        """The evaluation and the checkpoint due after this step. A non-finite validation
+        loss or non-finite weights are a divergence (trigger, description): a NaN model is
+        never "done", and never saved (it would become the resume point and rollback
+        target)."""
+        s, cfg = self.state, self.cfg
+        stop = False
+        if s.step % cfg.eval_every == 0 or s.step == cfg.steps:
+            val = self.evaluate()
+            record: dict[str, Any] = {"kind": "eval", "step": s.step, "val_loss": val,
+                                      "val_ppl": math.exp(val) if val < 50 else float("inf")}
+            for c in self.components:
+                record.update(c.eval_fields())
+            log.write(record)
+            if not math.isfinite(val) and self._eval_tokens > 0:
+                return "non_finite_val_loss", f"validation loss {val} at step {s.step}"
+            for c in self.components:
+                stop = c.after_eval(val, log) or stop
+        # The stopping step is checkpointed: final.json names it, and a relaunch of the
+        # stopped run resumes there and ends at once.
+        if s.step % cfg.checkpoint.every == 0 or s.step == cfg.steps or stop:
+            if not self.weights_finite():
+                return ("non_finite_weights",
+                        f"non-finite weights at step {s.step} (checkpoint not written)")
+            self.save()
+        return None
+
+    def _diverge_now(self, log: MetricsLog, trigger: str, what: str) -> bool:
+        """A divergence the loop found itself, handled as the guard's own are (rollback, or
+        exit 3 with the budget spent: True)."""
+        d = self.guard.divergence(self.state.step, trigger, what)
+        return diverge(self, d, log, 0)
