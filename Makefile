@@ -73,15 +73,15 @@ test: $(STAMP) $(CHECKOV)
 	CHECKOV_VENV=$(CHECKOV_VENV) $(VENV)/bin/pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP)
-	$(PY) benchmarks/dedup.py
-	$(PY) benchmarks/quality.py
+	$(PY) -m benchmarks.dedup
+	$(PY) -m benchmarks.quality
 
 # What a Prefect user sees, checked in headless Chromium (Debian's package; Playwright is
-# the driver only and never downloads a browser): benchmarks/ui_check.py.
+# the driver only and never downloads a browser): `python -m benchmarks.ui_check`.
 ui-check: $(STAMP)
 	@command -v chromium >/dev/null || { echo "ui-check: needs Chromium: apt-get install chromium"; exit 1; }
 	$(PY) -m pip install -q playwright
-	$(PY) benchmarks/ui_check.py
+	$(PY) -m benchmarks.ui_check
 
 clean:
 	rm -rf runs benchmarks/results

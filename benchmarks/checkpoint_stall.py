@@ -2,7 +2,7 @@
 synchronous save, for a ~100M-parameter model with AdamW state on CPU; and upload
 throughput of that checkpoint to a loopback S3 server (moto_server).
 
-    python benchmarks/checkpoint_stall.py [--repeats 3] [--out FILE.json]
+    python -m benchmarks.checkpoint_stall [--repeats 3] [--out FILE.json]
 
 Target: the background save's stall is <= 10% of the synchronous save.
 """
@@ -22,8 +22,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import RESULTS, ROOT, machine, write_json
 
 
 def build_state() -> tuple[dict, int]:
@@ -57,7 +56,7 @@ def state_bytes(tree: object) -> int:
 def upload_throughput(root: Path, step: int) -> dict:
     """Upload the checkpoint to a moto_server on loopback with the trainer's uploader."""
     from core.store import StorageOptions
-    from training.remote import RemoteCheckpoints
+    from training.checkpoint.remote import RemoteCheckpoints
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -102,8 +101,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
-                                         "checkpoint_stall.json"))
+    ap.add_argument("--out", default=str(RESULTS / "checkpoint_stall.json"))
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-ckpt"))
     args = ap.parse_args()
     work = Path(args.workdir)
@@ -123,7 +121,7 @@ def main() -> None:
         bg_total.append(time.perf_counter() - t0)
     upload = upload_throughput(work / "async", args.repeats - 1)
     result = {
-        "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+        "machine": machine(),
         "params": n_params, "state_bytes": state_bytes(state),
         "sync_save_seconds": [round(x, 3) for x in sync],
         "async_stall_seconds": [round(x, 3) for x in stall],
@@ -136,8 +134,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=2))
     shutil.rmtree(work, ignore_errors=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result, end="")
     print(f"wrote {args.out}")
 
 

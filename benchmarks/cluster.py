@@ -1,5 +1,5 @@
 """Benchmark: the overhead of running prep on a Dask cluster (Scale II) against the local
-process pool, on one machine: the same config and corpus as benchmarks/scale.py (1M
+process pool, on one machine: the same config and corpus as `benchmarks.prep scale` (1M
 documents by default), once with `ballast prep` (a pool of 2 worker processes) and once
 with `ballast prep --dask` on a local cluster of a `dask scheduler` and 2 single-threaded
 `dask worker` processes (with their nannies, as deployed) started here on loopback.
@@ -8,7 +8,7 @@ transport, a step item per task), not the storage. Target: the cluster at most 1
 The two run in turn (A B B A for two rounds) and the medians are compared, since one
 pair's ratio moves with whatever else the machine does.
 
-    python benchmarks/cluster.py [--docs 1000000] [--workers 2] [--out FILE.json]
+    python -m benchmarks.cluster [--docs 1000000] [--workers 2] [--out FILE.json]
 
 Reported per run: wall time, MB/s, seconds per step, peak RSS of the process tree (for the
 cluster: the client plus the scheduler and workers), and whether the two outputs are
@@ -28,12 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from dedup import TreeRSS  # noqa: E402
-from scale import QUALITY, THRESHOLD, build  # noqa: E402
+from benchmarks.common import RESULTS, ROOT, TreeRSS, build_scale_corpus
+from benchmarks.prep import QUALITY, THRESHOLD
 
 BIN = Path(sys.executable).parent
 VOLATILE = {"_run.json", "report.json", "v0001.json"}
@@ -137,11 +133,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="pool/dask pairs, run A B B A ...")
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-cluster"))
     ap.add_argument("--corpora", default=str(ROOT / "runs" / "bench-scale" / "corpora"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cluster.json"))
+    ap.add_argument("--out", default=str(RESULTS / "cluster.json"))
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    corpus = build(args.docs, args.seed, Path(args.corpora), max(1, os.cpu_count() or 1))
+    corpus = build_scale_corpus(args.docs, args.seed, Path(args.corpora),
+                                max(1, os.cpu_count() or 1))
 
     # The two in turn, A B B A ... (drift in the machine's speed cancels out). The cluster
     # runs only during the dask runs: idle, it would still take CPU from the pool's.

@@ -1,4 +1,4 @@
-"""Benchmark: the same prep as benchmarks/scale.py, done with datatrove (huggingface/datatrove)
+"""Benchmark: the same prep as `benchmarks.prep scale`, done with datatrove (huggingface/datatrove)
 on the same corpus, for a side-by-side comparison of wall time, throughput and memory.
 
 Runs in its own virtual environment (never in .venv), created once with:
@@ -14,11 +14,11 @@ wheel, no model), which is datatrove 0.10's own English word tokenizer, so no nl
 needed; the BPE tokenizer is trained here and loaded from a local tokenizer.json, which
 datatrove loads with Tokenizer.from_file; HF_HUB_OFFLINE=1 makes any hub access fail.)
 
-The corpus is scale.py's, e.g. for 100k documents (generated once, then reused):
+The corpus is the scale benchmark's, e.g. for 100k documents (generated once, then reused):
 
-    .venv/bin/python -c "import sys; sys.path.insert(0,'benchmarks'); from scale import build; \\
-        from pathlib import Path; print(build(100000, 1, Path('runs/bench-scale/corpora'), 2))"
-    .venv-datatrove/bin/python benchmarks/datatrove_compare.py \\
+    .venv/bin/python -c "from benchmarks.common import build_scale_corpus as b; \\
+        from pathlib import Path; print(b(100000, 1, Path('runs/bench-scale/corpora'), 2))"
+    .venv-datatrove/bin/python -m benchmarks.datatrove_compare \\
         --corpus runs/bench-scale/corpora/corpus-100000.jsonl [--workdir runs/bench-datatrove] \\
         [--workers 2] [--out benchmarks/results/datatrove_compare.json] [--keep]
 
@@ -67,18 +67,12 @@ from pathlib import Path
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from dedup import TreeRSS  # noqa: E402  (stdlib only: safe to import from this venv)
+# Standard library only at import: safe to import from this venv.
+from benchmarks.common import RESULTS, ROOT, TreeRSS, du
 
 VOCAB = 8192
 TRAIN_DOCS = 50_000
 EOS, PAD = "<|endoftext|>", "<|pad|>"
-
-
-def du(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
 def count_corpus(path: Path) -> tuple[int, int]:
@@ -172,8 +166,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--splits", type=int, default=None,
                     help="input files (= tasks of the per-document stages); default --workers")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"
-                                         / "datatrove_compare.json"))
+    ap.add_argument("--out", default=str(RESULTS / "datatrove_compare.json"))
     ap.add_argument("--keep", action="store_true", help="keep the stage outputs")
     args = ap.parse_args()
     # The BPE trainer and DocumentTokenizer's encode_batch use Rust threads: no more than

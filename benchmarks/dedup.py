@@ -1,7 +1,7 @@
 """Benchmark: the whole dedup (exact + MinHash near: signatures, LSH buckets, clustering,
 apply) on a corpus with planted duplicates built from ../shared/data.
 
-    python benchmarks/dedup.py [--docs 20000] [--scale 200000] [--out benchmarks/results/dedup.json]
+    python -m benchmarks.dedup [--docs 20000] [--scale 200000] [--out benchmarks/results/dedup.json]
 
 Reports docs/s and MB/s on `workers` processes, time per step, peak RSS of the process
 tree, and precision/recall of what was removed against exact Jaccard >= threshold on
@@ -14,132 +14,23 @@ sets for every candidate pair.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
-import random
-import re
-import sys
-import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-SHARED = ROOT.parent / "shared" / "data"
-CORPORA = ["web_openwebtext_1k.jsonl", "web_c4_olmo_fixtures.jsonl", "web_dolma_cc_fixtures.jsonl",
-           "code_python_cosqa_dev.jsonl", "code_humanevalx.jsonl",
-           "code_java_methods_codexglue_flat.jsonl"]
-WORD = re.compile(r"[A-Za-z0-9_\x80-\U0010ffff]+")
-
-
-class TreeRSS:
-    """Samples the summed RSS of a process and all its descendants (/proc); keeps the
-    (time, rss) samples so peaks can be attributed to steps."""
-
-    def __init__(self, pid: int, interval: float = 0.05):
-        self.pid, self.interval, self.peak, self._stop = pid, interval, 0, threading.Event()
-        self.samples: list[tuple[float, int]] = []
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _tree(self, pid: int) -> list[int]:
-        out, todo = [], [pid]
-        while todo:
-            p = todo.pop()
-            out.append(p)
-            for task in Path(f"/proc/{p}/task").glob("*"):
-                with contextlib.suppress(OSError):
-                    todo += [int(c) for c in (task / "children").read_text().split()]
-        return out
-
-    def sample(self) -> int:
-        total = 0
-        for p in self._tree(self.pid):
-            try:
-                for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-            except OSError:
-                pass
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            rss = self.sample()
-            self.samples.append((time.time(), rss))
-            self.peak = max(self.peak, rss)
-            time.sleep(self.interval)
-
-    def __enter__(self) -> TreeRSS:
-        self._t.start()
-        return self
-
-    def __exit__(self, *a: object) -> None:
-        self._stop.set()
-        self._t.join()
-
-
-def edit(text: str, frac: float, rng: random.Random) -> str:
-    words = text.split(" ")
-    k = max(1, round(frac * len(words)))
-    for i in rng.sample(range(len(words)), min(k, len(words))):
-        words[i] = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(6))
-    return " ".join(words)
-
-
-def load_base() -> list[str]:
-    texts = []
-    for name in CORPORA:
-        with open(SHARED / name, encoding="utf-8") as f:
-            texts += [json.loads(line)["text"] for line in f]
-    return texts
-
-
-def remix(base: list[str], rng: random.Random) -> str:
-    """A new distinct document: random 30-word windows from random base documents."""
-    parts = []
-    for _ in range(rng.randint(2, 8)):
-        w = rng.choice(base).split(" ")
-        i = rng.randrange(max(1, len(w) - 30))
-        parts.append(" ".join(w[i : i + 30]))
-    return "\n".join(parts)
-
-
-def build_corpus(n_docs: int, seed: int) -> tuple[list[str], dict[str, int]]:
-    """Originals + planted copies: ~5% exact copies, ~10% with 1-3% word edits, ~10% with
-    5-10% word edits (most of those fall below J=0.8 on 5-grams, by design: the ground
-    truth decides). Beyond the base corpus, distinct remixed documents fill the size."""
-    rng = random.Random(seed)
-    base = load_base()
-    n_orig = int(n_docs * 0.75)
-    originals = list(base)
-    while len(originals) < n_orig:
-        originals.append(remix(base, rng))
-    originals = originals[:n_orig]
-    planted = {"exact": 0, "edit_1_3": 0, "edit_5_10": 0}
-    docs = list(originals)
-    while len(docs) < n_docs:
-        src = rng.choice(originals)
-        r = rng.random()
-        if r < 0.2:
-            docs.append(src)
-            planted["exact"] += 1
-        elif r < 0.6:
-            docs.append(edit(src, rng.uniform(0.01, 0.03), rng))
-            planted["edit_1_3"] += 1
-        else:
-            docs.append(edit(src, rng.uniform(0.05, 0.10), rng))
-            planted["edit_5_10"] += 1
-    rng.shuffle(docs)
-    return docs, planted
-
-
-def string_shingles(text: str, n: int) -> set[str]:
-    w = WORD.findall(text.lower())
-    if len(w) < n:
-        return {" ".join(w)} if w else set()
-    return {" ".join(w[i : i + n]) for i in range(len(w) - n + 1)}
+from benchmarks.common import (
+    CORPORA,
+    RESULTS,
+    ROOT,
+    SHARED,
+    build_corpus,
+    have_shared,
+    machine,
+    run_prep_process,
+    string_shingles,
+    write_corpus,
+    write_json,
+)
 
 
 def ground_truth(docs: list[str], threshold: float, n: int) -> tuple[set, dict, float]:
@@ -166,15 +57,6 @@ def ground_truth(docs: list[str], threshold: float, n: int) -> tuple[set, dict, 
                 if inter / (len(sets[i]) + len(sets[j]) - inter) >= threshold:
                     pairs.add((i, j))
     return pairs, {"datasketch_signature_secs": ds_secs}, len(docs) / ds_secs
-
-
-def write_corpus(docs: list[str], workdir: Path) -> Path:
-    corpus = workdir / "corpus.jsonl"
-    corpus.parent.mkdir(parents=True, exist_ok=True)
-    with open(corpus, "w", encoding="utf-8") as f:
-        for i, d in enumerate(docs):
-            f.write(json.dumps({"id": f"d{i}", "text": d}) + "\n")
-    return corpus
 
 
 def signature_rates(docs: list[str], n: int = 5) -> dict[str, float]:
@@ -208,32 +90,6 @@ def signature_rates(docs: list[str], n: int = 5) -> dict[str, float]:
         r.digest()
     rates["rensa"] = len(sample) / (time.perf_counter() - t0)
     return {k: round(v) for k, v in rates.items()}
-
-
-def run_prep_process(cfg: dict, workdir: Path, until: str | None = None) -> dict:
-    """`ballast prep` in its own process, so the peak RSS measured is the pipeline's
-    process tree alone (not the benchmark's copy of the corpus)."""
-    import shutil
-    import subprocess
-
-    import yaml
-
-    out = Path(cfg["output"])
-    workdir.mkdir(parents=True, exist_ok=True)
-    cfg_path = workdir / f"config-{out.name}.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg))
-    shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "cli.main", "prep", str(cfg_path),
-           "--no-progress", *(["--until", until] if until else [])]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
-    with TreeRSS(proc.pid) as rss:
-        if proc.wait() != 0:
-            raise SystemExit(f"ballast prep failed with exit code {proc.returncode}")
-    wall = time.perf_counter() - t0
-    report = json.loads((out / "report.json").read_text())
-    return {"report": report, "wall": wall, "peak_rss": rss.peak, "samples": rss.samples,
-            "out": out}
 
 
 def run_ballast(corpus: Path, workdir: Path, workers: int, threshold: float) -> dict:
@@ -300,13 +156,13 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=200_000, help="0 to skip the scaled run")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--threshold", type=float, default=0.8)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "dedup.json"))
+    ap.add_argument("--out", default=str(RESULTS / "dedup.json"))
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-dedup"))
     args = ap.parse_args()
-    if not all((SHARED / c).is_file() for c in CORPORA):
+    if not have_shared(*CORPORA):
         print(f"skip: shared corpora not found under {SHARED}")
         return
-    result: dict = {"machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+    result: dict = {"machine": machine(),
                     "workers": args.workers, "threshold": args.threshold, "runs": []}
     for n_docs in [args.docs] + ([args.scale] if args.scale else []):
         docs, planted = build_corpus(n_docs, seed=0)
@@ -338,8 +194,7 @@ def main() -> None:
         result["runs"].append(run)
     result["targets"] = {"recall": 0.99, "precision": 0.99, "docs_per_s": 9000,
                          "datatrove_4_stage_docs_per_s_reference": 920}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result, end="")
     print(f"wrote {args.out}")
 
 

@@ -1,6 +1,6 @@
 """Benchmark: the demo hyperparameter search (configs/hpo-demo.yaml) from scratch.
 
-    python benchmarks/hpo.py [--n-trials 12] [--parallel 2] [--out benchmarks/results/hpo.json]
+    python -m benchmarks.hpo [--n-trials 12] [--parallel 2] [--out benchmarks/results/hpo.json]
 
 Runs the `hpo` flow on a temporary local Prefect API over byte-level tinyshakespeare (the
 train_cpu benchmark's prepared dataset, made here if missing), every trial a real training
@@ -14,13 +14,10 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from benchmarks.common import RESULTS, ROOT, prepared_dataset, write_json
 
 
 def main() -> None:
@@ -29,10 +26,8 @@ def main() -> None:
     ap.add_argument("--n-trials", type=int, help="override `n_trials:`")
     ap.add_argument("--parallel", type=int, help="override `parallel:`")
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-hpo"))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hpo.json"))
+    ap.add_argument("--out", default=str(RESULTS / "hpo.json"))
     args = ap.parse_args()
-    from train_cpu import prepared_dataset
-
     dataset = prepared_dataset()
     if dataset is None:
         print("skip: tinyshakespeare.txt not found in the shared data")
@@ -74,8 +69,7 @@ def main() -> None:
         "best_loss": r["best_value"], "best_trial": r["best_trial"],
         "best_params": r["best_params"],
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.out, result)
     print(json.dumps(result, indent=2))
 
 

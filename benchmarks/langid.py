@@ -2,7 +2,7 @@
 (pycld2), accuracy per language and documents per second, on a multilingual sample built
 offline.
 
-    python benchmarks/langid.py [--per-lang 100] [--seed 0] [--out benchmarks/results/langid.json]
+    python -m benchmarks.langid [--per-lang 100] [--seed 0] [--out benchmarks/results/langid.json]
 
 The sample: the system's gettext catalogs (/usr/share/locale/<lang>/LC_MESSAGES/*.mo, real
 human translations of program messages) give, per language, translated messages of at
@@ -22,12 +22,9 @@ package index here has no wheel of it (it builds from source against protobuf).
 from __future__ import annotations
 
 import argparse
-import gettext
 import json
 import platform
 import random
-import re
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
@@ -35,14 +32,10 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
+from benchmarks.common import ENGLISH, LOCALE, RESULTS, english, messages, write_json
+from tasks.quality import DEFAULT_RULES, filter_document, parse_rules
+from tasks.quality.language import identify
 
-from tasks.quality import DEFAULT_RULES, filter_document, parse_rules  # noqa: E402
-from tasks.quality.language import identify  # noqa: E402
-
-LOCALE = Path("/usr/share/locale")
-ENGLISH = ROOT.parent / "shared" / "data" / "web_openwebtext_1k.jsonl"
 # Catalog directory -> the language's lid.176 code (CLD2 uses the same ISO 639-1 codes).
 LANGS: dict[str, str] = {
     "de": "de", "fr": "fr", "es": "es", "it": "it", "pt": "pt", "pt_BR": "pt", "nl": "nl",
@@ -50,29 +43,8 @@ LANGS: dict[str, str] = {
     "tr": "tr", "id": "id", "vi": "vi", "ru": "ru", "uk": "uk", "el": "el", "ja": "ja",
     "ko": "ko", "zh_CN": "zh", "zh_TW": "zh", "ar": "ar", "he": "he",
 }
-MIN_MESSAGE = 40
 DOC_CHARS = (300, 600)
 MIN_SCORE = 0.65  # the rule's default threshold
-# Printf/brace format codes and menu mnemonics ("_File", "&Open"): not language.
-_NOISE = re.compile(r"%(?:\d+\$)?[-+ #0]*\d*(?:\.\d+)?[a-zA-Z]|\{[^}]*\}|(?<!\w)[_&](?=\w)")
-
-
-def messages(catalog_dir: Path) -> list[str]:
-    out: list[str] = []
-    for mo in sorted(catalog_dir.glob("LC_MESSAGES/*.mo")):
-        try:
-            with open(mo, "rb") as f:
-                catalog = gettext.GNUTranslations(f)._catalog  # type: ignore[attr-defined]
-        except (OSError, UnicodeError, ValueError):  # a damaged or non-UTF-8 catalog
-            continue
-        for key, msgstr in catalog.items():
-            msgid = key[0] if isinstance(key, tuple) else key
-            if not msgid or not isinstance(msgstr, str) or msgstr.strip() == msgid.strip():
-                continue
-            text = " ".join(_NOISE.sub("", msgstr).split())
-            if len(text) >= MIN_MESSAGE:
-                out.append(text)
-    return out
 
 
 def documents(pieces: list[str], n: int, rng: random.Random) -> list[str]:
@@ -95,25 +67,13 @@ def documents(pieces: list[str], n: int, rng: random.Random) -> list[str]:
     return docs
 
 
-def english(n: int) -> list[str]:
-    docs = []
-    with open(ENGLISH, encoding="utf-8") as f:
-        for line in f:
-            text = " ".join(json.loads(line)["text"].split())
-            if len(text) >= DOC_CHARS[0]:
-                docs.append(text[:450].rsplit(" ", 1)[0])
-            if len(docs) == n:
-                break
-    return docs
-
-
 def build_sample(per_lang: int, seed: int) -> list[tuple[str, str]]:
     by_lang: dict[str, list[str]] = defaultdict(list)
     for d, code in LANGS.items():
         if (LOCALE / d).is_dir():
             by_lang[code] += messages(LOCALE / d)
     rng = random.Random(seed)
-    sample = [("en", t) for t in english(per_lang)]
+    sample = [("en", t) for t in english(per_lang, DOC_CHARS[0])]
     for code in sorted(by_lang):
         sample += [(code, t) for t in documents(by_lang[code], per_lang, rng)]
     return sample
@@ -188,7 +148,7 @@ def main() -> None:
     ap.add_argument("--per-lang", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "langid.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "langid.json")
     args = ap.parse_args()
 
     sample = build_sample(args.per_lang, args.seed)
@@ -230,8 +190,7 @@ def main() -> None:
             r["refused"] = (detect.errors - errors) // args.repeat  # type: ignore[attr-defined]
         print(f"whole OpenWebText documents, {name}: {r['docs_per_s']:,} docs/s, "
               f"{r['mb_per_s']} MB/s" + (f", refused {r['refused']}" if "refused" in r else ""))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    write_json(args.out, results, ensure_ascii=False)
     print(f"wrote {args.out}")
 
 

@@ -1,6 +1,6 @@
 """Benchmark: sequence packing (concat vs best-fit-decreasing) on a real web corpus.
 
-    python benchmarks/packing.py [--seq-len 1024] [--repeat 3] [--bpe-ratio 4]
+    python -m benchmarks.packing [--seq-len 1024] [--repeat 3] [--bpe-ratio 4]
                                  [--out benchmarks/results/packing.json]
 
 Tokenises ../shared/data/web_openwebtext_1k.jsonl with a byte tokenizer (UTF-8 bytes are
@@ -23,18 +23,14 @@ import argparse
 import json
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import RESULTS, SHARED, write_json
+from tasks.pack import Rows, efficiency, pack_bfd, pack_concat
 
-from tasks.pack import Rows, efficiency, pack_bfd, pack_concat  # noqa: E402
-
-SHARED = ROOT.parent / "shared" / "data"
 CORPUS = "web_openwebtext_1k.jsonl"
 EOS, PAD = 256, 257
 
@@ -172,7 +168,7 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--bpe-ratio", type=int, default=4, help="0 to skip the BPE-like run")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "packing.json"))
+    ap.add_argument("--out", default=str(RESULTS / "packing.json"))
     args = ap.parse_args()
 
     path = SHARED / CORPUS
@@ -194,9 +190,7 @@ def main() -> None:
         key = f"bpe_like_bytes_div_{args.bpe_ratio}"
         report[key] = bench(bpe_like(docs, args.bpe_ratio), args.seq_len, args.repeat)
         print_table(f"BPE-like lengths (every {args.bpe_ratio}th byte)", report[key])
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
+    out = write_json(args.out, report)
     print(f"\nwrote {out}")
 
 

@@ -1,11 +1,11 @@
 """Throughput of the default quality chain on the shared web and code corpora, one core,
 against datatrove's Gopher + C4 + FineWeb filters when datatrove (with spaCy) is installed.
 
-    python benchmarks/quality.py [--out benchmarks/results/quality.json] [--repeat 5]
+    python -m benchmarks.quality [--out benchmarks/results/quality.json] [--repeat 5]
 
 The chain is timed with both splitters for English words and sentences (text.py): "regex"
 (the older approximation) and "spacy" (spacy_en, the default), passes interleaved. With
-runs/spacy-reference/reference.json (benchmarks/spacy_reference.py dump, in .venv-spacy)
+runs/spacy-reference/reference.json (`python -m benchmarks.spacy_reference dump`, in .venv-spacy)
 it also reports how often each splitter gives spaCy's tokens (per document and per token)
 and sentence counts (per line) on the web corpora, and, where the dump holds datatrove's
 decisions, how often the chain decides as datatrove did and datatrove's time.
@@ -32,17 +32,15 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-
-from tasks.quality import DEFAULT_RULES, filter_document, parse_rules  # noqa: E402
-from tasks.quality.text import (  # noqa: E402
+from benchmarks.common import RESULTS, ROOT, SHARED, write_json
+from tasks.quality import DEFAULT_RULES, filter_document, parse_rules
+from tasks.quality.text import (
     count_sentences,
     split_words,
     use_english_splitter,
 )
 
-DATA = ROOT.parent / "shared" / "data"
+DATA = SHARED
 REFERENCE = ROOT / "runs" / "spacy-reference" / "reference.json"
 SPLITTERS = ("regex", "spacy")  # before / after; the last is the default
 CORPORA = (
@@ -100,7 +98,7 @@ def rule_configs(model: Path | None, tmp: Path) -> dict[str, Any]:
     """Each rule as the benchmark runs it alone: its defaults, plus what it cannot run
     without (decontaminate: an evaluation set, here 200 C4 fixture documents;
     classifier: a model; char_ratios: a threshold, all five at 0.5). perplexity is left
-    out: it needs a trained LM directory (benchmarks/perplexity.py times it)."""
+    out: it needs a trained LM directory (`benchmarks.classifier perplexity` times it)."""
     from tasks.quality import RULES
 
     evalset = tmp / "eval.jsonl"
@@ -179,7 +177,7 @@ def load_reference(path: Path) -> dict[str, Any] | str:
         return (
             f"no spaCy reference at {path}; make it with: python3 -m venv .venv-spacy && "
             ".venv-spacy/bin/pip install spacy==3.8.18 && "
-            ".venv-spacy/bin/python benchmarks/spacy_reference.py dump"
+            ".venv-spacy/bin/python -m benchmarks.spacy_reference dump"
         )
     return json.loads(path.read_text(encoding="utf-8"))
 
@@ -324,7 +322,7 @@ def run_datatrove(texts: list[str], document: Any, filters: list[Any]) -> tuple[
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "quality.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "quality.json")
     ap.add_argument("--repeat", type=int, default=5, help="timed passes of our chain")
     ap.add_argument("--dt-repeat", type=int, default=1, help="timed passes of datatrove's")
     ap.add_argument("--no-datatrove", action="store_true", help="skip the datatrove baseline")
@@ -503,8 +501,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{d['same_decision'][s]:.2%} of {d['overall']['docs']} documents"
             )
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0
 

@@ -1,6 +1,6 @@
 """Benchmark: the per-step cost of recipe options on the CPU benchmark's setup.
 
-    python benchmarks/recipe_cost.py [--rounds 150] [--variants default stats_every_1 ...]
+    python -m benchmarks.recipe_cost [--rounds 150] [--variants default stats_every_1 ...]
                                      [--out FILE.json]
 
 The setup is benchmarks/train_cpu.py's ballast run (char-level tinyshakespeare, byte
@@ -16,15 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import RESULTS, ROOT, SHARED, write_json
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -45,14 +43,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def main() -> None:
-    from benchmarks.train_cpu import SHARED, ballast_run
+    from benchmarks.train_cpu import ballast_run
     from training.config import parse_train_config
     from training.train import Trainer
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=150)
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "recipe_cost.json"))
+    ap.add_argument("--out", default=str(RESULTS / "recipe_cost.json"))
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-recipe"))
     args = ap.parse_args()
     path = SHARED / "tinyshakespeare.txt"
@@ -94,8 +92,7 @@ def main() -> None:
               "median_ms_per_step": {n: round(statistics.median(v), 2)
                                      for n, v in times.items()}}
     print(json.dumps(result, indent=2))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result, end="")
     print(f"wrote {args.out}")
 
 

@@ -2,7 +2,7 @@
 tokenizer (whitespace-separated chunks) and with ICU word segmentation
 (tasks/quality/segment.py), and how fast ICU segments.
 
-    python benchmarks/segment.py [--per-lang 60] [--seed 0] [--out benchmarks/results/segment.json]
+    python -m benchmarks.segment [--per-lang 60] [--seed 0] [--out benchmarks/results/segment.json]
 
 The sample, built offline as benchmarks/langid.py builds it: the system's gettext catalogs
 (real human translations of program messages), per language, joined into documents of
@@ -18,24 +18,16 @@ checks work, not what share of real pages they keep.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import random
-import sys
 import time
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from langid import LOCALE, english, messages  # noqa: E402
-
-from tasks.quality import Doc, parse_rules, segment  # noqa: E402
-from tasks.quality.base import Drop  # noqa: E402
-from tasks.quality.text import SYMBOLS, split_words_regex  # noqa: E402
+from benchmarks.common import LOCALE, RESULTS, english, messages, write_json
+from tasks.quality import Doc, parse_rules, segment
+from tasks.quality.base import Drop
+from tasks.quality.text import SYMBOLS, split_words_regex
 
 CATALOGS = {"zh": ["zh_CN", "zh_TW"], "ja": ["ja"], "th": ["th"], "ko": ["ko"]}
 DOC_CHARS = (1500, 3000)
@@ -91,7 +83,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--per-lang", type=int, default=60)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "segment.json"))
+    ap.add_argument("--out", default=str(RESULTS / "segment.json"))
     args = ap.parse_args()
     rng = random.Random(args.seed)
     result: dict[str, Any] = {"python": platform.python_version(),
@@ -127,8 +119,7 @@ def main() -> None:
               f"; script detected {row['detected']:.0%}"
               + (f"; ICU {row['icu_chars_per_s'] / 1e6:.2f} M chars/s"
                  if "icu_chars_per_s" in row else ""))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    write_json(args.out, result, indent=1, end="")
     print(f"wrote {args.out}")
 
 

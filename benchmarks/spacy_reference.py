@@ -6,9 +6,9 @@ own, never in .venv. Two commands:
     # optional, for the datatrove chain's speed and decisions:
     .venv-spacy/bin/pip install datatrove==0.10.1 regex xxhash orjson
 
-    .venv-spacy/bin/python benchmarks/spacy_reference.py dump [--out PATH]
-    .venv-spacy/bin/python benchmarks/spacy_reference.py export-rules [--out PATH]
-    .venv-spacy/bin/python benchmarks/spacy_reference.py fixture [--out PATH]
+    .venv-spacy/bin/python -m benchmarks.spacy_reference dump [--out PATH]
+    .venv-spacy/bin/python -m benchmarks.spacy_reference export-rules [--out PATH]
+    .venv-spacy/bin/python -m benchmarks.spacy_reference fixture [--out PATH]
 
 (defaults: runs/spacy-reference/reference.json, tasks/quality/spacy_en_rules.py and
 tests/fixtures/spacy_en_cases.json)
@@ -41,8 +41,10 @@ from typing import Any
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before datatrove / huggingface_hub are imported
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
+# Standard library only at import: safe to import from this venv.
+from benchmarks.common import ROOT, SHARED
+
+DATA = SHARED
 WEB = ("web_openwebtext_1k", "web_c4_olmo_fixtures", "web_dolma_cc_fixtures",
        "web_dclm_quality_labels_train")  # fmt: skip
 CODE = ("code_python_cosqa_dev", "code_java_methods_codexglue_flat", "code_humanevalx")

@@ -1,7 +1,7 @@
 """Benchmark: char-level tinyshakespeare on CPU, ballast's trainer vs the classic
 nanoGPT "baby" run, in the same process on the same machine.
 
-    python benchmarks/train_cpu.py [--iters 2000] [--skip-classic] [--out FILE.json]
+    python -m benchmarks.train_cpu [--iters 2000] [--skip-classic] [--out FILE.json]
 
 Ballast: ../shared/data/tinyshakespeare.txt through `ballast prep` with byte tokens and
 seq_len 64; the first 90% of the file is the train split and the last 10% the
@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -29,9 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-SHARED = ROOT.parent / "shared" / "data"
+from benchmarks.common import RESULTS, ROOT, SHARED, write_json
 
 
 # ---- the classic baseline -------------------------------------------------------------
@@ -178,20 +175,6 @@ def ballast_run(text: str, split: int, iters: int, work: Path, lr: float,
             "train_rows": trainer.data.train.rows, "val_rows": trainer.data.validation.rows}
 
 
-def prepared_dataset() -> Path | None:
-    """This benchmark's prepared tinyshakespeare dataset (byte tokens, seq_len 64), made on
-    first use (one training step is the cheapest way to it), for the benchmarks that train
-    on it; None when the shared text is absent."""
-    text_path = SHARED / "tinyshakespeare.txt"
-    if not text_path.is_file():
-        return None
-    dataset = ROOT / "runs" / "bench-train" / "prep" / "dataset"
-    if not (dataset / "manifest.json").is_file():
-        text = text_path.read_text(encoding="utf-8")
-        ballast_run(text, int(0.9 * len(text)), 1, ROOT / "runs" / "bench-train", 1e-3)
-    return dataset
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=2000)
@@ -200,7 +183,7 @@ def main() -> None:
     ap.add_argument("--arch", choices=["recipe", "classic"], default="recipe",
                     help="ballast's default model (RMSNorm, RoPE, SwiGLU) or the classic one")
     ap.add_argument("--fused", action="store_true", help="torch's fused AdamW kernel")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "train_cpu.json"))
+    ap.add_argument("--out", default=str(RESULTS / "train_cpu.json"))
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-train"))
     args = ap.parse_args()
     path = SHARED / "tinyshakespeare.txt"
@@ -223,8 +206,7 @@ def main() -> None:
             result["ballast"]["tokens_per_s"] / result["classic"]["tokens_per_s"], 3)
     result["machine"]["load_avg_end"] = os.getloadavg()
     result["targets"] = {"val_loss": 1.85, "tokens_per_s_vs_classic": 1.2}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
+    write_json(args.out, result, end="")
     print(f"wrote {args.out}")
 
 

@@ -2,7 +2,7 @@
 a picture, the training summary with the final validation loss, the pipeline summary, the
 progress bar and the attempts table.
 
-    python benchmarks/ui_check.py [--out benchmarks/results/ui] [--steps 60]
+    python -m benchmarks.ui_check [--out benchmarks/results/ui] [--steps 60]
 
 Needs headless Chromium from Debian's packages (`apt-get install chromium`) and Playwright
 in the venv (`.venv/bin/pip install playwright`: the Python package only; its own browser
@@ -28,8 +28,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks.common import RESULTS, ROOT
 
 CHROMIUM = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 
@@ -64,7 +63,7 @@ def api_post(api: str, path: str, body: dict[str, Any]) -> Any:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "ui"))
+    ap.add_argument("--out", default=str(RESULTS / "ui"))
     ap.add_argument("--steps", type=int, default=60)
     args = ap.parse_args()
     browser = next((p for p in CHROMIUM if Path(p).is_file()), None)
