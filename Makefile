@@ -10,7 +10,7 @@ CHECKOV_VENV ?= .venv-checkov
 CHECKOV    := $(CHECKOV_VENV)/bin/checkov
 SHARED     ?= ../shared/data
 
-.PHONY: install demo test scan lint bench ui-check clean
+.PHONY: install demo test scan lint bench ui-check docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -67,10 +67,15 @@ demo: $(STAMP)
 test: $(STAMP) $(CHECKOV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(PY) -m cli.config_docs check
 	# Two workers (this machine has two cores), a test file per worker so that a file's
 	# fixtures are built once; conftest gives each process one compute thread. `.ci/run` on
 	# a fresh clone: 9.7 min, of which pytest 7.7 min (2026-11-25).
 	CHECKOV_VENV=$(CHECKOV_VENV) $(VENV)/bin/pytest -q -n 2 --dist loadfile
+
+# docs/config.md from the config models' Field(description=...) (cli/config_docs.py).
+docs: $(STAMP)
+	$(PY) -m cli.config_docs write
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.dedup

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from core.errors import NotFound, StorageError
 from core.files import FILE_MODE, is_temp_name, temp_beside, write_atomic
@@ -28,13 +28,19 @@ class StorageOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    endpoint_url: str | None = None
-    region: str | None = None
-    # Names of environment variables holding credentials, so configs never carry secrets.
-    access_key_env: str = "AWS_ACCESS_KEY_ID"
-    secret_key_env: str = "AWS_SECRET_ACCESS_KEY"
-    max_attempts: int = 5
-    multipart_threshold_mb: int = 64
+    endpoint_url: str | None = Field(default=None, description=(
+        "Any S3-compatible store's endpoint; unset = AWS_ENDPOINT_URL."))
+    region: str | None = Field(default=None, description=(
+        "Unset = AWS_REGION / AWS_DEFAULT_REGION."))
+    access_key_env: str = Field(default="AWS_ACCESS_KEY_ID", description=(
+        "The name of the environment variable holding the access key id, never the "
+        "secret itself: configs never carry secrets."))
+    secret_key_env: str = Field(default="AWS_SECRET_ACCESS_KEY", description=(
+        "The name of the environment variable holding the secret access key."))
+    max_attempts: int = Field(default=5, description=(
+        "Attempts per request in all (botocore's \"standard\" retry mode)."))
+    multipart_threshold_mb: int = Field(default=64, description=(
+        "Uploads above this many MiB are multipart."))
 
 
 @dataclass(frozen=True)

@@ -73,11 +73,13 @@ class HpoError(RuntimeError):
 
 
 class FloatDist(Strict):
-    type: Literal["float"]
-    low: float
-    high: float
-    log: bool = False
-    step: float | None = Field(default=None, gt=0)
+    type: Literal["float"] = Field(description="A float between low and high.")
+    low: float = Field(description="The lowest value.")
+    high: float = Field(description="The highest value (>= low).")
+    log: bool = Field(default=False, description=(
+        "Sample on a log scale (needs low > 0; not with step)."))
+    step: float | None = Field(default=None, gt=0, description=(
+        "Sample only low + k * step."))
 
     @model_validator(mode="after")
     def _range(self) -> FloatDist:
@@ -86,11 +88,12 @@ class FloatDist(Strict):
 
 
 class IntDist(Strict):
-    type: Literal["int"]
-    low: int
-    high: int
-    log: bool = False
-    step: int = Field(default=1, ge=1)
+    type: Literal["int"] = Field(description="An integer between low and high.")
+    low: int = Field(description="The lowest value.")
+    high: int = Field(description="The highest value (>= low).")
+    log: bool = Field(default=False, description=(
+        "Sample on a log scale (needs low > 0; not with a step above 1)."))
+    step: int = Field(default=1, ge=1, description="Sample only low + k * step.")
 
     @model_validator(mode="after")
     def _range(self) -> IntDist:
@@ -99,8 +102,9 @@ class IntDist(Strict):
 
 
 class CategoricalDist(Strict):
-    type: Literal["categorical"]
-    choices: list[bool | int | float | str | None] = Field(min_length=1)
+    type: Literal["categorical"] = Field(description="One of the choices.")
+    choices: list[bool | int | float | str | None] = Field(min_length=1, description=(
+        "The values to choose from."))
 
 
 Distribution = Annotated[FloatDist | IntDist | CategoricalDist, Field(discriminator="type")]
@@ -117,41 +121,67 @@ def _check_range(low: float, high: float, log: bool, step: float | None) -> None
 
 
 class SamplerConfig(Strict):
-    kind: Literal["tpe", "random"] = "tpe"
-    seed: int | None = 0
-    n_startup_trials: int = Field(default=10, ge=0)  # tpe: random trials before the model
+    kind: Literal["tpe", "random"] = Field(default="tpe", description=(
+        "Optuna's TPE or random sampling."))
+    seed: int | None = Field(default=0, description="The sampler's seed.")
+    n_startup_trials: int = Field(default=10, ge=0, description=(
+        "tpe: random trials before the model."))
 
 
 class PrunerConfig(Strict):
-    # median: stop a trial whose loss at a step is worse than the median of the finished
-    # trials' at that step; asha (successive halving) and hyperband: keep the best
-    # 1/reduction_factor at each rung of min_resource * reduction_factor**k steps.
-    kind: Literal["median", "asha", "hyperband", "none"] = "median"
-    n_startup_trials: int = Field(default=2, ge=0)  # median: finished trials before pruning
-    n_warmup_steps: int = Field(default=0, ge=0)  # median: no pruning before this step
-    min_resource: int | None = Field(default=None, ge=1)  # asha/hyperband; None: eval_every
-    reduction_factor: int = Field(default=3, ge=2)
+    kind: Literal["median", "asha", "hyperband", "none"] = Field(default="median", description=(
+        "`median`: stop a trial whose loss at a step is worse than the median of the "
+        "finished trials' at that step; `asha` (successive halving) and `hyperband`: keep "
+        "the best 1/reduction_factor at each rung of min_resource * reduction_factor**k "
+        "steps; `none`: no pruning."))
+    n_startup_trials: int = Field(default=2, ge=0, description=(
+        "median: finished trials before pruning."))
+    n_warmup_steps: int = Field(default=0, ge=0, description=(
+        "median: no pruning before this step."))
+    min_resource: int | None = Field(default=None, ge=1, description=(
+        "asha/hyperband: steps of the first rung; None: eval_every."))
+    reduction_factor: int = Field(default=3, ge=2, description=(
+        "asha/hyperband: see kind."))
 
 
 class HpoConfig(Strict):
-    base_config: str
-    study: str | None = None  # the study's name in the storage; None: the config's stem
-    out: str = "runs/hpo"
-    # An Optuna storage URL (sqlite:///..., postgresql://...); None: sqlite in `out`.
-    storage: str | None = None
-    dataset: str | None = None  # overrides the base config's
-    n_trials: int = Field(ge=1)  # finished trials the study should hold
-    parallel: int = Field(default=1, ge=1)
-    steps: int | None = Field(default=None, ge=1)  # each trial's; None: the base config's
-    eval_every: int | None = Field(default=None, ge=1)
-    overrides: dict[str, Any] = Field(default_factory=dict)
-    space: dict[str, Distribution] = Field(min_length=1)
-    # Parameter sets tried first (the base config's own values: a baseline to beat).
-    enqueue: list[dict[str, Any]] = Field(default_factory=list)
-    sampler: SamplerConfig = SamplerConfig()
-    pruner: PrunerConfig = PrunerConfig()
-    launch: dict[str, Any] | None = None  # overrides of the base config's `launch:`
-    poll_s: float = Field(default=1.0, gt=0)  # seconds between looks at the trials
+    base_config: str = Field(description=(
+        "The training config every trial starts from."))
+    study: str | None = Field(default=None, description=(
+        "The study's name in the storage; None: the config's stem."))
+    out: str = Field(default="runs/hpo", description=(
+        "trials/trial-NNNN/ (each a run dir), study.db, the best-loss plot. Pruning reads "
+        "the trials' metrics here: on Kubernetes, a volume the trial pods share."))
+    storage: str | None = Field(default=None, description=(
+        "An Optuna storage URL (sqlite:///..., postgresql://...); None: "
+        "sqlite:///<out>/study.db."))
+    dataset: str | None = Field(default=None, description="Overrides the base config's.")
+    n_trials: int = Field(ge=1, description=(
+        "Finished trials the study should hold: a second run of the search runs only the "
+        "missing ones."))
+    parallel: int = Field(default=1, ge=1, description="Trials run at a time.")
+    steps: int | None = Field(default=None, ge=1, description=(
+        "Each trial's budget; None: the base config's."))
+    eval_every: int | None = Field(default=None, ge=1, description=(
+        "Each trial's; the validation losses the pruner sees. None: the base config's."))
+    overrides: dict[str, Any] = Field(default_factory=dict, description=(
+        "The proxy: dotted keys of the training config set in every trial and in the "
+        "transferred config, e.g. `model.d_model: 64`, `model.mup_base_d_model: 64`."))
+    space: dict[str, Distribution] = Field(min_length=1, description=(
+        "Dotted keys of the training config (`optim.lr`, `optim.betas.1` for beta2, ...) "
+        "to their distributions: `{type: float|int, low, high, log, step}` or `{type: "
+        "categorical, choices}`. A key the training config does not have, or a range end "
+        "that makes an invalid training config, is an error naming the key."))
+    enqueue: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "Parameter sets tried first (the base config's own values: a baseline to beat)."))
+    sampler: SamplerConfig = Field(default=SamplerConfig(), description=(
+        "How trials' parameters are chosen."))
+    pruner: PrunerConfig = Field(default=PrunerConfig(), description=(
+        "When a trial is stopped early."))
+    launch: dict[str, Any] | None = Field(default=None, description=(
+        "Overrides of the base config's `launch:` for the trials."))
+    poll_s: float = Field(default=1.0, gt=0, description=(
+        "Seconds between looks at the trials."))
 
     def out_dir(self) -> Path:
         return Path(self.out).resolve()

@@ -30,9 +30,10 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import Field
 
 from core.protocol import EXIT_DIVERGED, EXIT_ERROR
 from infra.jobs import JobSpec
@@ -88,31 +89,48 @@ _MAX_LABEL = 63
 
 @dataclass(frozen=True)
 class KubeOptions:
-    namespace: str = "ballast"
-    image: str = IMAGE
-    kind: Literal["auto", "job", "jobset"] = "auto"  # auto: Job for 1 node, JobSet beyond
-    # One 8-GPU node is the unit we plan for (k8s/ is generated from these defaults); pass
-    # smaller values for smaller nodes. JobSpec.nproc_per_node must not exceed this.
-    gpus_per_node: int = 8
-    gpu_resource: str = "nvidia.com/gpu"
-    cpu: str = "64"
-    memory: str = "512Gi"
-    # Memory-backed /dev/shm (NCCL, DataLoader workers). It counts against `memory`.
-    shm_size: str = "64Gi"
-    node_selector: dict[str, str] = field(
+    # The descriptions are for docs/config.md (pydantic reads them where LaunchConfig nests
+    # this dataclass); a plain KubeOptions() is unaffected by them.
+    namespace: Annotated[str, Field(description="The namespace of the job.")] = "ballast"
+    image: Annotated[str, Field(description="The trainer's image (infra/Dockerfile).")] = IMAGE
+    kind: Annotated[Literal["auto", "job", "jobset"], Field(description=(
+        "`auto`: an Indexed Job for 1 node, a JobSet beyond."))] = "auto"
+    gpus_per_node: Annotated[int, Field(description=(
+        "One 8-GPU node is the unit we plan for (k8s/ is generated from these defaults); "
+        "pass smaller values for smaller nodes. nproc_per_node must not exceed this."))] = 8
+    gpu_resource: Annotated[str, Field(description="The GPU resource name.")] = (
+        "nvidia.com/gpu")
+    cpu: Annotated[str, Field(description="CPU request and limit per pod.")] = "64"
+    memory: Annotated[str, Field(description="Memory request and limit per pod.")] = "512Gi"
+    shm_size: Annotated[str, Field(description=(
+        "Memory-backed /dev/shm (NCCL, DataLoader workers). It counts against "
+        "`memory`."))] = "64Gi"
+    node_selector: Annotated[dict[str, str], Field(description=(
+        "The pods' nodeSelector."))] = field(
         default_factory=lambda: {"nvidia.com/gpu.present": "true"})
-    tolerations: list[dict[str, str]] = field(default_factory=lambda: [
+    tolerations: Annotated[list[dict[str, str]], Field(description=(
+        "The pods' tolerations."))] = field(default_factory=lambda: [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}])
-    service_account: str = "ballast-trainer"
-    s3_secret: str = "ballast-s3"  # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / endpoint
-    config_map: str = "ballast-train-config"  # holds train.yaml, mounted at /etc/ballast
-    config_mount: str = "/etc/ballast"
-    # One node (Job): pod retries after a crash. Node disruption is not counted; exit 1 and 3
-    # are final. A JobSet's inner Job always has 0: the JobSet restarts the whole gang.
-    backoff_limit: int = 3
-    jobset_max_restarts: int = 3  # counted gang restarts of a multi-node JobSet (crashes)
-    run_as_user: int = 1000
-    rdzv_port: int = 29500
+    service_account: Annotated[str, Field(description=(
+        "The pods' service account."))] = "ballast-trainer"
+    s3_secret: Annotated[str, Field(description=(
+        "The Secret with AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / endpoint."))] = (
+        "ballast-s3")
+    config_map: Annotated[str, Field(description=(
+        "The ConfigMap that holds train.yaml for kubectl users (the flow passes the "
+        "config inline instead)."))] = "ballast-train-config"
+    config_mount: Annotated[str, Field(description=(
+        "Where the ConfigMap is mounted."))] = "/etc/ballast"
+    backoff_limit: Annotated[int, Field(description=(
+        "One node (Job): pod retries after a crash. Node disruption is not counted; exit "
+        "1 and 3 are final. A JobSet's inner Job always has 0: the JobSet restarts the "
+        "whole gang."))] = 3
+    jobset_max_restarts: Annotated[int, Field(description=(
+        "Counted gang restarts of a multi-node JobSet (crashes)."))] = 3
+    run_as_user: Annotated[int, Field(description=(
+        "The pods' user, group and fsGroup id (never root)."))] = 1000
+    rdzv_port: Annotated[int, Field(description=(
+        "torchrun's c10d rendezvous port on pod 0."))] = 29500
 
 
 # --- the pod ---------------------------------------------------------------------------------

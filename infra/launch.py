@@ -31,15 +31,24 @@ SECTION = "launch"
 
 
 class LaunchConfig(Strict):
-    backend: str = "local"  # a name in infra/jobs.py BACKENDS
-    nnodes: int = Field(default=1, ge=1)
-    nproc_per_node: int = Field(default=1, ge=1)  # processes (GPUs) per node
-    max_restarts: int = Field(default=3, ge=0)  # after crashes and out-of-memory endings
-    max_node_losses: int = Field(default=10, ge=0)  # after a node was lost or preempted
-    max_recoveries: int = Field(default=1, ge=0)  # rollback restarts after a divergence
-    recovery_lr_scale: float = Field(default=0.5, gt=0, le=1)
-    poll_s: float = Field(default=5.0, gt=0)  # seconds between looks at the job
-    kubernetes: KubeOptions = KubeOptions()  # the kubernetes backend's options
+    backend: str = Field(default="local", description=(
+        "A name in infra/jobs.py BACKENDS: `local` (a subprocess on this machine) or "
+        "`kubernetes` (a Job, or a JobSet for several nodes)."))
+    nnodes: int = Field(default=1, ge=1, description="Nodes.")
+    nproc_per_node: int = Field(default=1, ge=1, description=(
+        "Processes (GPUs) per node."))
+    max_restarts: int = Field(default=3, ge=0, description=(
+        "Restarts after crashes and out-of-memory endings (with backoff)."))
+    max_node_losses: int = Field(default=10, ge=0, description=(
+        "Restarts after a node was lost or preempted."))
+    max_recoveries: int = Field(default=1, ge=0, description=(
+        "Rollback restarts after a divergence (exit 3)."))
+    recovery_lr_scale: float = Field(default=0.5, gt=0, le=1, description=(
+        "The learning rate is multiplied by this on a recovery restart."))
+    poll_s: float = Field(default=5.0, gt=0, description=(
+        "Seconds between looks at the job."))
+    kubernetes: KubeOptions = Field(default=KubeOptions(), description=(
+        "The kubernetes backend's options."))
 
     @field_validator("backend")
     @classmethod

@@ -35,46 +35,60 @@ Format = Literal[FORMAT_CHOICES]  # type: ignore[valid-type]
 
 
 class LineDedupConfig(Strict):
-    # A line (stripped, whitespace collapsed) found in more than this many of the source's
-    # documents is boilerplate (navigation, cookie banners) and is removed from them all.
-    max_docs: int = Field(ge=1)
-    # Shorter lines are never counted nor removed (blank lines, "Home", list bullets).
-    min_line_chars: int = Field(default=20, ge=1)
+    max_docs: int = Field(ge=1, description=(
+        "A line (stripped, whitespace collapsed) found in more than this many of the "
+        "source's documents, over every dataset version, is boilerplate (menus, cookie "
+        "banners) and is removed from them all; a document left empty is dropped as "
+        "`lines:empty`."))
+    min_line_chars: int = Field(default=20, ge=1, description=(
+        "Shorter lines are never counted nor removed (blank lines, \"Home\", list "
+        "bullets)."))
 
 
 class SourceConfig(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    # Local globs, directories, or s3://bucket/prefix[/glob]; relative paths are taken
-    # from the config file's directory.
-    paths: list[str] = Field(min_length=1)
-    # auto: by extension (.jsonl, .jsonl.gz, .jsonl.zst, .json[.gz], .parquet, .txt);
-    # a directory written by `datasets.save_to_disk` is `hf` (see tasks.formats).
-    format: Format = "auto"
-    text_field: str = "text"
-    id_field: str | None = None
-    # txt only: a whole file is one document, or each blank-line-separated paragraph is.
-    txt_unit: Literal["file", "paragraph"] = "file"
-    # Target share of training tokens (used by the mixture stage).
-    weight: float | None = Field(default=None, ge=0)
-    # Quality rules for this source instead of the top-level list (e.g. [] for code).
-    quality: list[Any] | None = None
-    # Most times this source's documents may be repeated to reach its share (UniMax's
-    # per-source epoch cap); unset = mixture.max_epochs.
-    max_epochs: float | None = Field(default=None, gt=0)
-    # auto: validation by a stable hash of the document id; train / validation put the
-    # whole source in one split (e.g. a held-out file, as the classic char-level runs do).
-    split: Literal["auto", "train", "validation"] = "auto"
-    # Line-level dedup within this source (the `lines` stage); unset = off.
-    line_dedup: LineDedupConfig | None = None
-    # Mix this source per language (meta.language, written by the `language` rule): each
-    # language is a mixture component of its own, "<name>/<lang>" ("<name>/und" for
-    # documents without a label), with the source's epoch cap. A mapping names the
-    # languages kept and their weights within the source's (a language it does not name
-    # is left out, accounted as downsampled); "all" keeps every language in proportion to
-    # its tokens. With mixture.alpha, every kept language is weighted n_lang ** alpha
-    # (temperature sampling over languages, as mT5 and XLM-R) and a mapping's values are
-    # not used. Unset: the source is one component.
-    languages: dict[str, float] | Literal["all"] | None = None
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description=(
+        "The source's name ([A-Za-z0-9_.-]+, unique): in ids, the report and the mixture."))
+    paths: list[str] = Field(min_length=1, description=(
+        "Local globs (`**` included), directories, files, or `s3://bucket/prefix[/glob]`; "
+        "relative paths are taken from the config file's directory. A path or glob that "
+        "matches nothing is an error before any work starts."))
+    format: Format = Field(default="auto", description=(
+        "`auto`: by extension (.jsonl, .jsonl.gz, .jsonl.zst, .json[.gz], .parquet, "
+        ".txt); a directory written by `datasets.save_to_disk` is `hf` (tasks/formats/)."))
+    text_field: str = Field(default="text", description="The record field with the text.")
+    id_field: str | None = Field(default=None, description=(
+        "The record field with the document id; unset, ids are stable locations: "
+        "`<source>/<file>:<line>` (`#row=n` in parquet, `#para=n` for paragraphs)."))
+    txt_unit: Literal["file", "paragraph"] = Field(default="file", description=(
+        "txt only: a whole file is one document, or each blank-line-separated paragraph "
+        "is."))
+    weight: float | None = Field(default=None, ge=0, description=(
+        "Target share of training tokens (the mixture stage), e.g. 0.7. Give every source "
+        "a weight, or none (then shares are natural, or set by `mixture.alpha`)."))
+    quality: list[Any] | None = Field(default=None, description=(
+        "This source's quality rules instead of the top-level `quality` list (`[]` = "
+        "none); the same syntax, e.g. `[char_repetition, {length: {min_chars: 20}}]`."))
+    max_epochs: float | None = Field(default=None, gt=0, description=(
+        "Most times this source's documents may be repeated to reach its share (UniMax's "
+        "per-source epoch cap); unset = `mixture.max_epochs`."))
+    split: Literal["auto", "train", "validation"] = Field(default="auto", description=(
+        "`auto`: validation by a stable hash of the document id; `train` / `validation` "
+        "put the whole source in one split (e.g. a held-out file, as the classic "
+        "char-level runs do)."))
+    line_dedup: LineDedupConfig | None = Field(default=None, description=(
+        "Line-level dedup within this source (the `lines` stage), e.g. `{max_docs: 10, "
+        "min_line_chars: 20}`: remove lines found in more than max_docs of this source's "
+        "documents. Unset = off."))
+    languages: dict[str, float] | Literal["all"] | None = Field(default=None, description=(
+        "Mix this source per language (`meta.language`, written by the `language` rule): "
+        "each language is a mixture component of its own, `<name>/<lang>` (`<name>/und` "
+        "for documents without a label), with the source's epoch cap. A mapping (`{en: "
+        "0.8, de: 0.2}`) names the languages kept and their weights within the source's "
+        "(a language it does not name is left out, accounted as `downsampled`); `all` "
+        "keeps every language in proportion to its tokens. With `mixture.alpha`, every "
+        "kept language is weighted n_lang ** alpha (temperature sampling over languages, "
+        "as mT5 and XLM-R) and a mapping's values are not used. Unset: the source is one "
+        "component."))
 
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -103,16 +117,21 @@ class SourceConfig(Strict):
 
 
 class NearDedupConfig(Strict):
-    threshold: float = Field(default=0.8, gt=0, le=1)
-    num_perm: int = Field(default=128, ge=8, le=1024)
-    ngram: int = Field(default=5, ge=1, le=32)
-    # Bands x rows; chosen automatically so that a pair at `threshold` becomes a
-    # candidate with probability >= recall_at_threshold, unless both are given.
-    bands: int | None = Field(default=None, ge=1)
-    rows: int | None = Field(default=None, ge=1)
-    recall_at_threshold: float = Field(default=0.999, gt=0, lt=1)
-    # Candidates are confirmed with the exact Jaccard of their shingle sets.
-    verify: bool = True
+    threshold: float = Field(default=0.8, gt=0, le=1, description=(
+        "Jaccard similarity of two documents' word n-gram sets at which they are near "
+        "duplicates."))
+    num_perm: int = Field(default=128, ge=8, le=1024, description=(
+        "MinHash permutations per signature."))
+    ngram: int = Field(default=5, ge=1, le=32, description="Words per shingle.")
+    bands: int | None = Field(default=None, ge=1, description=(
+        "LSH bands. Bands x rows are chosen automatically from `recall_at_threshold` "
+        "unless both are given (set bands and rows together; bands * rows <= num_perm)."))
+    rows: int | None = Field(default=None, ge=1, description="Rows per band; see `bands`.")
+    recall_at_threshold: float = Field(default=0.999, gt=0, lt=1, description=(
+        "The probability that a pair at `threshold` becomes a candidate, which picks "
+        "bands x rows."))
+    verify: bool = Field(default=True, description=(
+        "Confirm candidates with the exact Jaccard of their shingle sets."))
 
     @model_validator(mode="after")
     def _bands_rows(self) -> NearDedupConfig:
@@ -126,8 +145,12 @@ class NearDedupConfig(Strict):
 
 
 class DedupConfig(Strict):
-    exact: bool = True
-    near: NearDedupConfig | None = NearDedupConfig()
+    exact: bool = Field(default=True, description=(
+        "Exact dedup: a 128-bit hash of the normalised text; the first copy in input order "
+        "stays."))
+    near: NearDedupConfig | None = Field(default=NearDedupConfig(), description=(
+        "Near dedup (MinHash, LSH, exact-Jaccard confirmation); `near: false` turns it "
+        "off, `near: true` takes the defaults."))
 
     @field_validator("near", mode="before")
     @classmethod
@@ -140,11 +163,12 @@ class DedupConfig(Strict):
 
 
 class IngestConfig(Strict):
-    # Documents above this size are quarantined at ingest (reason `too_large`) so one
-    # gigantic record cannot exhaust a worker's memory.
-    max_doc_bytes: int = Field(default=16 * 1024 * 1024, ge=1)
-    # Documents per ingest shard; later stages keep the same shards.
-    shard_docs: int = Field(default=50_000, ge=1)
+    max_doc_bytes: int = Field(default=16 * 1024 * 1024, ge=1, description=(
+        "Larger documents are quarantined at ingest (reason `too_large`), so one gigantic "
+        "record cannot exhaust a worker's memory."))
+    shard_docs: int = Field(default=50_000, ge=1, description=(
+        "Documents per ingest shard; later stages keep the same shards. With `workers`, "
+        "it sets the memory a run needs (docs/scale.md)."))
 
 
 def _default_rules() -> tuple[str, ...]:
@@ -154,14 +178,20 @@ def _default_rules() -> tuple[str, ...]:
 
 
 class TokenizerConfig(Strict):
-    # bytes: UTF-8 bytes + special tokens (needs nothing); bpe: a byte-level BPE trained
-    # with HF `tokenizers` on the kept documents; file: an existing tokenizer.json.
-    kind: Literal["bytes", "bpe", "file"] = "bytes"
-    vocab_size: int | None = Field(default=None, ge=260, le=1_000_000)
-    path: str | None = None
-    # BPE training reads at most this many documents (spread over all shards).
-    train_docs: int = Field(default=200_000, ge=1)
-    min_frequency: int = Field(default=2, ge=1)
+    kind: Literal["bytes", "bpe", "file"] = Field(default="bytes", description=(
+        "`bytes`: UTF-8 bytes + `<|endoftext|>` (256) and `<|pad|>` (257), needs nothing; "
+        "`bpe`: a byte-level BPE trained with HF `tokenizers` on the kept documents; "
+        "`file`: an existing tokenizer.json."))
+    vocab_size: int | None = Field(default=None, ge=260, le=1_000_000, description=(
+        "bpe (required there): e.g. 32768; the special tokens get ids 0 and 1."))
+    path: str | None = Field(default=None, description=(
+        "file (required there, refused otherwise): a tokenizer.json (EOS: "
+        "`<|endoftext|>`, `</s>` or `<eos>`)."))
+    train_docs: int = Field(default=200_000, ge=1, description=(
+        "bpe: training reads at most this many documents, spread over all shards."))
+    min_frequency: int = Field(default=2, ge=1, description=(
+        "bpe: a pair is merged only if it occurs at least this often (the vocabulary can "
+        "come out smaller than vocab_size)."))
 
     @model_validator(mode="after")
     def _kind_fields(self) -> TokenizerConfig:
@@ -175,56 +205,79 @@ class TokenizerConfig(Strict):
 
 
 class MixtureConfig(Strict):
-    # Shares come from sources[].weight, or, when alpha is set, from temperature
-    # sampling: share_i proportional to n_i ** alpha (n_i = the source's train tokens).
-    alpha: float | None = Field(default=None, gt=0, le=1)
-    # Default cap on repetition per source (UniMax); sources[].max_epochs overrides it.
-    max_epochs: float = Field(default=1.0, gt=0)
-    # Total training tokens; unset = the largest mix the caps allow.
-    total_tokens: int | None = Field(default=None, ge=1)
-    # Curriculum: these sources come first in training order, in this order; the rest
-    # follow, interleaved. Unset = every source interleaved across the whole run.
-    order: list[str] | None = None
+    alpha: float | None = Field(default=None, gt=0, le=1, description=(
+        "Temperature sampling instead of the sources' weights: share_i proportional to "
+        "n_i ** alpha (n_i = the source's train tokens). Unset: shares come from "
+        "`sources[].weight`."))
+    max_epochs: float = Field(default=1.0, gt=0, description=(
+        "Default cap on repetition per source (UniMax); `sources[].max_epochs` overrides "
+        "it."))
+    total_tokens: int | None = Field(default=None, ge=1, description=(
+        "Total training tokens; unset = the largest mix the caps allow."))
+    order: list[str] | None = Field(default=None, description=(
+        "Curriculum: these sources come first in training order, in this order (e.g. "
+        "`[books, web]`); the rest follow, interleaved. Unset = every source interleaved "
+        "across the whole run."))
 
 
 class PackConfig(Strict):
-    seq_len: int = Field(default=1024, ge=8)
-    # concat: one token stream cut into rows (every token used, documents may be split);
-    # bfd: best-fit-decreasing inside a bounded window (documents up to seq_len whole).
-    strategy: Literal["concat", "bfd"] = "bfd"
-    # bfd: documents considered together; memory stays flat however large the corpus.
-    window: int = Field(default=20_000, ge=1)
+    seq_len: int = Field(default=1024, ge=8, description="Tokens per packed row.")
+    strategy: Literal["concat", "bfd"] = Field(default="bfd", description=(
+        "`bfd`: best-fit-decreasing inside a bounded window (documents up to seq_len "
+        "whole); `concat`: one token stream cut into rows (every token used, documents "
+        "may be split)."))
+    window: int = Field(default=20_000, ge=1, description=(
+        "bfd: documents packed together; memory stays flat however large the corpus."))
 
 
 class OutputDatasetConfig(Strict):
-    # Fraction of documents (by a stable hash of the id) held out for validation.
-    validation_fraction: float = Field(default=0.01, ge=0, lt=1)
-    # Arrow shard files per split (save_to_disk num_shards).
-    train_shards: int = Field(default=4, ge=1)
-    validation_shards: int = Field(default=1, ge=1)
-    # Partitions of the training order packed independently (mappable work).
-    pack_partitions: int = Field(default=8, ge=1)
+    validation_fraction: float = Field(default=0.01, ge=0, lt=1, description=(
+        "Fraction of documents held out for validation, by a stable hash of the document "
+        "id (seed-independent)."))
+    train_shards: int = Field(default=4, ge=1, description=(
+        "Arrow files of the train split (`save_to_disk` num_shards)."))
+    validation_shards: int = Field(default=1, ge=1, description=(
+        "Arrow files of the validation split."))
+    pack_partitions: int = Field(default=8, ge=1, description=(
+        "At least this many partitions of the training order, packed in parallel (more "
+        "when the plan has over ~8M tokens a partition)."))
 
 
 class PrepConfig(Strict):
-    output: str
-    seed: int = 0
-    workers: int = Field(default=2, ge=1)
-    sources: list[SourceConfig] = Field(min_length=1)
-    ingest: IngestConfig = IngestConfig()
-    dedup: DedupConfig = DedupConfig()
-    # Rule names or {name: {param: value}}; unset = tasks.quality.DEFAULT_RULES.
-    quality: list[Any] = Field(default_factory=lambda: list(_default_rules()))
-    storage: StorageOptions = StorageOptions()
-    tokenizer: TokenizerConfig = TokenizerConfig()
-    mixture: MixtureConfig = MixtureConfig()
-    pack: PackConfig = PackConfig()
-    dataset: OutputDatasetConfig = OutputDatasetConfig()
-    # The dataset version this run builds. Set by the runner, not in a config file: 1 for
-    # a fresh output, one more for each later run that takes in new data. Not part of the
-    # fingerprint (every version of an output has the same config); part of every task's
-    # inputs, so no cached result of one version stands in for another's.
-    version: int = Field(default=1, ge=1)
+    output: str = Field(description=(
+        "Where the run writes: a local path (resolved from the working directory) or "
+        "`s3://bucket/prefix`. It may not lie inside an input path, nor an input inside "
+        "it."))
+    seed: int = Field(default=0, description=(
+        "MinHash permutations and the mixture's sampling derive from it."))
+    workers: int = Field(default=2, ge=1, description="Processes for `ballast prep`.")
+    sources: list[SourceConfig] = Field(min_length=1, description=(
+        "The inputs, one entry per source."))
+    ingest: IngestConfig = Field(default=IngestConfig(), description=(
+        "Reading the inputs into shards."))
+    dedup: DedupConfig = Field(default=DedupConfig(), description=(
+        "Exact and near deduplication."))
+    quality: list[Any] = Field(default_factory=lambda: list(_default_rules()), description=(
+        "Quality rules, applied in order; the first that drops wins. A rule name uses the "
+        "published thresholds, `{name: {param: value}}` sets parameters (see Quality rule "
+        "parameters below). Unset: tasks.quality.DEFAULT_RULES, `char_repetition, "
+        "gopher_quality, gopher_repetition, c4, fineweb`."))
+    storage: StorageOptions = Field(default=StorageOptions(), description=(
+        "For `s3://` URIs; anything unset comes from the environment."))
+    tokenizer: TokenizerConfig = Field(default=TokenizerConfig(), description=(
+        "The tokenizer (one for every dataset version: version 1's)."))
+    mixture: MixtureConfig = Field(default=MixtureConfig(), description=(
+        "Per-source token shares, epoch caps and training order."))
+    pack: PackConfig = Field(default=PackConfig(), description=(
+        "Packing documents into rows of seq_len tokens."))
+    dataset: OutputDatasetConfig = Field(default=OutputDatasetConfig(), description=(
+        "The DatasetDict written at the end."))
+    version: int = Field(default=1, ge=1, description=(
+        "The dataset version this run builds. Set by the runner, not in a config file: 1 "
+        "for a fresh output, one more for each later run that takes in new data. Not part "
+        "of the fingerprint (every version of an output has the same config); part of "
+        "every task's inputs, so no cached result of one version stands in for "
+        "another's."))
 
     @model_validator(mode="after")
     def _mixture_sources(self) -> PrepConfig:

@@ -3,7 +3,7 @@ filler or the notice a page shows in place of its content."""
 
 from __future__ import annotations
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tasks.quality.base import Drop, Rule, RuleParams, Verdict
 from tasks.quality.lists import read_list, readable_list
@@ -15,10 +15,13 @@ BOILERPLATE = ("lorem ipsum", "javascript is disabled", "enable cookies")
 
 
 class BoilerplateParams(RuleParams):
-    # Replaces the built-in list when given; `file` (one string a line) adds to it.
-    strings: tuple[str, ...] = BOILERPLATE
-    file: str | None = None
-    case_sensitive: bool = False
+    strings: tuple[str, ...] = Field(default=BOILERPLATE, description=(
+        "Strings that drop a document (not empty); replaces the built-in list when "
+        "given."))
+    file: str | None = Field(default=None, description=(
+        "A file of more strings, one a line, added to `strings`."))
+    case_sensitive: bool = Field(default=False, description=(
+        "Match case (line breaks are still ignored)."))
 
     @field_validator("strings")
     @classmethod

@@ -133,13 +133,17 @@ def _report(path: str) -> dict[str, Any] | None:
 
 
 class ClassifierParams(RuleParams):
-    # A fastText .bin (`ballast quality train` output, or any supervised fastText model).
-    model: str = Field(min_length=1)
-    # Keep documents scoring at least this; None takes the threshold the training run chose
-    # (MODEL.report.json). There is no universal default: a threshold belongs to a model.
-    threshold: Fraction | None = None
-    label: str = Field(default=GOOD, min_length=1)  # the "good" label, DCLM's `hq`
-    key: str = Field(default="quality_score", min_length=1)  # the metadata field
+    model: str = Field(min_length=1, description=(
+        "A fastText .bin: `ballast quality train` output, or any supervised fastText "
+        "model such as DCLM's published one (read with DCLM's preprocessing)."))
+    threshold: Fraction | None = Field(default=None, description=(
+        "Keep documents scoring at least this; None takes the threshold the training run "
+        "chose (MODEL.report.json), required for a model without one. There is no "
+        "universal default: a threshold belongs to a model."))
+    label: str = Field(default=GOOD, min_length=1, description=(
+        "The \"good\" label whose probability is the score (DCLM's `hq`)."))
+    key: str = Field(default="quality_score", min_length=1, description=(
+        "The metadata field the score is written to."))
 
     @field_validator("model")
     @classmethod

@@ -41,20 +41,25 @@ LANGUAGE_DEFAULTS: dict[str, dict[str, Any]] = {
 class GopherQualityParams(RuleParams):
     # Every default is the Gopher paper's (appendix A.1.1) and equals datatrove 0.10's
     # GopherQualityFilter default; None switches a check off.
-    min_doc_words: Count | None = 50
-    max_doc_words: Count | None = 100_000
-    min_avg_word_length: float | None = Field(default=3, ge=0)
-    max_avg_word_length: float | None = Field(default=10, ge=0)
-    # '#' per word and ('...' + '…') per word.
-    max_symbol_word_ratio: float | None = Field(default=0.1, ge=0)
-    # Lines starting with a bullet ('•' or '-', as datatrove), lines ending in an ellipsis.
-    max_bullet_lines_ratio: Fraction | None = 0.9
-    max_ellipsis_lines_ratio: Fraction | None = 0.3
-    # "80% of words in a document contain at least one alphabetic character";
+    min_doc_words: Count | None = Field(default=50, description="Fewest words.")
+    max_doc_words: Count | None = Field(default=100_000, description="Most words.")
+    min_avg_word_length: float | None = Field(default=3, ge=0, description=(
+        "Shortest mean word length (characters)."))
+    max_avg_word_length: float | None = Field(default=10, ge=0, description=(
+        "Longest mean word length."))
+    max_symbol_word_ratio: float | None = Field(default=0.1, ge=0, description=(
+        "'#' per word and ('...' + '…') per word."))
+    max_bullet_lines_ratio: Fraction | None = Field(default=0.9, description=(
+        "Lines starting with a bullet ('•' or '-', as datatrove)."))
+    max_ellipsis_lines_ratio: Fraction | None = Field(default=0.3, description=(
+        "Lines ending in an ellipsis."))
     # datatrove calls this max_non_alpha_words_ratio (its own TODO says to rename it).
-    min_alpha_words_ratio: Fraction | None = 0.8
-    min_stop_words: Count | None = 2
-    stop_words: tuple[str, ...] = STOP_WORDS
+    min_alpha_words_ratio: Fraction | None = Field(default=0.8, description=(
+        "\"80% of words in a document contain at least one alphabetic character\"."))
+    min_stop_words: Count | None = Field(default=2, description=(
+        "Fewest words from stop_words."))
+    stop_words: tuple[str, ...] = Field(default=STOP_WORDS, description=(
+        "The stop words (Gopher's)."))
 
 
 class GopherQuality(Rule[GopherQualityParams]):
@@ -166,21 +171,24 @@ class GopherRepetitionParams(RuleParams):
     # Table A1 of the Gopher paper; datatrove 0.10's GopherRepetitionFilter has the same
     # defaults. Line/paragraph fractions count duplicate elements; *_char_frac counts
     # their characters over the whole text.
-    dup_line_frac: Fraction | None = 0.3
-    dup_para_frac: Fraction | None = 0.3
-    dup_line_char_frac: Fraction | None = 0.2
-    dup_para_char_frac: Fraction | None = 0.2
-    # (n, max fraction of characters in the most frequent n-gram)
-    top_n_grams: NGramThresholds = ((2, 0.2), (3, 0.18), (4, 0.16))
-    # (n, max fraction of characters in n-grams that repeat an earlier one)
-    dup_n_grams: NGramThresholds = (
+    dup_line_frac: Fraction | None = Field(default=0.3, description=(
+        "Most fraction of lines that are duplicates (by count)."))
+    dup_para_frac: Fraction | None = Field(default=0.3, description=(
+        "Most fraction of paragraphs that are duplicates (by count)."))
+    dup_line_char_frac: Fraction | None = Field(default=0.2, description=(
+        "Most fraction of characters in duplicate lines."))
+    dup_para_char_frac: Fraction | None = Field(default=0.2, description=(
+        "Most fraction of characters in duplicate paragraphs."))
+    top_n_grams: NGramThresholds = Field(default=((2, 0.2), (3, 0.18), (4, 0.16)), description=(
+        "(n, most fraction of characters in the most frequent n-gram)."))
+    dup_n_grams: NGramThresholds = Field(default=(
         (5, 0.15),
         (6, 0.14),
         (7, 0.13),
         (8, 0.12),
         (9, 0.11),
         (10, 0.10),
-    )
+    ), description="(n, most fraction of characters in n-grams that repeat an earlier one).")
 
 
 _PARAGRAPH_SPLIT = re.compile(r"\n{2,}")

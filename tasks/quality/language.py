@@ -30,7 +30,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from tasks.quality.base import Drop, Fraction, Rule, RuleParams, Verdict, fmt
 from tasks.quality.text import Doc
@@ -81,9 +81,13 @@ def identify(text: str) -> tuple[str, float]:
 
 
 class LanguageParams(RuleParams):
-    # Languages to keep (lid.176 codes); None keeps every document and only annotates it.
-    keep: list[str] | None = None
-    min_score: Fraction = 0.65  # datatrove's language_threshold
+    keep: list[str] | None = Field(default=None, description=(
+        "Languages to keep (lid.176's ISO 639 codes, e.g. en, de, zh); others are dropped "
+        "as `language:not_kept`. None keeps every document and only annotates it; an "
+        "empty list or an unknown code is a config error."))
+    min_score: Fraction = Field(default=0.65, description=(
+        "A document of a kept language scoring under this is dropped as "
+        "`language:low_score` (datatrove's language_threshold); only with keep."))
 
     @field_validator("keep")
     @classmethod

@@ -34,15 +34,23 @@ from tasks.quality.text import Doc
 
 
 class PerplexityParams(RuleParams):
-    # A transformers model directory (config.json, weights, tokenizer), e.g. the output of
-    # `ballast export hf CHECKPOINT DIR`.
-    model: str = Field(min_length=1)
-    max: float | None = Field(default=None, gt=1)  # drop above (surprising: unlike the reference)
-    # drop below: CCNet's lowest buckets are often repeated boilerplate the model has seen
-    min: float | None = Field(default=None, ge=1)
-    max_tokens: int = Field(default=512, ge=2)
-    batch_size: int = Field(default=16, ge=1)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    model: str = Field(min_length=1, description=(
+        "A transformers model directory (config.json, weights, tokenizer), e.g. the "
+        "output of `ballast export hf CHECKPOINT DIR` (a checkpoint itself is refused with "
+        "that hint)."))
+    max: float | None = Field(default=None, gt=1, description=(
+        "Drop above (`perplexity:too_high`: surprising, unlike the reference); off by "
+        "default."))
+    min: float | None = Field(default=None, ge=1, description=(
+        "Drop below (`perplexity:too_low`): CCNet's lowest buckets are often repeated "
+        "boilerplate the model has seen; off by default."))
+    max_tokens: int = Field(default=512, ge=2, description=(
+        "Tokens scored per document, from its start (never more than the model's "
+        "context)."))
+    batch_size: int = Field(default=16, ge=1, description=(
+        "Documents scored at a time, sorted by length."))
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description=(
+        "`auto`: CUDA when present."))
 
     @field_validator("model")
     @classmethod

@@ -8,6 +8,8 @@ import ipaddress
 import re
 from collections.abc import Callable
 
+from pydantic import Field
+
 from tasks.quality.base import Rule, RuleParams, Verdict
 from tasks.quality.text import Doc
 
@@ -33,13 +35,17 @@ IPV6_RE = re.compile(r"(?<![\w:.])(?:[0-9a-f]{0,4}:){2,7}[0-9a-f]{0,4}(?![\w:])"
 
 
 class PiiParams(RuleParams):
-    emails: bool = True
-    ips: bool = True
+    emails: bool = Field(default=True, description="Replace e-mail addresses.")
+    ips: bool = Field(default=True, description=(
+        "Replace public IPv4/IPv6 addresses (private, loopback, link-local, documentation "
+        "and reserved ones stay)."))
     # datatrove's first replacements: example.com is reserved for examples (RFC 2606),
     # and datatrove's IPs did not answer pings when its list was made. datatrove cycles
     # through several; one fixed string keeps the output independent of document order.
-    email_replacement: str = "email@example.com"
-    ip_replacement: str = "22.214.171.124"
+    email_replacement: str = Field(default="email@example.com", description=(
+        "What an e-mail address becomes."))
+    ip_replacement: str = Field(default="22.214.171.124", description=(
+        "What an IP address becomes."))
 
 
 class Pii(Rule[PiiParams]):

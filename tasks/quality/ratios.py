@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import unicodedata
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from tasks.quality.base import Drop, Fraction, Rule, RuleParams, Verdict, fmt
 from tasks.quality.text import Doc
@@ -41,11 +41,13 @@ CLASSES = {
 
 class CharRatiosParams(RuleParams):
     # No paper fixes these for general text, so every bound is off until set (None = off).
-    max_digit_frac: Fraction | None = None
-    max_punct_frac: Fraction | None = None
-    max_whitespace_frac: Fraction | None = None
-    max_bracket_frac: Fraction | None = None
-    max_non_alnum_frac: Fraction | None = None
+    max_digit_frac: Fraction | None = Field(default=None, description="Digits.")
+    max_punct_frac: Fraction | None = Field(default=None, description=(
+        "Unicode punctuation."))
+    max_whitespace_frac: Fraction | None = Field(default=None, description="Whitespace.")
+    max_bracket_frac: Fraction | None = Field(default=None, description="`()[]{}`.")
+    max_non_alnum_frac: Fraction | None = Field(default=None, description=(
+        "Characters that are neither letter, digit nor whitespace."))
 
     @model_validator(mode="after")
     def _some_bound(self) -> CharRatiosParams:
