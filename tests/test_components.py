@@ -112,10 +112,10 @@ def test_a_component_can_end_the_run(train_dataset, tmp_path, monkeypatch):
     assert json.loads((tmp_path / "final.json").read_text())["step"] == 3
 
 
-def test_options_off_build_only_progress(train_dataset, tmp_path):
+def test_options_off_build_only_the_always_on(train_dataset, tmp_path):
     t = Trainer(config(train_dataset, tmp_path, steps=2))
     try:
-        assert [c.name for c in t.components] == ["progress"]
+        assert [c.name for c in t.components] == ["schedule_change", "progress"]
         # Nothing beyond the trainer's own entries in a default checkpoint.
         assert set(t.snapshot()) == {"scaler", "rng", "guard", "config", "trainer"}
     finally:

@@ -304,6 +304,15 @@ class Trainer:
         if self.recovery is not None and latest is not None:
             recover(self, self.recovery, log)
             s = self.state
+        if s.step > cfg.steps:  # asked for fewer steps than the run has trained
+            log.close()
+            print(f"error: run dir {self.run_dir} is already at step {s.step}, past steps: "
+                  f"{cfg.steps}; nothing to train (raise steps, or give this run a run_dir "
+                  "of its own)", file=sys.stderr)
+            return EXIT_ERROR
+        if latest is not None and s.step == cfg.steps and self.world.is_main:
+            print(f"note: run dir {self.run_dir} is already at step {s.step} of {cfg.steps}; "
+                  "nothing to train", file=sys.stderr)
         self.progress.begin()
         try:
             while s.step < cfg.steps and not self.stopped():

@@ -17,6 +17,7 @@ from training.components.layer_stats import LayerStatistics
 from training.components.noise_scale import NoiseScaleController
 from training.components.progress import Progress
 from training.components.resume_overrides import ResumeOverrides
+from training.components.schedule_change import ScheduleChange
 from training.components.warm_start import WarmStart
 from training.config import TrainConfig
 
@@ -28,6 +29,7 @@ REGISTRY: list[tuple[type[Component], Callable[[TrainConfig], bool]]] = [
     (EarlyStopping, lambda cfg: cfg.early_stopping is not None),
     (NoiseScaleController, lambda cfg: cfg.noise_scale is not None),
     (ResumeOverrides, lambda cfg: cfg.resume_overrides is not None),
+    (ScheduleChange, lambda cfg: True),
     (Progress, lambda cfg: True),
 ]
 
