@@ -29,7 +29,7 @@ from prefect.artifacts import (
 )
 
 from core.files import write_atomic
-from flows.runs import run_name
+from flows.runs import flow_run_alive, run_name
 from infra.jobs import BACKENDS, JobBackend, JobHandle, JobSpec, backend_entry, make_backend
 from infra.launch import LaunchConfig, load_launch
 from infra.supervisor import RECOVERY_FLAGS, Attempt, supervise
@@ -175,7 +175,7 @@ def _leftover(backend: JobBackend, run_dir: Path, spec: JobSpec, log: Any) -> Jo
     if status is None or status.phase == "finished":
         return None
     owner = data.get("flow_run")
-    if owner and _flow_run_alive(owner):
+    if owner and flow_run_alive(owner):
         raise TrainingFailed(
             f"{run_dir}: flow run {owner} is still training here (job {handle.name}); "
             "cancel it, or give this run another run_dir")
@@ -193,20 +193,6 @@ def _leftover(backend: JobBackend, run_dir: Path, spec: JobSpec, log: Any) -> Jo
         "settings; this run resumes from its last checkpoint")
     backend.cancel(handle)
     return None
-
-
-def _flow_run_alive(flow_run_id: str) -> bool:
-    from prefect.client.orchestration import get_client
-    from prefect.runtime import flow_run
-
-    if flow_run_id == flow_run.get_id():
-        return False  # this very run, retried: its earlier try is gone
-    try:
-        with get_client(sync_client=True) as client:
-            fr = client.read_flow_run(flow_run_id)
-    except Exception:
-        return False  # unknown to this API (another server, deleted): not alive here
-    return fr.state is not None and not fr.state.is_final()
 
 
 @flow(name="train", on_cancellation=[_cancel_job], on_crashed=[_cancel_job],
