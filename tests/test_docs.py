@@ -1,9 +1,16 @@
-"""The docs: docs/config.md is what the config models say, and every config key has a
-description."""
+"""The docs: docs/config.md is what the config models say, every config key has a
+description, and the README's and docs/' links lead to files and headings that exist."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from cli import config_docs
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", ROOT / "k8s" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def test_config_md_is_current(capsys):
@@ -40,3 +47,26 @@ def test_every_config_key_has_a_description():
     for name, rule in config_docs.rules().items():
         missing += _undescribed(f"quality.{name}", rule.Params, seen)
     assert not missing, "keys without Field(description=...): " + ", ".join(missing)
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors (the same rule the generator uses for its own)."""
+    r = config_docs.Renderer()
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    return {r.anchor(m.group(1).strip()) for m in re.finditer(r"^#+ (.+)$", text, re.M)}
+
+
+def test_links_lead_somewhere():
+    bad = []
+    for page in PAGES:
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+        for target in LINK.findall(text):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (page.parent / file).resolve() if file else page
+            if not dest.exists():
+                bad.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                bad.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not bad, "\n".join(bad)
