@@ -1,4 +1,4 @@
-"""Remote checkpoints (training.remote) against a real moto_server over HTTP.
+"""Remote checkpoints (training.checkpoint.remote) against a real moto_server over HTTP.
 
 Network outages are real too: a small TCP proxy sits between the store and moto and can be
 switched off mid-upload (listener closed, live connections dropped) and on again on the
@@ -27,7 +27,7 @@ from botocore.exceptions import ClientError
 
 from core.store import StorageError, StorageOptions
 from training import checkpoint as ckpt
-from training.remote import (
+from training.checkpoint.remote import (
     RUN_RECORD,
     STAGING,
     RemoteCheckpointError,
@@ -633,6 +633,45 @@ def test_claim_adopts_a_prefix_from_before_ownership_records(
     s3_client.put_object(Bucket=s3_bucket, Key=f"{PREFIX}/{RUN_RECORD}", Body=b"{not json")
     with pytest.raises(RemoteOwnershipError, match="not a valid ownership record"):
         rc2.claim("r1", "0123456789abcdef")
+
+
+@pytest.mark.parametrize("where", ["s3", "local"])
+def test_claim_race_on_an_empty_prefix_has_one_winner(
+    where: str, remote: Callable[..., tuple[RemoteCheckpoints, list[str]]], s3_client: Any,
+    s3_bucket: str, tmp_path: Path,
+) -> None:
+    """Two runs claim an empty prefix at once: both find no RUN.json, and the conditional
+    create lets only the first one write it; the second reads the winner's record and is
+    refused, and the record stays the winner's."""
+
+    def make() -> RemoteCheckpoints:
+        if where == "s3":
+            return remote()[0]
+        rc = RemoteCheckpoints(str(tmp_path / "mirror"), log=lambda line: None)
+        closers.append(rc)
+        return rc
+
+    closers: list[RemoteCheckpoints] = []
+    try:
+        first, second = make(), make()
+        real_get = second._remote.get_or_none
+        reads: list[str] = []
+
+        def get_before_the_winner(key: str) -> bytes | None:
+            reads.append(key)
+            if len(reads) == 1:  # second's first look: before first's record existed
+                first.claim("r1", "0123456789abcdef")
+                return None
+            return real_get(key)
+
+        second._remote.get_or_none = get_before_the_winner  # type: ignore[method-assign]
+        with pytest.raises(RemoteOwnershipError, match="belongs to run 'r1'"):
+            second.claim("r2", "0123456789abcdef")
+        second._remote.get_or_none = real_get  # type: ignore[method-assign]
+        first.claim("r1", "0123456789abcdef")  # still the winner's
+    finally:
+        for rc in closers:
+            rc.close()
 
 
 def test_local_directory_store(tmp_path: Path) -> None:

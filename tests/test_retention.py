@@ -1,5 +1,5 @@
-"""The retention rule both checkpoint stores use (`training.retention.to_delete`), and the
-local store applying it."""
+"""The retention rule both checkpoint stores use (`training.checkpoint.retention.to_delete`),
+and the local store applying it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from training import checkpoint as ckpt
-from training.retention import to_delete
+from training.checkpoint.retention import to_delete
 
 
 def test_keeps_the_newest_keep_last() -> None:

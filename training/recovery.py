@@ -27,8 +27,8 @@ from training.guards import Decision, StabilityGuard
 from training.metrics import MetricsLog
 
 if TYPE_CHECKING:
-    from training.checkpoint_manager import CheckpointManager
-    from training.remote import RemoteCheckpoints
+    from training.checkpoint.manager import CheckpointManager
+    from training.checkpoint.remote import RemoteCheckpoints
 
 DIVERGED_MARKER = "DIVERGED"
 

@@ -1,6 +1,6 @@
 """Checkpoint retention as one pure function, shared by the local checkpoint directory
-(`training.checkpoint.retain`) and object storage (`training.remote`): which steps to delete,
-given the steps that exist. Neither side deletes anything the other would keep."""
+(`training.checkpoint.retain`) and object storage (`training.checkpoint.remote`): which steps
+to delete, given the steps that exist. Neither side deletes anything the other would keep."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ so the trainer never asks which kind it has.
 
 Restores go by what is on disk, not by how this run writes: a DCP checkpoint is
 resharded on load, so a sharded run can resume at another world size, one process
-included. The on-disk formats are those of `training.checkpoint`.
+included. The on-disk formats are those of `training.checkpoint.format`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import torch
 
-from training import checkpoint as ckpt
 from training import distributed
+from training.checkpoint import format as ckpt
 from training.distributed import World
 
 AfterSave = Callable[[int], None]  # rank 0, once checkpoint `step` is in place

@@ -12,7 +12,8 @@ one to `step-XXXXXXXX.corrupt-<time>` (which steps(), retention and restores ign
 `clean_stale_tmp` removes what a writer killed half-way left behind.
 
 This module is the on-disk format; which writer a run uses (rank 0 alone, or every rank
-with DCP under FSDP2) is training.checkpoint_manager's choice.
+with DCP under FSDP2) is training.checkpoint.manager's choice, and which steps retention
+deletes is training.checkpoint.retention's rule.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from core.files import fsync_dir, pid_alive, sha256_file
+from training.checkpoint.retention import to_delete
 
 LATEST = "latest"
 STATE = "state.pt"
@@ -40,7 +42,7 @@ META = "meta.json"
 # directories, checkpoints moved aside as corrupt, upload staging) is not a checkpoint.
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 # What a writer killed half-way leaves: `.step-XXXXXXXX.tmp-PID` (save), `.latest.tmp-PID`
-# (write_latest) and `.step-XXXXXXXX.restore-PID` (training.remote's download).
+# (write_latest) and `.step-XXXXXXXX.restore-PID` (training.checkpoint.remote's download).
 _STALE_TMP = re.compile(r"^\.(?:step-\d+\.(?:tmp|restore)|latest\.tmp)-(\d+)$")
 
 
@@ -222,8 +224,6 @@ def retain(root: str | Path, keep_last: int, keep_every: int | None,
            protect: set[int] | None = None) -> list[int]:
     """Delete checkpoints beyond the last `keep_last`, except every `keep_every`-th
     step and `protect`ed ones; returns the deleted steps."""
-    from training.retention import to_delete
-
     latest = latest_step(root)
     keep = (protect or set()) | ({latest} if latest is not None else set())
     deleted = to_delete(steps(root), keep_last, keep_every, keep)
