@@ -70,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
                f"--nproc-per-node={known.nproc_per_node}",
                f"--max-restarts={known.max_restarts}", *passthrough]
         if not any(a.startswith(("--rdzv", "--nnodes", "--standalone")) for a in passthrough):
-            cmd.append("--standalone")
+            # One node: torchrun with its rendezvous on loopback, not --standalone's
+            # stores on every interface.
+            from training.loopback_run import rendezvous_args
+
+            cmd[1:3] = ["-m", "training.loopback_run"]
+            cmd[3:3] = rendezvous_args()
         cmd += ["-m", "training.train", *argv[cut + 1 :]]
         env = {**os.environ, EXIT_DIR_ENV: exit_dir}
         code = subprocess.run(cmd, env=env).returncode
