@@ -89,4 +89,4 @@ ui-check: $(STAMP)
 	$(PY) -m benchmarks.ui_check
 
 clean:
-	rm -rf runs benchmarks/results
+	rm -rf runs benchmarks/results/ui
