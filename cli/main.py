@@ -169,10 +169,12 @@ def cmd_prep(args: argparse.Namespace) -> int:
     from concurrent.futures.process import BrokenProcessPool
 
     from core.store import StorageError
-    from tasks.cluster import ClusterError, DaskRunner, address_from_env
+    from tasks.cluster import ClusterError, DaskRunner, cluster_address
     from tasks.config import ConfigError, load_config
+    from tasks.driver import OutputConflict, Runner
+    from tasks.graph import TEXT_STAGES
     from tasks.inputs import InputsChanged
-    from tasks.pipeline import STEP_NOTE, OutputConflict, Runner, run_prep
+    from tasks.pipeline import STEP_NOTE, run_prep
     from tasks.readers import IngestError
     from tasks.report import AccountingError
 
@@ -181,9 +183,9 @@ def cmd_prep(args: argparse.Namespace) -> int:
     output: str | None = args.output
     # --dask ADDRESS, else Dask's own DASK_SCHEDULER_ADDRESS (set in the pods of
     # k8s/overlays/prep-dask); `--dask local` keeps the run on this machine.
-    address = args.dask or address_from_env()
+    address = cluster_address(args.dask)
     runner: Runner | None = None
-    if address and address != "local":
+    if address is not None:
         runner = DaskRunner(address, progress=not args.no_progress, console=err)
     try:
         cfg = load_config(args.config, {"output": args.output, "workers": args.workers})
@@ -232,8 +234,7 @@ def cmd_prep(args: argparse.Namespace) -> int:
     if report.get("dataset"):
         out.print(f"dataset: {report['dataset']['uri']}  (load with datasets.load_from_disk; "
                   f"check with `ballast verify {report['dataset']['uri']}`)", markup=False)
-    text_stage = [s for s in report["stages"]
-                  if s in ("ingest", "exact", "near", "lines", "quality")][-1]
+    text_stage = [s for s in report["stages"] if s in TEXT_STAGES][-1]
     version = (report.get("version") or {}).get("version", 1)
     where = "" if version == 1 else f"v{version:04d}/"
     out.print(f"output: {cfg.output}  (version {version}; report: "
@@ -500,6 +501,17 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class StageNames:
+    """The stage graph's names (tasks/graph.py), for `--until`'s help: read only when help
+    is printed (argparse formats `%(stages)s` with the action's attributes), so that no
+    other command pays for importing the prep stages."""
+
+    def __str__(self) -> str:
+        from tasks.graph import STAGE_NAMES
+
+        return ", ".join(STAGE_NAMES)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from infra.jobs import POOLS
     from infra.k8s_manifests import IMAGE
@@ -510,8 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     prep = sub.add_parser("prep", help="run data prep from a YAML config (no server needed)")
     prep.add_argument("config", help="path to the run config (YAML)")
     prep.add_argument("--output", help="override `output:` (local path or s3://bucket/prefix)")
-    prep.add_argument("--until", help="stop after this stage (ingest, exact, near, lines, quality, "
-                                      "tokenize, mixture, pack)")
+    prep.add_argument("--until", help="stop after this stage (%(stages)s)").stages = StageNames()
     prep.add_argument("--workers", type=int, help="override `workers:` (processes)")
     prep.add_argument("--no-progress", action="store_true", help="no progress bars")
     prep.add_argument("--dask", metavar="ADDRESS",

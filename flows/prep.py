@@ -1,13 +1,16 @@
-"""The `prep` flow: the prep stage graph (tasks/graph.py) as Prefect tasks, one task per
-step, generated from the graph and mapped over the step's items; the work lives in
-tasks/stages/.
+"""The `prep` flow: the prep driver (tasks/driver.py) on PrefectRunner, which makes every
+step of the stage graph (tasks/graph.py) a Prefect task mapped over the step's items, and
+each of the driver's bookkeeping steps a named task; the work lives in tasks/stages/.
 
     python -m flows.prep CONFIG [--runner local|dask] [--workers N] [--dask ADDRESS]
 
-On an existing Dask cluster (the `dask_address` parameter, else the environment's
-DASK_SCHEDULER_ADDRESS), the flow runs itself again as a subflow on prefect-dask's
-DaskTaskRunner(address=...): every step's items are then Dask tasks on the cluster's
-workers, which report their states to the Prefect API (they need PREFECT_API_URL).
+The flow's tasks run on its task runner: Prefect's default thread pool, or prefect-dask's
+DaskTaskRunner (dask_task_runner) on a Dask cluster, the route onto Dask for flows
+(tasks/cluster.py names both routes). On an existing cluster (the `dask_address`
+parameter, else the environment's DASK_SCHEDULER_ADDRESS) the flow runs itself again as a
+subflow on DaskTaskRunner(address=...): every step's items are then Dask tasks on the
+cluster's workers, which report their states to the Prefect API (they need
+PREFECT_API_URL); `--runner dask` starts a temporary local cluster instead.
 """
 
 from __future__ import annotations
@@ -17,38 +20,24 @@ import hashlib
 import inspect
 import json
 import uuid
+from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import Flow, Task, flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 
 from flows.runs import run_name
-from tasks.cluster import (
-    ClusterError,
-    address_from_env,
-    check_workers,
-    connect,
-    tune_malloc,
-)
+from tasks.cluster import ClusterError, check_workers, cluster_address, connect, tune_malloc
 from tasks.config import PrepConfig, load_config
-from tasks.graph import (
-    STAGES,
-    Run,
-    Step,
-    all_versions,
-    enabled_stages,
-    item_name,
-    write_dataset,
-    writes_dataset,
-)
-from tasks.layout import output_store, version_store
-from tasks.pipeline import RUN_KEY, prepare_output, probe_inputs, run_extra
+from tasks.driver import RUN_KEY, StepWork, prepare_output, run_stages, save_report
+from tasks.graph import STAGE_NAMES, STAGES, TEXT_STAGES, Step, item_name, write_dataset
+from tasks.layout import output_store
 from tasks.report import build as build_report
-from tasks.report import write as write_report
-from tasks.stages.dataset import dataset_uri
 from tasks.versions import Prepared, finish_version
+
+T = TypeVar("T")
 
 
 def _output_run_id(_ctx: Any, inputs: dict[str, Any]) -> str:
@@ -109,8 +98,8 @@ STEP_TASKS: dict[str, Task] = {s.name: step_task(s) for st in STAGES for s in st
 # A stage's report entry, read once its steps are done (in a task, as the steps read
 # the output: the flow itself never opens it).
 # Named "<stage>-summary" for its first entry, "<stage>-<key>" for any other.
-REPORT_TASKS: dict[str, Task] = {
-    key: task(read, name=f"{st.name}-summary" if i == 0 else f"{st.name}-{key}")
+REPORT_TASKS: dict[Callable[..., Any], Task] = {
+    read: task(read, name=f"{st.name}-summary" if i == 0 else f"{st.name}-{key}")
     for st in STAGES for i, (key, read) in enumerate(st.reports)}
 
 
@@ -128,7 +117,7 @@ def report_task(cfg: PrepConfig, stages: list[tuple[str, list[str], bool]],
 @task(name="save-report")
 def save_report_task(cfg: PrepConfig, report: dict[str, Any]) -> None:
     """report.json again, now with the dataset's entry (as `ballast prep` writes it)."""
-    write_report(version_store(cfg), report)
+    save_report(cfg, report)
 
 
 @task(name="write-dataset", cache_policy=INPUTS + TASK_SOURCE + RUN_ID, persist_result=True,
@@ -143,6 +132,57 @@ def finish_task(prepared: Prepared, shards: list[str], wrote_dataset: bool) -> N
     finish_version(prepared, shards, wrote_dataset)
 
 
+def _plan(cfg: PrepConfig, _log: Callable[[str], None], from_scratch: bool) -> Prepared:
+    return plan_task(cfg, from_scratch)  # logs to its own task run's log
+
+
+# The driver's functions (Runner.record and .call) as the tasks the UI shows.
+DRIVER_TASKS: dict[Callable[..., Any], Callable[..., Any]] = {
+    prepare_output: _plan, build_report: report_task, write_dataset: dataset_task,
+    save_report: save_report_task, finish_version: finish_task, **REPORT_TASKS}
+
+
+class PrefectRunner:
+    """The driver's runner inside the flow: a step is its task (STEP_TASKS) mapped over
+    every item of the step, each item skipping itself when the output has it (so the UI
+    shows every item, and a re-run's are cached); a failed item fails the flow once its
+    retries are spent. The driver's bookkeeping runs as DRIVER_TASKS. `address`: the Dask
+    cluster the flow's task runner is on, whose workers must see the output."""
+
+    def __init__(self, address: str | None = None):
+        self.address = address
+
+    def log(self, message: str) -> None:
+        get_run_logger().info(message)
+
+    def connect(self) -> None:
+        """The flow checked the cluster before it chose its task runner."""
+
+    def start(self, cfg: PrepConfig, run_key: str, inputs: list[str]) -> None:
+        if self.address is not None:  # every worker must see the claimed output and inputs
+            client = connect(self.address)
+            try:
+                check_workers(client, cfg, run_key, inputs)
+            finally:
+                client.close()
+
+    def map(self, work: StepWork) -> None:
+        t = STEP_TASKS[work.step.name]
+        if work.once:
+            t(work.cfg, work.args, work.items[0])
+        else:  # .result(): a failed item fails the flow here, after its retries
+            t.map(unmapped(work.cfg), unmapped(work.args), work.items).result()
+
+    def call(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+        return self.record(fn, *args)
+
+    def record(self, fn: Callable[..., T], *args: Any) -> T:
+        return DRIVER_TASKS[fn](*args)
+
+    def timings(self, stage_seconds: dict[str, float]) -> dict[str, Any]:
+        return {}  # the UI has every task's timing
+
+
 def _on_dask() -> bool:
     """Whether this flow run's tasks already go to a Dask cluster (prefect-dask)."""
     from prefect.context import FlowRunContext
@@ -152,24 +192,37 @@ def _on_dask() -> bool:
     return ctx is not None and isinstance(ctx.task_runner, DaskTaskRunner)
 
 
-def _cluster_address(dask_address: str | None) -> str | None:
-    address = dask_address or address_from_env()
-    return None if address in (None, "", "local") else address
+def dask_task_runner(address: str | None = None, workers: int = 2) -> Any:
+    """The flow's route onto Dask: prefect-dask's DaskTaskRunner on the cluster at
+    `address`, or on a temporary local cluster of `workers` single-threaded processes."""
+    from prefect_dask import DaskTaskRunner
+
+    if address is not None:
+        return DaskTaskRunner(address=address)
+    return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1,
+                                          "processes": True})
+
+
+def _stages_doc(fn: Callable[..., T]) -> Callable[..., T]:
+    """The flow's docstring (its description in the UI) with the graph's stages."""
+    fn.__doc__ = (fn.__doc__ or "").format(pipeline=" -> ".join(STAGE_NAMES),
+                                           stages=", ".join(STAGE_NAMES))
+    return fn
 
 
 @flow(name="prep", log_prints=True, flow_run_name=run_name)
+@_stages_doc
 def prep(config_path: str, output: str | None = None, until: str | None = None,
          from_scratch: bool = False, dask_address: str | None = None) -> dict[str, Any]:
-    """Ingest -> exact dedup -> near dedup -> quality -> tokenize -> mixture -> pack ->
-    dataset. Returns the dataset URI and the summary; a re-run skips finished shards.
+    """The prep stages ({pipeline}), then the dataset. Returns the dataset URI and the
+    summary; a re-run skips finished shards.
 
     Args:
         config_path: The prep config (YAML), as the worker sees it: absolute, or relative
             to the worker's working directory.
         output: Where the shards, reports and the dataset go (a directory or s3://...);
             overrides the config's `output`.
-        until: Stop after this stage (ingest, exact, near, lines, quality, tokenize, mixture,
-            pack); empty runs every enabled stage.
+        until: Stop after this stage ({stages}); empty runs every enabled stage.
         from_scratch: When inputs an earlier version read have changed or gone, build a
             new version from all current inputs (by default such a run is refused). New
             files and appended rows never need it: they go into a new version by
@@ -180,51 +233,16 @@ def prep(config_path: str, output: str | None = None, until: str | None = None,
             must then be where every worker reaches them (s3://).
     """
     cfg = load_config(config_path, {"output": output})
-    address = _cluster_address(dask_address)
+    address = cluster_address(dask_address)
     if address is not None and not _on_dask():
-        from prefect_dask import DaskTaskRunner
-
         connect(address).close()  # unreachable, or no workers: one clear error, no work
         get_run_logger().info(f"running the steps on the Dask cluster at {address}")
-        on_cluster = prep.with_options(task_runner=DaskTaskRunner(address=address))
+        on_cluster = prep.with_options(task_runner=dask_task_runner(address))
         return on_cluster(config_path, output, until, from_scratch, address)
-    stages = enabled_stages(cfg, until)
-    prepared = plan_task(cfg, from_scratch)
-    cfg = prepared.cfg
-    if address is not None:  # every worker must see the claimed output and the inputs
-        client = connect(address)
-        try:
-            check_workers(client, cfg, RUN_KEY, probe_inputs(prepared))
-        finally:
-            client.close()
-    run = Run(cfg, prepared.units, extra=run_extra(prepared), prior=prepared.prior,
-              prior_units=prepared.prior_units)
-    accounted: list[tuple[str, list[str], bool]] = []
-    for stage in stages:
-        for step in stage.steps:
-            t, args = STEP_TASKS[step.name], step.args(run)
-            if step.over is None:
-                t(cfg, args, step.items(run)[0])
-            else:  # .result(): a failed item fails the flow here, after its retries
-                t.map(unmapped(cfg), unmapped(args), step.items(run)).result()
-        for key, _read in stage.reports:
-            run.extra[key] = REPORT_TASKS[key](run)
-        if stage.accounting is not None:
-            accounted.append((stage.name, stage.accounting(run), stage.versioned))
-            run.prev = stage.name
-    run.extra["final_stage"] = run.prev
-    report = report_task(cfg, accounted, run.extra, all_versions(run, accounted))
-    dataset = None
-    if writes_dataset(stages):
-        report["dataset"] = dataset_task(cfg, run.extra, report["stages"],
-                                         report.get("all_versions"))
-        dataset = dataset_uri(cfg)
-        save_report_task(cfg, report)
-    if until is None:
-        finish_task(prepared, run.shards, writes_dataset(stages))
-    publish_artifacts(report, new=not prepared.nothing_new)
-    return {"dataset": dataset, "output": cfg.output, "final_stage": run.prev,
-            "report": report}
+    done = run_stages(cfg, PrefectRunner(address), until, from_scratch)
+    publish_artifacts(done.report, new=not done.prepared.nothing_new)
+    return {"dataset": done.dataset, "output": done.prepared.cfg.output,
+            "final_stage": done.final_stage, "report": done.report}
 
 
 def version_md(report: dict[str, Any], new: bool) -> str:
@@ -235,8 +253,9 @@ def version_md(report: dict[str, Any], new: bool) -> str:
     if not new:
         return f"**No new data**: the inputs are as version {name} read them; nothing redone."
     stages = report["stages"]
-    docs_in = stages["ingest"]["total"]["docs_in"] if "ingest" in stages else 0
-    text = [s for s in stages if s in ("ingest", "exact", "near", "lines", "quality")]
+    first = STAGE_NAMES[0]  # ingest
+    docs_in = stages[first]["total"]["docs_in"] if first in stages else 0
+    text = [s for s in stages if s in TEXT_STAGES]
     kept = stages[text[-1]]["total"]["kept"] if text else 0
     dropped: dict[str, int] = {}
     for s in text:
@@ -304,10 +323,7 @@ def with_runner(kind: str, workers: int = 2) -> Flow:
     if kind == "local":
         return prep
     if kind == "dask":
-        from prefect_dask import DaskTaskRunner
-
-        return prep.with_options(task_runner=DaskTaskRunner(cluster_kwargs={
-            "n_workers": workers, "threads_per_worker": 1, "processes": True}))
+        return prep.with_options(task_runner=dask_task_runner(workers=workers))
     raise ValueError(f"unknown task runner {kind!r}: use local or dask")
 
 

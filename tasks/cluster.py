@@ -1,8 +1,16 @@
-"""Runs the prep stage graph (tasks/graph.py) on an existing Dask cluster: `ballast prep
-CONFIG --dask tcp://HOST:8786`. The same steps as the local pool (tasks/pipeline.py), each
-item a cluster task; what travels through the scheduler is the step's function (by name),
-the config and the item (a unit, a shard name, a band group): a few KB. Data moves through
-the Store at the output URI; a worker's local disk is scratch only.
+"""Prep on an existing Dask cluster. There are two routes onto one, both choosing the
+cluster the same way (cluster_address: an explicit address, else DASK_SCHEDULER_ADDRESS;
+"local" for none):
+
+- `ballast prep CONFIG --dask tcp://HOST:8786`: the prep driver (tasks/driver.py) on
+  DaskRunner below, a `distributed` client; no Prefect involved;
+- the `prep` flow's `dask_address` (flows/prep.py): the flow's own Prefect tasks on
+  prefect-dask's DaskTaskRunner, whose workers report to the Prefect API.
+
+DaskRunner runs the same steps as the local pool (tasks/pipeline.py), each item a cluster
+task; what travels through the scheduler is the step's function (by name), the config and
+the item (a unit, a shard name, a band group): a few KB. Data moves through the Store at
+the output URI; a worker's local disk is scratch only.
 
 A worker that dies mid-task is the scheduler's to handle: it reruns the worker's tasks
 elsewhere (Dask's `distributed.scheduler.allowed-failures` times), and a rerun item is
@@ -16,18 +24,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from core.store import open_store
 from tasks.config import PrepConfig
 from tasks.layout import output_store
-from tasks.pipeline import STEP_NOTE, RunnerContext, call_and_trim, release_memory
+from tasks.pipeline import PoolRunner, call_and_trim, release_memory
 
 T = TypeVar("T")
 # Dask's own name for "the scheduler to use" (its config key `scheduler-address`): set in
@@ -50,8 +56,16 @@ class ClusterError(RuntimeError):
     see the run's output or inputs. One line, for the CLI's error."""
 
 
-def address_from_env() -> str | None:
-    return os.environ.get(ADDRESS_ENV) or None
+# The address that keeps a run off any cluster, whatever the environment says.
+NO_CLUSTER = "local"
+
+
+def cluster_address(explicit: str | None = None) -> str | None:
+    """The scheduler a run uses: `explicit` (`--dask`, the flow's `dask_address`), else
+    the environment's DASK_SCHEDULER_ADDRESS (set in the pods of k8s/overlays/prep-dask);
+    None (this machine) when neither is set or the choice is "local"."""
+    address = explicit or os.environ.get(ADDRESS_ENV) or None
+    return None if address in (None, "", NO_CLUSTER) else address
 
 
 def connect(address: str, timeout_s: float | None = None,
@@ -167,17 +181,13 @@ def check_workers(client: Any, cfg: PrepConfig, run_key: str, inputs: list[str])
             "filesystem every worker mounts at the same path")
 
 
-class DaskRunner(RunnerContext):
-    """The runner interface of tasks/pipeline.py (connect, warm, map, call, close,
-    abort, the timings) on a Dask cluster at `address`."""
+class DaskRunner(PoolRunner):
+    """The driver's runner (tasks/driver.py) on a Dask cluster at `address`."""
 
     def __init__(self, address: str, progress: bool = True, console: Console | None = None):
+        super().__init__(progress, console)
         self.address = address
-        self.progress = progress
-        self.console = console or Console(stderr=True)
         self.client: Any = None
-        self.seconds: dict[str, float] = {}
-        self.times: dict[str, tuple[float, float]] = {}
         self._run = uuid.uuid4().hex[:8]  # task keys unique to this run
         self._futures: list[Any] = []  # in flight, for abort
 
@@ -189,26 +199,10 @@ class DaskRunner(RunnerContext):
             self.console.print(f"prep on the Dask cluster at {self.address} ({n} worker"
                                f"{'s' if n != 1 else ''})", markup=False, highlight=False)
 
-    def check_workers(self, cfg: PrepConfig, run_key: str, inputs: list[str]) -> None:
+    def start(self, cfg: PrepConfig, run_key: str, inputs: list[str]) -> None:
         check_workers(self.client, cfg, run_key, inputs)
 
-    def warm(self) -> None:
-        return None
-
-    def map(self, fn: Callable[[Any], T], items: Sequence[Any], desc: str,
-            done: int = 0) -> list[None]:
-        t0, start = time.perf_counter(), time.time()
-        try:
-            self._map(fn, items, desc, done)
-            return [None] * len(items)
-        except Exception as e:
-            e.add_note(f"{STEP_NOTE}{desc}")
-            raise
-        finally:
-            self.seconds[desc] = round(time.perf_counter() - t0, 3)
-            self.times[desc] = (round(start, 3), round(time.time(), 3))
-
-    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any], desc: str,
+    def _map(self, fn: Callable[[Any], Any], items: list[Any], desc: str,
              done: int) -> None:
         from distributed import as_completed
 
@@ -219,21 +213,18 @@ class DaskRunner(RunnerContext):
             self.client.submit(_run_item, fn, it, desc, key=f"{slug}-{self._run}-{i}",
                                pure=False, retries=RETRIES)
             for i, it in enumerate(items)]
-        with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=self.console, disable=not self.progress,
-                      transient=False) as bar:
-            task = bar.add_task(desc, total=len(items) + done, completed=done)
+        with self.bar(desc, len(items) + done, done) as advance:
             try:
                 for f in as_completed(futures, loop=self.client.loop):
                     f.result()  # raise the first failure at once (after its retries)
-                    bar.advance(task)
+                    advance()
             except BaseException:
                 self.client.cancel(futures)
                 raise
             finally:
                 self._futures = []
 
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """A run-once piece of work that returns a small result (the dataset's entry)."""
         key = f"{_slug(getattr(fn, '__name__', 'call'))}-{self._run}"
         future = self.client.submit(_call, fn, args, key=key, pure=False, retries=RETRIES)

@@ -1,6 +1,7 @@
-"""The prep stage graph: WHAT runs, in one list (STAGES) that every runner reads. WHERE it
-runs is the runner's business: tasks/pipeline.py runs it in a local process pool (what
-`ballast prep` runs), flows/prep.py as Prefect tasks; nothing here knows about either.
+"""The prep stage graph: WHAT runs, in one list (STAGES) that everything else reads: the
+driver (tasks/driver.py, the one walk over it), `--until`, the flow's docstring, the
+CLI's and the flow's summaries. WHERE it runs is a runner's business (tasks/driver.py
+lists them); nothing here knows about any.
 
 A stage is steps run in order. A step either maps its function over items (ingest units,
 shards, band groups, pack partitions) or runs it once with every shard as its one item.
@@ -9,9 +10,9 @@ which is how a killed run resumes where it stopped. It is called as
 `fn(cfg, *inputs, item)`, the inputs drawn from the run by name ("prev": the stage whose
 documents it reads; "shards": every shard), so runners need no per-step code.
 
-Adding a stage: a module under tasks/stages/ with its step functions, and one Stage in
-STAGES. Step functions, `over` and `done` are module-level functions (not lambdas): a
-process pool or a Dask worker then imports them by name.
+Adding a stage: a module under tasks/stages/ with its step functions and its name (STAGE),
+and one Stage in STAGES. Step functions, `over` and `done` are module-level functions (not
+lambdas): a process pool or a Dask worker then imports them by name.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 from tasks.config import PrepConfig
 from tasks.inputs import listed, marker_parts, with_parts
 from tasks.layout import done_key, output_store, read_done, version_store
-from tasks.stages import dataset, exact, lines, mixture, near, pack, quality, tokenize
+from tasks.stages import dataset, exact, ingest, lines, mixture, near, pack, quality, tokenize
 from tasks.stages.ingest import Unit, ingest_unit
 
 
@@ -34,7 +35,7 @@ class Run:
 
     cfg: PrepConfig
     units: list[Unit]
-    prev: str = "ingest"  # the stage whose documents the next stage reads
+    prev: str = ingest.STAGE  # the stage whose documents the next stage reads
     # The report's entries besides the accounting; the stages' summaries land here
     # (Stage.reports), "shards" and "inputs" among them.
     extra: dict[str, Any] = field(default_factory=dict)
@@ -119,6 +120,9 @@ class Stage:
     versioned: bool = False
     # The names of its accounting over every version the run builds on.
     accounting_all: Callable[[Run], list[str]] = _all_shards
+    # Its kept documents are text, in docs/<stage>/ (tasks/layout.py), for the next such
+    # stage to read; False for the stages after the text is gone (tokens, mixture, rows).
+    docs: bool = True
 
     def all_versions(self, run: Run) -> list[str]:
         return self.accounting_all(run)
@@ -150,19 +154,19 @@ def _all_unit_names(run: Run) -> list[str]:
 
 
 def _unit_done(unit: Unit) -> str:
-    return done_key("ingest", unit.name)
+    return done_key(ingest.STAGE, unit.name)
 
 
 def _ingested_shards(run: Run) -> list[str]:
     store = output_store(run.cfg)
-    return [s for u in run.units for s in read_done(store, "ingest", u.name)["shards"]]
+    return [s for u in run.units for s in read_done(store, ingest.STAGE, u.name)["shards"]]
 
 
 def _ingested_inputs(run: Run) -> list[dict[str, Any]]:
     """What the run read (tasks/inputs.py): one entry per input file, its parts inside."""
     store = output_store(run.cfg)
     files = listed(f for u in run.units for f in u.files)
-    parts = marker_parts(store, (read_done(store, "ingest", u.name) for u in run.units))
+    parts = marker_parts(store, (read_done(store, ingest.STAGE, u.name) for u in run.units))
     return [f.to_json() for f in with_parts(files, parts)]
 
 
@@ -195,7 +199,7 @@ def _new_tokens(run: Run) -> dict[str, int]:
     store = output_store(run.cfg)
     out = {"train": 0, "validation": 0}
     for shard in run.shards:
-        for split in read_done(store, "tokenize", shard).get("tokens", {}).values():
+        for split in read_done(store, tokenize.STAGE, shard).get("tokens", {}).values():
             for k in out:
                 out[k] += int(split.get(k, 0))
     return out
@@ -219,56 +223,60 @@ def _applied(stage: str) -> Callable[[str], str]:
 
 
 STAGES: list[Stage] = [
-    Stage("ingest", (
-        Step("ingest", ingest_unit, _unit_done, over=_units),
+    Stage(ingest.STAGE, (
+        Step(ingest.STAGE, ingest_unit, _unit_done, over=_units),
     ), accounting=_unit_names, accounting_all=_all_unit_names,
         reports=(("shards", _ingested_shards), ("inputs", _ingested_inputs))),
-    Stage("exact", (
+    Stage(exact.STAGE, (
         Step("exact: hash", exact.hash_shard, exact.hashes_key, _shards, ("prev",)),
         Step("exact: select", exact.select, partial(_key, exact.DUPS_KEY), None,
              ("prev", "prior"), versioned=True),
-        Step("exact: apply", exact.apply_shard, _applied("exact"), _shards, ("prev",)),
+        Step("exact: apply", exact.apply_shard, _applied(exact.STAGE), _shards, ("prev",)),
     ), enabled=_exact_on),
-    Stage("near", (
+    Stage(near.STAGE, (
         Step("near: signatures", near.signature_shard, near.sig_key, _shards, ("prev",)),
         Step("near: buckets", near.bucket_bands, _bucket_keys, _band_groups,
              ("prior", "shards"), versioned=True),
-        Step("near: cluster", near.cluster, partial(_key, near.CLUSTER_KEY), None, ("prior",),
-             versioned=True),
-        Step("near: apply", near.apply_shard, _applied("near"), _shards, ("prev",)),
+        Step("near: cluster", near.cluster, partial(_key, near.CLUSTER_KEY), None,
+             ("prev", "prior"), versioned=True),
+        Step("near: apply", near.apply_shard, _applied(near.STAGE), _shards, ("prev",)),
     ), enabled=_near_on, reports=(("near", _near_summary),)),
-    Stage("lines", (
+    Stage(lines.STAGE, (
         Step("lines: count", lines.count_shard, lines.hashes_key, _shards, ("prev",)),
         Step("lines: select", lines.select, partial(_key, lines.COMMON_KEY), None, ("prior",),
              versioned=True),
-        Step("lines: apply", lines.apply_shard, _applied("lines"), _shards, ("prev",)),
+        Step("lines: apply", lines.apply_shard, _applied(lines.STAGE), _shards, ("prev",)),
     ), enabled=lines.enabled, reports=(("lines", _lines_summary),)),
-    Stage("quality", (
-        Step("quality", quality.filter_shard, _applied("quality"), _shards, ("prev",)),
+    Stage(quality.STAGE, (
+        Step(quality.STAGE, quality.filter_shard, _applied(quality.STAGE), _shards, ("prev",)),
     )),
-    Stage("tokenize", (
+    Stage(tokenize.STAGE, (
         Step("tokenizer", tokenize.prepare_tokenizer, partial(_key, tokenize.TOKENIZER_KEY),
              None, ("prev",), label="tokenizer: {cfg.tokenizer.kind}"),
-        Step("tokenize", tokenize.tokenize_shard, _applied("tokenize"), _shards, ("prev",)),
-    ), reports=(("tokens", _new_tokens),)),
-    Stage("mixture", (
+        Step(tokenize.STAGE, tokenize.tokenize_shard, _applied(tokenize.STAGE), _shards,
+             ("prev",)),
+    ), reports=(("tokens", _new_tokens),), docs=False),
+    Stage(mixture.STAGE, (
         Step("mixture: plan", mixture.plan, partial(_key, mixture.PLAN_KEY), versioned=True,
              all_versions=True),
-        Step("mixture: order", mixture.scatter_shard, _applied("mixture"), _all_shards,
+        Step("mixture: order", mixture.scatter_shard, _applied(mixture.STAGE), _all_shards,
              versioned=True),
-    ), accounting=_all_shards, reports=(("mixture", _mixture_plan),), versioned=True),
-    Stage("pack", (
-        Step("pack", pack.pack_partition, pack.packed_done_key, _partitions, ("all_shards",),
+    ), accounting=_all_shards, reports=(("mixture", _mixture_plan),), versioned=True,
+        docs=False),
+    Stage(pack.STAGE, (
+        Step(pack.STAGE, pack.pack_partition, pack.packed_done_key, _partitions, ("all_shards",),
              label="pack: {cfg.pack.strategy}", versioned=True),
-    ), accounting=None, reports=(("packing", _packing),), versioned=True),
+    ), accounting=None, reports=(("packing", _packing),), versioned=True, docs=False),
 ]
+STAGE_NAMES: list[str] = [s.name for s in STAGES]
+# The stages whose kept documents are text (Stage.docs), in order.
+TEXT_STAGES: list[str] = [s.name for s in STAGES if s.docs]
 
 
 def enabled_stages(cfg: PrepConfig, until: str | None = None) -> list[Stage]:
     """The stages this config runs, in order, up to and including `until`."""
-    names = [s.name for s in STAGES]
-    if until is not None and until not in names:
-        raise ValueError(f"unknown stage {until!r}; stages are: {', '.join(names)}")
+    if until is not None and until not in STAGE_NAMES:
+        raise ValueError(f"unknown stage {until!r}; stages are: {', '.join(STAGE_NAMES)}")
     out = []
     for s in STAGES:
         if s.enabled(cfg):
@@ -280,7 +288,7 @@ def enabled_stages(cfg: PrepConfig, until: str | None = None) -> list[Stage]:
 
 def writes_dataset(stages: Sequence[Stage]) -> bool:
     """Whether the run ends by writing the dataset: when it packed."""
-    return any(s.name == "pack" for s in stages)
+    return any(s.name == pack.STAGE for s in stages)
 
 
 def write_dataset(cfg: PrepConfig, extra: dict[str, Any], accounting: dict[str, Any],

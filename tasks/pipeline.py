@@ -1,47 +1,33 @@
-"""Runs the prep stage graph (tasks/graph.py) on one machine, in a process pool, step by
-step, skipping every item a previous run finished. This is what `ballast prep` runs;
-flows/prep.py runs the same graph as Prefect tasks."""
+"""`ballast prep` on this machine: the prep driver (tasks/driver.py) on LocalRunner, a
+process pool; PoolRunner is what it shares with tasks/cluster.py's DaskRunner (skipping
+finished items before sending any, a progress bar and the wall time per step). Also what
+every worker process runs around a unit: its start-up, the memory handed back after it."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import multiprocessing as mp
 import os
 import signal
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from functools import partial
-from typing import Any, Protocol, Self, TypeVar
+from typing import Any, Self, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from core.store import Store
 from tasks.config import PrepConfig
-from tasks.graph import Run, Step, all_versions, enabled_stages, write_dataset, writes_dataset
-from tasks.inputs import check_overlap
-from tasks.layout import output_store, version_store
-from tasks.report import build as build_report
-from tasks.report import write as write_report
-from tasks.stages.ingest import plan_units
-from tasks.versions import Prepared, finish_version, prepare_version
+from tasks.driver import Runner, StepWork, run_stages
 
 T = TypeVar("T")
-RUN_KEY = "_run.json"
-# The layout of the intermediate files. Bumped when a step's files change shape (2:
-# per-shard duplicate lists, band-per-member signatures, byte-range ingest units), so an
-# output half-made by an older ballast is refused instead of resumed wrongly. 3: the
-# provenance (quality's document tables, the mixture's document index, packed spans).
-LAYOUT = 3
 # Test hook: "STEP:N" SIGKILLs this process after the N-th completed item of STEP (e.g.
 # "near: signatures:3"), to test that a killed run resumes exactly where it stopped.
 FAILPOINT_ENV = "BALLAST_FAILPOINT"
-# The note LocalRunner.map adds to an exception raised by a step: "in step: near: buckets".
+# The note PoolRunner.map adds to an exception raised by a step: "in step: near: buckets".
 STEP_NOTE = "in step: "
 
 
@@ -51,13 +37,20 @@ def _failpoint(desc: str, completed: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class OutputConflict(RuntimeError):
-    """The output already holds a run made with a different config."""
+class PoolRunner:
+    """What the two runners that send units out themselves share (LocalRunner here, a
+    process pool; tasks/cluster.py's DaskRunner, a Dask cluster): finished items are
+    skipped before anything is sent (a finished run-once step shows no bar), a progress
+    bar per step, the wall time per step for the report, and the driver's bookkeeping in
+    this process. `with runner:` closes it on success and aborts it on an error (Ctrl-C
+    included), which stops this run's work at once instead of waiting for it."""
 
-
-class RunnerContext:
-    """`with runner:` for both runners: close on success; on an error (Ctrl-C included)
-    abort, which stops this run's work at once instead of waiting for it."""
+    def __init__(self, progress: bool = True, console: Console | None = None):
+        self.progress = progress
+        self.console = console or Console(stderr=True)
+        self.seconds: dict[str, float] = {}  # wall time per step, for the report
+        # (start, end) epoch seconds per step: lets a benchmark attribute memory to steps
+        self.times: dict[str, tuple[float, float]] = {}
 
     def __enter__(self) -> Self:
         return self
@@ -68,6 +61,54 @@ class RunnerContext:
         else:
             self.abort()
 
+    def log(self, message: str) -> None:
+        self.console.print(message, markup=False, highlight=False, soft_wrap=True)
+
+    def record(self, fn: Callable[..., T], *args: Any) -> T:
+        return fn(*args)
+
+    def map(self, work: StepWork) -> None:
+        todo = work.pending()
+        if work.once and not todo:
+            return
+        desc = work.desc
+        t0, start = time.perf_counter(), time.time()
+        try:
+            self._map(work.fn, todo, desc, len(work.items) - len(todo))
+        except Exception as e:
+            e.add_note(f"{STEP_NOTE}{desc}")  # `ballast prep` names the step that failed
+            raise
+        finally:
+            self.seconds[desc] = round(time.perf_counter() - t0, 3)
+            self.times[desc] = (round(start, 3), round(time.time(), 3))
+
+    def call(self, name: str, fn: Callable[..., T], *args: Any) -> T:
+        start = time.time()
+        out = self._call(fn, *args)
+        self.times[name] = (round(start, 3), round(time.time(), 3))
+        return out
+
+    def timings(self, stage_seconds: dict[str, float]) -> dict[str, Any]:
+        return {"stage_seconds": {k: round(v, 3) for k, v in stage_seconds.items()},
+                "step_seconds": dict(self.seconds),
+                "step_epoch_seconds": {k: list(v) for k, v in self.times.items()}}
+
+    @contextlib.contextmanager
+    def bar(self, desc: str, total: int, done: int) -> Iterator[Callable[[], None]]:
+        """A step's progress bar, `done` of `total` items done already; yields the
+        function that advances it by one item."""
+        with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=self.console, disable=not self.progress,
+                      transient=False) as bar:
+            yield partial(bar.advance, bar.add_task(desc, total=total, completed=done))
+
+    def _map(self, fn: Callable[[Any], Any], items: list[Any], desc: str,
+             done: int) -> None:
+        raise NotImplementedError
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -75,18 +116,14 @@ class RunnerContext:
         raise NotImplementedError
 
 
-class LocalRunner(RunnerContext):
+class LocalRunner(PoolRunner):
     """Maps a function over work items in a process pool (one pool per run: workers are
-    spawned once, not per stage), with a progress bar per step."""
+    spawned once, not per stage)."""
 
     def __init__(self, workers: int, progress: bool = True, console: Console | None = None):
+        super().__init__(progress, console)
         self.workers = workers
-        self.progress = progress
-        self.console = console or Console(stderr=True)
         self._pool: Executor | None = None
-        self.seconds: dict[str, float] = {}  # wall time per step, for the report
-        # (start, end) epoch seconds per step: lets a benchmark attribute memory to steps
-        self.times: dict[str, tuple[float, float]] = {}
 
     def close(self) -> None:
         """Let the workers finish what they run, then stop them."""
@@ -114,21 +151,19 @@ class LocalRunner(RunnerContext):
     def connect(self) -> None:
         """Nothing to reach: the pool is this machine's (DaskRunner connects here)."""
 
-    def check_workers(self, cfg: PrepConfig, run_key: str, inputs: list[str]) -> None:
-        """The workers are this machine's processes: they see what this process sees."""
-
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """A run-once piece of work, here in this process."""
-        return fn(*args)
-
-    def warm(self) -> None:
-        """Start the workers now (they import the prep modules on start), so the start-up
-        overlaps the ingest work instead of delaying the first parallel step."""
+    def start(self, cfg: PrepConfig, run_key: str, inputs: list[str]) -> None:
+        """The workers are this machine's processes: they see what this process sees.
+        Start them now (they import the prep modules on start), so the start-up overlaps
+        the ingest work instead of delaying the first parallel step."""
         if self.workers > 1:
             pool = self._executor()
             with _sigint_blocked():  # submit starts the workers
                 for _ in range(self.workers):
                     pool.submit(_noop)
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        """A run-once piece of work, here in this process."""
+        return fn(*args)
 
     def _executor(self) -> Executor:
         if self._pool is None:
@@ -141,39 +176,21 @@ class LocalRunner(RunnerContext):
                                                            // self.workers)))
         return self._pool
 
-    def map(self, fn: Callable[[Any], T], items: Sequence[Any], desc: str,
-            done: int = 0) -> list[T]:
-        t0, start = time.perf_counter(), time.time()
-        try:
-            return self._map(fn, items, desc, done)
-        except Exception as e:
-            e.add_note(f"{STEP_NOTE}{desc}")  # `ballast prep` names the step that failed
-            raise
-        finally:
-            self.seconds[desc] = round(time.perf_counter() - t0, 3)
-            self.times[desc] = (round(start, 3), round(time.time(), 3))
-
-    def _map(self, fn: Callable[[Any], T], items: Sequence[Any], desc: str,
-             done: int) -> list[T]:
-        total = len(items) + done
-        with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=self.console, disable=not self.progress,
-                      transient=False) as bar:
-            task = bar.add_task(desc, total=total, completed=done)
+    def _map(self, fn: Callable[[Any], Any], items: list[Any], desc: str,
+             done: int) -> None:
+        with self.bar(desc, len(items) + done, done) as advance:
             if self.workers == 1 or len(items) <= 1:
-                out = []
                 for k, it in enumerate(items, start=1):
-                    out.append(call_and_trim(fn, it))
-                    bar.advance(task)
+                    call_and_trim(fn, it)
+                    advance()
                     _failpoint(desc, done + k)
-                return out
+                return
             with _sigint_blocked():  # a submit may start a worker
                 futures = [self._executor().submit(call_and_trim, fn, it) for it in items]
             for k, f in enumerate(as_completed(futures), start=1):
                 f.result()  # raise the first failure at once
-                bar.advance(task)
+                advance()
                 _failpoint(desc, done + k)
-            return [f.result() for f in futures]
 
 
 def _noop() -> None:
@@ -285,128 +302,14 @@ def release_memory(only_grown: bool = False) -> None:
     _after_trim = resident_bytes()
 
 
-def claim_output(store: Store, cfg: PrepConfig) -> None:
-    """Refuse to mix the files of two different configs in one output: resuming is only
-    correct when the config that made the existing files is the same.
-
-    The claim is an atomic create-if-absent of RUN_KEY (Store.put_if_absent), so of two
-    runs racing for a fresh output exactly one makes it; the other then finds the claim
-    like any existing one (OutputConflict if its config differs, a resume if not)."""
-    fp = cfg.fingerprint()
-    # run_id changes whenever the output is made anew: Prefect's cache keys include it,
-    # so a deleted output is never mistaken for a finished one.
-    if not store.exists(RUN_KEY) and store.put_if_absent(RUN_KEY, json.dumps(
-            {"config_fingerprint": fp, "layout": LAYOUT, "run_id": uuid.uuid4().hex,
-             "config": cfg.model_dump(mode="json")}, indent=2).encode()):
-        return
-    run = json.loads(store.get(RUN_KEY))
-    have = run.get("config_fingerprint")
-    if run.get("layout", 1) != LAYOUT:
-        raise OutputConflict(
-            f"{store.uri} was made by another version of ballast (file layout "
-            f"{run.get('layout', 1)}, this version writes {LAYOUT}); choose another "
-            "output or delete it")
-    if have != fp:
-        raise OutputConflict(
-            f"{store.uri} holds a run made with a different config (fingerprint {have}, "
-            f"this config {fp}); choose another output or delete it")
-
-
-def prepare_output(cfg: PrepConfig, log: Callable[[str], None],
-                   from_scratch: bool = False) -> Prepared:
-    """What every runner does before any work: refuse overlapping inputs and output,
-    resolve every input into units, claim the output, and decide which dataset version
-    this run builds from what the inputs hold now (tasks/versions.py)."""
-    check_overlap(cfg)  # before anything is read or written
-    units = plan_units(cfg)  # every input resolved before any work starts
-    claim_output(output_store(cfg), cfg)
-    return prepare_version(cfg, units, log, from_scratch)
-
-
-def run_extra(prepared: Prepared) -> dict[str, Any]:
-    """The report's entries that say which run this is."""
-    cfg = prepared.cfg
-    return {"config_fingerprint": cfg.fingerprint(), "seed": cfg.seed,
-            "version": {"version": cfg.version, "parent": prepared.parent,
-                        "added": prepared.added}}
-
-
-class Runner(Protocol):
-    """What run_prep needs of a runner: LocalRunner (a process pool on this machine) and
-    tasks/cluster.py's DaskRunner (an existing Dask cluster)."""
-
-    console: Console
-    seconds: dict[str, float]
-    times: dict[str, tuple[float, float]]
-
-    def connect(self) -> None: ...
-    def check_workers(self, cfg: PrepConfig, run_key: str, inputs: list[str]) -> None: ...
-    def warm(self) -> None: ...
-    def map(self, fn: Callable[[Any], Any], items: Sequence[Any], desc: str,
-            done: int = 0) -> list[Any]: ...
-    def call(self, fn: Callable[..., T], *args: Any) -> T: ...
-    def close(self) -> None: ...
-    def abort(self) -> None: ...
-
-
-def probe_inputs(prepared: Prepared) -> list[str]:
-    """One input per source (its first file this run reads), for Runner.check_workers."""
-    first: dict[str, str] = {}
-    for unit in prepared.units:
-        if unit.files:
-            first.setdefault(unit.source, unit.files[0].uri)
-    return list(first.values())
-
-
 def run_prep(cfg: PrepConfig, until: str | None = None, runner: Runner | None = None,
              progress: bool = True, from_scratch: bool = False) -> dict[str, Any]:
-    """Run the enabled stages up to `until`; return the report (also in report.json, in
-    the version's store). On an existing output, only the data that arrived since its last
-    version is read, into a new version (tasks/versions.py)."""
-    stages = enabled_stages(cfg, until)
+    """`ballast prep`: the driver (tasks/driver.py) on `runner`, by default a process pool
+    of cfg.workers on this machine, which it stops when done; returns the report."""
     own = runner is None
     runner = runner or LocalRunner(cfg.workers, progress=progress)  # starts no process
-    console = runner.console
-    runner.connect()  # a cluster that cannot be reached stops the run before anything else
-    prepared = prepare_output(cfg, lambda msg: console.print(
-        msg, markup=False, highlight=False, soft_wrap=True), from_scratch)
-    cfg = prepared.cfg
-    store = output_store(cfg)
-    runner.check_workers(cfg, RUN_KEY, probe_inputs(prepared))
-    runner.warm()
-    timings: dict[str, float] = {}
-    run = Run(cfg, prepared.units, extra=run_extra(prepared), prior=prepared.prior,
-              prior_units=prepared.prior_units)
     try:
-        accounted: list[tuple[str, list[str], bool]] = []
-        for stage in stages:
-            t0 = time.perf_counter()
-            for step in stage.steps:
-                run_step(runner, store, step, run)
-            for key, read in stage.reports:
-                run.extra[key] = read(run)
-            timings[stage.name] = time.perf_counter() - t0
-            if stage.accounting is not None:
-                accounted.append((stage.name, stage.accounting(run), stage.versioned))
-                run.prev = stage.name
-        run.extra["final_stage"] = run.prev
-        # Built (and checked) before the dataset is written: a run whose documents do not
-        # add up raises here and never produces a dataset.
-        report = build_report(cfg, accounted, run.extra,
-                              all_versions(run, accounted))
-        if writes_dataset(stages):
-            t0, start = time.perf_counter(), time.time()
-            report["dataset"] = runner.call(write_dataset, cfg, run.extra, report["stages"],
-                                            report.get("all_versions"))
-            timings["dataset"] = time.perf_counter() - t0
-            runner.times["dataset"] = (round(start, 3), round(time.time(), 3))
-        report["stage_seconds"] = {k: round(v, 3) for k, v in timings.items()}
-        report["step_seconds"] = dict(runner.seconds)
-        report["step_epoch_seconds"] = {k: list(v) for k, v in runner.times.items()}
-        write_report(version_store(cfg), report)
-        if until is None:
-            finish_version(prepared, run.shards, writes_dataset(stages))
-        return report
+        return run_stages(cfg, runner, until, from_scratch).report
     except BaseException:  # an error or Ctrl-C: stop the workers now, not after their units
         if own:
             runner.abort()
@@ -414,14 +317,3 @@ def run_prep(cfg: PrepConfig, until: str | None = None, runner: Runner | None = 
     finally:
         if own:
             runner.close()
-
-
-def run_step(runner: Runner, store: Store, step: Step, run: Run) -> None:
-    """Run a step's unfinished items in the pool; a finished run-once step is skipped
-    without a progress bar."""
-    items = step.items(run)
-    todo = [it for it in items if not step.is_done(run.cfg, it)]
-    if step.over is None and not todo:
-        return
-    runner.map(partial(step.fn, run.cfg, *step.args(run)), todo, step.title(run.cfg),
-               done=len(items) - len(todo))

@@ -18,7 +18,8 @@ import pytest
 
 from core.dataset import verify
 from tasks.config import parse_config
-from tasks.pipeline import OutputConflict, run_prep
+from tasks.driver import OutputConflict
+from tasks.pipeline import run_prep
 from tasks.readers import IngestError
 from tasks.stages.ingest import plan_units
 from tests.helpers import edit_words, read_jsonl, shared_file

@@ -1,3 +1,3 @@
-"""The prep stages, one module each, named as in the stage graph (tasks/graph.py): ingest,
-exact, near, lines, quality, tokenize, mixture, pack, then dataset (the packed rows written as
-a dataset). Each is plain functions over the output store; none knows where it runs."""
+"""The prep stages, one module each, named by its STAGE as the stage graph's STAGES
+(tasks/graph.py) orders them; dataset writes the packed rows as a dataset. Each is plain
+functions over the output store; none knows where it runs."""

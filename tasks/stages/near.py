@@ -256,10 +256,12 @@ class _ShingleScratch:
         os.close(self.fd)
 
 
-def cluster(cfg: PrepConfig, prior: list[str], new: list[str], max_checks: int = 8) -> dict:
-    """Union-find over bucket members. Each member is linked to an earlier member of its
-    bucket whose exact Jaccard reaches the threshold (the bucket's first member first,
-    then up to `max_checks` others), so a chance band collision never merges clusters.
+def cluster(cfg: PrepConfig, input_stage: str, prior: list[str], new: list[str],
+            max_checks: int = 8) -> dict:
+    """Union-find over bucket members, documents of `input_stage` (the stage before this
+    one in the graph). Each member is linked to an earlier member of its bucket whose
+    exact Jaccard reaches the threshold (the bucket's first member first, then up to
+    `max_checks` others), so a chance band collision never merges clusters.
     The document that stays is the cluster's first in input order: an earlier version's
     document (`prior` shards come first) when the cluster has one; only documents of the
     `new` shards are ever dropped."""
@@ -322,7 +324,7 @@ def cluster(cfg: PrepConfig, prior: list[str], new: list[str], max_checks: int =
     dup, kept_of = docs[is_dup], docs[roots[is_dup]]
     fresh = dup >= offsets[len(prior)]  # earlier versions' documents stay as they are
     dup, kept_of = dup[fresh], kept_of[fresh]
-    write_dups(store, _input_stage(cfg), shards, offsets, dup, kept_of, STAGE)
+    write_dups(store, input_stage, shards, offsets, dup, kept_of, STAGE)
     summary = {
         "bands": bands, "rows": rows, "num_perm": near.num_perm, "threshold": near.threshold,
         "p_candidate_at_threshold": round(
@@ -349,10 +351,6 @@ def _roots(parent: np.ndarray) -> np.ndarray:
         if np.array_equal(pp, p):
             return p
         p = pp
-
-
-def _input_stage(cfg: PrepConfig) -> str:
-    return "exact" if cfg.dedup.exact else "ingest"
 
 
 def apply_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
