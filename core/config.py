@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from core.errors import ConfigError
+from core.errors import SECRET_IN_CONFIG, ConfigError
 
 ENV_PREFIX = "env:"  # a config given as env:NAME is the YAML held in $NAME
 
@@ -46,7 +46,7 @@ def format_validation_error(err: ValidationError, where: str, what: str = "confi
     for e in err.errors():
         msg = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
             e["type"], e["msg"])
-        shown = ("" if e["type"] in ("missing", "extra_forbidden")
+        shown = ("" if e["type"] in ("missing", "extra_forbidden", SECRET_IN_CONFIG)
                  else f" (got {e.get('input')!r:.80})")
         where_ = loc(tuple(e["loc"])) if loc is not None else e["loc"]
         lines.append(f"  {key_path(where_) or '(top level)'}: {msg}{shown}")

@@ -17,3 +17,8 @@ class IntegrityError(StorageError):
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names every bad key."""
+
+
+# The pydantic error type of a config value that holds a secret: its error message never
+# shows the value (core.config.format_validation_error).
+SECRET_IN_CONFIG = "secret_in_config"

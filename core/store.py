@@ -12,10 +12,12 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
-from core.errors import NotFound, StorageError
+from core.errors import SECRET_IN_CONFIG, NotFound, StorageError
 from core.files import FILE_MODE, is_temp_name, temp_beside, write_atomic
 
 __all__ = ["LocalStore", "NotFound", "ObjectInfo", "StorageError", "StorageOptions", "Store",
@@ -37,6 +39,19 @@ class StorageOptions(BaseModel):
         "secret itself: configs never carry secrets."))
     secret_key_env: str = Field(default="AWS_SECRET_ACCESS_KEY", description=(
         "The name of the environment variable holding the secret access key."))
+    @field_validator("endpoint_url")
+    @classmethod
+    def _no_credentials(cls, url: str | None) -> str | None:
+        # The config is copied verbatim into records (prep's _run.json, final.json, every
+        # checkpoint, MLflow): a password in the URL would travel with them. The error is of
+        # its own type so that the config error does not echo the value.
+        if url is not None and urlsplit(url).username is not None:
+            raise PydanticCustomError(
+                SECRET_IN_CONFIG, "credentials in the URL (user@ or user:password@) are not allowed; "
+                "put them in the environment ($AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY, "
+                "or the variables access_key_env and secret_key_env name)")
+        return url
+
     max_attempts: int = Field(default=5, description=(
         "Attempts per request in all (botocore's \"standard\" retry mode)."))
     multipart_threshold_mb: int = Field(default=64, description=(
