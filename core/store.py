@@ -39,6 +39,7 @@ class StorageOptions(BaseModel):
         "secret itself: configs never carry secrets."))
     secret_key_env: str = Field(default="AWS_SECRET_ACCESS_KEY", description=(
         "The name of the environment variable holding the secret access key."))
+
     @field_validator("endpoint_url")
     @classmethod
     def _no_credentials(cls, url: str | None) -> str | None:
@@ -47,9 +48,9 @@ class StorageOptions(BaseModel):
         # its own type so that the config error does not echo the value.
         if url is not None and urlsplit(url).username is not None:
             raise PydanticCustomError(
-                SECRET_IN_CONFIG, "credentials in the URL (user@ or user:password@) are not allowed; "
-                "put them in the environment ($AWS_ACCESS_KEY_ID and $AWS_SECRET_ACCESS_KEY, "
-                "or the variables access_key_env and secret_key_env name)")
+                SECRET_IN_CONFIG, "credentials in the URL (user@ or user:password@) are not "
+                "allowed; put them in the environment ($AWS_ACCESS_KEY_ID and "
+                "$AWS_SECRET_ACCESS_KEY, or the variables access_key_env and secret_key_env name)")
         return url
 
     max_attempts: int = Field(default=5, description=(
