@@ -3,7 +3,9 @@ loss-curve PNG at the end."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,20 +20,35 @@ class Sink(Protocol):
 
 
 class MetricsLog:
+    """Appends records as whole lines: a write that fails part-way (a full disk) is cut back
+    to the line before it, so the file never ends in half a record."""
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self.sinks: list[Sink] = []
 
     def write(self, record: dict[str, Any]) -> None:
-        self._f.write(json.dumps(record, sort_keys=True) + "\n")
-        self._f.flush()
+        data = (json.dumps(record, sort_keys=True) + "\n").encode()
+        end = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, end)
+            if e.filename is None:
+                e.filename = str(self.path)
+            raise
         for sink in self.sinks:
             sink.write(record)
 
     def close(self) -> None:
-        self._f.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         for sink in self.sinks:
             sink.close()
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from core.os_errors import WRITE_ERRNOS, os_error_message
 from core.protocol import EXIT_CRASHED, EXIT_DIVERGED, EXIT_ERROR, EXIT_OK, format_event
 from training import checkpoint as ckpt
 from training import components, distributed
@@ -235,6 +236,13 @@ class Trainer:
         except ckpt.CheckpointError as e:  # no valid checkpoint left: a restart cannot help
             print(f"error: {e}", file=sys.stderr)
             return EXIT_ERROR
+        except OSError as e:  # a full disk, a quota, a file size limit, a read-only mount
+            if e.errno not in WRITE_ERRNOS:
+                raise
+            print(f"error: {os_error_message(e)}; training stopped at step {self.state.step}: "
+                  "free space, then relaunch to resume from the last checkpoint",
+                  file=sys.stderr)
+            return EXIT_ERROR
         finally:
             self.loader.close()
             with contextlib.suppress(Exception):  # never leave a save half-way on exit
@@ -316,6 +324,7 @@ class Trainer:
         self.progress.begin()
         try:
             while s.step < cfg.steps and not self.stopped():
+                self.ckpts.check()  # a failed background save stops the run now
                 if self.pending_events:
                     self._flush_events(log)
                 out = self.train_step()

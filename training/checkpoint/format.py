@@ -18,6 +18,7 @@ deletes is training.checkpoint.retention's rule.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -87,19 +88,38 @@ def save(root: str | Path, step: int, state: dict[str, Any]) -> Path:
     final = root / step_name(step)
     tmp = root / f".{step_name(step)}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    torch.save(state, tmp / STATE)
-    with open(tmp / STATE, "rb") as f:
-        os.fsync(f.fileno())
-    meta = {"step": step, "files": {STATE: {"sha256": sha256_file(tmp / STATE),
-                                           "bytes": (tmp / STATE).stat().st_size}}}
-    (tmp / META).write_text(json.dumps(meta, indent=2))
+    try:
+        tmp.mkdir()
+        torch.save(state, tmp / STATE)
+        with open(tmp / STATE, "rb") as f:
+            os.fsync(f.fileno())
+        meta = {"step": step, "files": {STATE: {"sha256": sha256_file(tmp / STATE),
+                                               "bytes": (tmp / STATE).stat().st_size}}}
+        (tmp / META).write_text(json.dumps(meta, indent=2))
+    except (OSError, RuntimeError) as e:
+        full = _disk_full(e, root)
+        shutil.rmtree(tmp, ignore_errors=True)  # no half-written directory is left behind
+        if full is None:
+            raise
+        raise OSError(full, os.strerror(full), str(final)) from None
     if final.exists():  # a checkpoint of the same step from before a crash: replace it
         shutil.rmtree(final)
     os.replace(tmp, final)
     fsync_dir(root)
     write_latest(root, step)
     return final
+
+
+def _disk_full(e: BaseException, root: Path) -> int | None:
+    """The errno of a write that failed for want of space, else None. torch.save reports a
+    failed write as a RuntimeError without one ("unexpected pos ..."); then a filesystem
+    left with less than a block group free is taken as the cause."""
+    if isinstance(e, OSError):
+        return e.errno if e.errno in (errno.ENOSPC, errno.EDQUOT) else None
+    try:
+        return errno.ENOSPC if shutil.disk_usage(root).free < 1 << 20 else None
+    except OSError:
+        return None
 
 
 def write_latest(root: Path, step: int) -> None:
@@ -263,6 +283,12 @@ class AsyncSaver:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.last_stall_s = 0.0
+
+    def check(self) -> None:
+        """Raise a failed background save's error now, without waiting for one in flight:
+        the loop calls this every step, so a failed save stops the run when it fails."""
+        if self._error is not None:
+            self.wait()
 
     def wait(self) -> None:
         if self._thread is not None:

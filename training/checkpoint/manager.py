@@ -38,6 +38,9 @@ class CheckpointManager(Protocol):
         """Load checkpoint `step` into the model and optimizer; returns the rest of its
         state. `verified`: rank 0 has just checked its checksums. Called by every rank."""
 
+    def check(self) -> None:
+        """Raise at once the error of a background save that has failed (every step)."""
+
     def finish(self) -> None:
         """Wait for the checkpoint being written (before anything reads checkpoints)."""
 
@@ -94,6 +97,10 @@ class LocalCheckpoints(_Checkpoints):
                 self.after_save(step)
         self._barrier()
 
+    def check(self) -> None:
+        if self.world.is_main:
+            self.saver.check()
+
     def finish(self) -> None:
         if self.world.is_main:
             self.saver.wait()
@@ -133,6 +140,9 @@ class ShardedCheckpoints(_Checkpoints):
             ckpt.finish_sharded(p, self.world.is_main, self._barrier)
             if self.world.is_main:
                 self.after_save(p.step)
+
+    def check(self) -> None:
+        pass  # DCP's errors surface when the save is completed (the next save, or finish)
 
     def finish(self) -> None:
         self._complete()
