@@ -436,6 +436,11 @@ class CheckpointConfig(Strict):
     remote_max_failures: int = Field(default=3, ge=1, description=(
         "Upload failures are reported loudly; training stops (exit 2) only after this "
         "many checkpoints in a row failed to upload."))
+    remote_max_lag_minutes: float = Field(default=30.0, gt=0, description=(
+        "Training stops (exit 2) when a checkpoint has waited this long to reach the remote "
+        "(the store gone for good: on Kubernetes the local disk goes with the pod); a "
+        "restart resumes and uploads. The final checkpoint must reach the remote before a "
+        "run ends done."))
 
     @field_validator("run_name")
     @classmethod

@@ -232,6 +232,8 @@ class Trainer:
             return self._run()
         except RemoteCheckpointError as e:
             print(f"error: {e}", file=sys.stderr)
+            if self.remote is not None:  # no draining into a store that is not there
+                self.remote.close(drain=False)
             return EXIT_CRASHED  # storage trouble is worth a restart; bad input is not
         except ckpt.CheckpointError as e:  # no valid checkpoint left: a restart cannot help
             print(f"error: {e}", file=sys.stderr)
@@ -325,6 +327,8 @@ class Trainer:
         try:
             while s.step < cfg.steps and not self.stopped():
                 self.ckpts.check()  # a failed background save stops the run now
+                if self.remote is not None:  # as does a remote gone for too long
+                    self.remote.check_behind(cfg.checkpoint.remote_max_lag_minutes * 60)
                 if self.pending_events:
                     self._flush_events(log)
                 out = self.train_step()
@@ -359,6 +363,7 @@ class Trainer:
             write_final(self, metrics_path)
         if self.remote is not None:
             self.remote.wait()  # the final checkpoint is in object storage before exit 0
+            self.remote.ensure_last_uploaded()
         done: dict[str, Any] = {"event": "done", "step": s.step, "tokens_seen": s.tokens_seen}
         for c in self.components:
             done.update(c.done_fields())

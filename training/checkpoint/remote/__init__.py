@@ -19,12 +19,14 @@ Each concern, and the guarantees it gives, lives in its own module:
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from core.store import StorageOptions
+from training.checkpoint.format import step_name
 from training.checkpoint.remote import claim as _claim
 from training.checkpoint.remote import restore as _restore
 from training.checkpoint.remote.errors import RemoteCheckpointError, RemoteOwnershipError
@@ -74,8 +76,13 @@ class RemoteCheckpoints:
             )
         if retries < 0 or backoff_s < 0:
             raise ValueError("retries and backoff_s must be >= 0")
-        self._remote = RemoteStore(uri, options or StorageOptions(), retries, backoff_s, log)
+        options = options or StorageOptions()
+        self._remote = RemoteStore(uri, options, retries, backoff_s, log)
         self.uri = self._remote.uri
+        # Where the store answers, for error messages (scrubbed when used).
+        self.endpoint = (options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
+                         or os.environ.get("AWS_ENDPOINT_URL")
+                         or ("AWS S3" if self.uri.startswith("s3://") else "a local directory"))
         # One condition guards the queue, the counters and the status fields.
         cond = threading.Condition()
         self._latest = LatestPolicy(self._remote, cond)
@@ -123,6 +130,37 @@ class RemoteCheckpoints:
         """Block until every submitted checkpoint was uploaded, skipped or given up on.
         Raises TimeoutError if that takes longer than `timeout` seconds."""
         self._uploader.wait(timeout)
+
+    def check_behind(self, max_s: float) -> None:
+        """RemoteCheckpointError when a checkpoint has waited more than `max_s` seconds to
+        reach the remote (the store gone for good: uploads keep failing, or newer ones keep
+        superseding a stalled one). A slow store that keeps up within the bound passes."""
+        waited, _, _ = self._uploader.behind()
+        if waited > max_s:
+            raise RemoteCheckpointError(self._remote.scrub(
+                f"no checkpoint has reached {self.uri} for {waited / 60:.1f} min (endpoint "
+                f"{self.endpoint}; the newest there is {self._newest()}; "
+                f"checkpoint.remote_max_lag_minutes is {max_s / 60:g}). Local checkpoints are "
+                "intact: when the store is back, a restart resumes and uploads them"))
+
+    def ensure_last_uploaded(self) -> None:
+        """After wait(): RemoteCheckpointError unless the last checkpoint submitted (the
+        final one) is in the remote. A run is never "done" with its end only on local
+        disk, which on Kubernetes goes with the pod."""
+        _, last, submitted = self._uploader.behind()
+        if submitted is not None and last != submitted:
+            error = self.status.get("last_error")
+            raise RemoteCheckpointError(self._remote.scrub(
+                f"the final checkpoint {step_name(submitted)} did not reach {self.uri} "
+                f"(endpoint {self.endpoint}; the newest there is {self._newest()}"
+                f"{f'; last error: {error}' if error else ''}). It is intact on local disk: "
+                "a restart when the store is back uploads it"))
+
+    def _newest(self) -> str:
+        _, last, _ = self._uploader.behind()
+        newest = max((s for s in (self._latest.published, last) if s is not None),
+                     default=None)
+        return step_name(newest) if newest is not None else "none from this run"
 
     def close(self, drain: bool = True) -> None:
         """Stop the worker. With `drain` (the default) pending uploads finish first;

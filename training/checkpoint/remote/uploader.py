@@ -60,6 +60,7 @@ class _Job:
     step: int
     staged: Path
     rewind: bool = False  # after a rollback: `latest` moves back, newer remote steps go
+    submitted: float = 0.0  # time.monotonic() at submit()
 
 
 class Uploader:
@@ -89,6 +90,10 @@ class Uploader:
         self._last_upload: dict[str, float] | None = None
         self._closed = False
         self._seq = 0
+        # Since when a checkpoint has been waiting to reach the remote (the submit time of
+        # the oldest one submitted after the last upload that succeeded); None: none waits.
+        self._behind_since: float | None = None
+        self._last_submitted: int | None = None
         # Staging dirs carry pid + instance token so stale ones (dead pid) can be removed.
         self._token = f"{os.getpid()}.{uuid.uuid4().hex[:8]}"
         self._cleaned_roots: set[Path] = set()
@@ -111,6 +116,10 @@ class Uploader:
             last_error = self._last_error
             self._seq += 1
             seq = self._seq
+            now = time.monotonic()
+            if self._behind_since is None:
+                self._behind_since = now
+            self._last_submitted = step
         try:
             staged = self._stage(local_root, step, seq)
         except (OSError, CheckpointError) as exc:
@@ -118,7 +127,7 @@ class Uploader:
             self._record_failure(step, exc)
         else:
             with self._cond:
-                self._queue.append(_Job(step, staged, rewind))
+                self._queue.append(_Job(step, staged, rewind, now))
                 self._pending += 1
                 self._cond.notify_all()
         if too_many:
@@ -247,6 +256,15 @@ class Uploader:
                     self._pending -= 1
                     self._cond.notify_all()
 
+    def behind(self) -> tuple[float, int | None, int | None]:
+        """(seconds the oldest checkpoint not yet in the remote has waited, 0 when none
+        waits; the last step uploaded by this process; the last step submitted)."""
+        with self._cond:
+            since = self._behind_since
+            last = self._uploaded[-1] if self._uploaded else None
+            return (0.0 if since is None else time.monotonic() - since), last, \
+                self._last_submitted
+
     def _milestone(self, step: int) -> bool:
         return bool(self.keep_every) and step % (self.keep_every or 1) == 0
 
@@ -271,6 +289,8 @@ class Uploader:
             self._uploaded.append(job.step)
             self._consecutive_failures = 0
             self._failure_run = []
+            waiting = [j.submitted for j in self._queue if j is not None]
+            self._behind_since = min(waiting) if waiting else None
             self._last_upload = {
                 "step": job.step,
                 "bytes": total,

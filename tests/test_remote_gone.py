@@ -1,0 +1,97 @@
+"""Object storage gone for good mid-run (issue 27, defect 2), on a real moto server that is
+stopped and never comes back: training stops with one line naming the endpoint and the last
+remote step once a checkpoint has waited longer than checkpoint.remote_max_lag_minutes, and
+a run is never "done" while its final checkpoint is only on local disk."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from core.protocol import EXIT_CRASHED
+from tests.conftest import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, _start_moto, _stop
+from training import checkpoint as ckpt
+from training.checkpoint.remote import RemoteCheckpointError, RemoteCheckpoints
+from training.config import parse_train_config
+from training.faults import Hooks
+from training.trainer import Trainer
+
+TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
+
+
+@pytest.fixture
+def own_moto(tmp_path: Path, aws_env: None) -> Any:
+    """A moto server of this test's own (the shared one must outlive it), with a bucket."""
+    proc, endpoint = _start_moto(tmp_path / "moto.log")
+    boto3.session.Session(aws_access_key_id=FAKE_ACCESS_KEY_ID,
+                          aws_secret_access_key=FAKE_SECRET_ACCESS_KEY,
+                          region_name="us-east-1").client(
+        "s3", endpoint_url=endpoint).create_bucket(Bucket="ckpts")
+    try:
+        yield proc, endpoint
+    finally:
+        _stop(proc)
+
+
+class StopStorageAt(Hooks):
+    """Stops the object store for good once checkpoint `step` is saved locally."""
+
+    def __init__(self, step: int, proc: Any) -> None:
+        self.step, self.proc = step, proc
+
+    def after_save(self, step: int, root: Path) -> None:
+        if step == self.step:
+            _stop(self.proc)
+
+
+def test_a_store_gone_for_good_stops_training_in_one_line(train_dataset, tmp_path, own_moto,
+                                                           capfd):
+    proc, endpoint = own_moto
+    cfg = parse_train_config({
+        "dataset": train_dataset, "run_dir": str(tmp_path / "run"), "steps": 100_000,
+        "micro_batch": 4, "eval_every": 100_000, "eval_batches": 1, "model": TINY,
+        "schedule": {"warmup_steps": 2},
+        "checkpoint": {"every": 5, "keep_last": 2, "remote": "s3://ckpts/runs",
+                       "remote_max_lag_minutes": 0.05},
+        "storage": {"endpoint_url": endpoint, "max_attempts": 1}})
+    t0 = time.monotonic()
+    code = Trainer(cfg, StopStorageAt(10, proc)).run()
+    took = time.monotonic() - t0
+    assert code == EXIT_CRASHED
+    errors = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1, errors
+    assert f"(endpoint {endpoint}; the newest there is step-00000005" in errors[0], errors[0]
+    assert "remote_max_lag_minutes is 0.05" in errors[0]
+    assert took < 120  # stopped by the bound, not after 100,000 steps or every retry
+    # Local checkpoints are intact: the resume point is newer than anything remote.
+    assert max(ckpt.steps(tmp_path / "run" / "checkpoints")) > 10
+
+
+def test_the_final_checkpoint_must_reach_the_store(tmp_path, own_moto):
+    proc, endpoint = own_moto
+    from core.store import StorageOptions
+
+    local = tmp_path / "ckpt"
+    for step in (5, 10):
+        ckpt.save(local, step, {"w": step})
+    remote = RemoteCheckpoints("s3://ckpts/run", StorageOptions(endpoint_url=endpoint,
+                                                                max_attempts=1),
+                               retries=0, log=lambda m: None)
+    try:
+        remote.submit(local, 5)
+        remote.wait()
+        remote.ensure_last_uploaded()  # step 5 is there
+        _stop(proc)
+        remote.submit(local, 10)
+        remote.wait()
+        with pytest.raises(RemoteCheckpointError) as e:
+            remote.ensure_last_uploaded()
+        assert str(e.value).startswith(
+            f"the final checkpoint step-00000010 did not reach s3://ckpts/run (endpoint "
+            f"{endpoint}; the newest there is step-00000005; last error: ")
+    finally:
+        remote.close(drain=False)
