@@ -28,11 +28,8 @@ from training import checkpoint as ckpt
 from training import components, distributed
 from training.blame import event_documents
 from training.checkpoint.manager import open_checkpoints
-from training.checkpoint.remote import (
-    RemoteCheckpointError,
-    RemoteCheckpoints,
-    RemoteOwnershipError,
-)
+from training.checkpoint.remote import RemoteCheckpointError, RemoteCheckpoints
+from training.checkpoint.remote.claim import claim_everywhere
 from training.components.base import Component
 from training.components.progress import Progress
 from training.config import TrainConfig
@@ -42,6 +39,7 @@ from training.guards import StabilityGuard
 from training.metrics import MetricsLog, truncate_after
 from training.model import GPT
 from training.optim import agc_params, build_optimizer
+from training.parallel import parallelize
 from training.recovery import CheckpointChoice, Recovery, State, diverge, recover, stopped_by_marker
 from training.run_record import write_final
 from training.step import StepResult, evaluate, pick_device, train_step
@@ -60,23 +58,8 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=self.device.type == "cuda")
         self.data: TrainData = load_data(cfg.dataset, options=cfg.storage)
         self.model = GPT(cfg.model, self.data.vocab_size, self.data.seq_len).to(self.device)
-        self.ddp: torch.nn.parallel.DistributedDataParallel | None = None
-        self.fsdp = self.world.active and cfg.parallel == "fsdp2"
-        wrapped: torch.nn.Module = self.model
-        if self.fsdp:
-            from torch.distributed.fsdp import fully_shard
-
-            # Each block is a unit (its parameters are gathered just before it runs),
-            # then the root (embeddings, final norm, head). Before the optimizer exists.
-            for block in self.model.blocks:
-                fully_shard(block)
-            fully_shard(self.model)
-        elif self.world.active:
-            # Same seed on every rank gives the same init; DDP also broadcasts rank 0's.
-            self.ddp = torch.nn.parallel.DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda"
-                else None)
-            wrapped = self.ddp
+        wrapped, self.ddp, self.fsdp = parallelize(self.model, self.world, self.device,
+                                                   cfg.parallel)
         self.forward = torch.compile(wrapped) if cfg.model.compile else wrapped
         self.optimizer = build_optimizer(self.model, cfg.optim)
         # Events found outside the loop's reach (a restore's overrides): written at the
@@ -112,28 +95,13 @@ class Trainer:
                                          log=lambda m: print(m, file=sys.stderr))
                        if remote_uri and self.world.is_main else None)
         self.choice = CheckpointChoice(self.ckpt_dir, self.remote)
-        self._claim_remote()
+        # Before anything is restored from, uploaded to or pruned in the remote prefix.
+        claim_everywhere(self.remote, bool(cfg.checkpoint.remote), cfg.run_name(),
+                         cfg.checkpoint_fingerprint(), self.world, self.device)
 
     def component(self, name: str) -> Component | None:
         """The component called `name`, if this run's config turned it on."""
         return next((c for c in self.components if c.name == name), None)
-
-    def _claim_remote(self) -> None:
-        """Before anything is restored from, uploaded to or pruned in the remote prefix:
-        it must be this run's (RUN.json: run name and config fingerprint), or unclaimed.
-        Rank 0 checks; every rank raises the same error (exit 1, bad input)."""
-        error = None
-        if self.remote is not None:
-            try:
-                self.remote.claim(self.cfg.run_name(), self.cfg.checkpoint_fingerprint())
-            except RemoteOwnershipError as e:
-                error = str(e)
-        if self.cfg.checkpoint.remote:
-            error = distributed.broadcast_object(error, self.world, self.device)
-        if error is not None:
-            if self.remote is not None:
-                self.remote.close(drain=False)
-            raise RemoteOwnershipError(error)
 
     # -- checkpoints --------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:

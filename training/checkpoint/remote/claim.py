@@ -15,12 +15,17 @@ from __future__ import annotations
 import json
 import re
 import time
+from typing import Any
+
+import torch
 
 from core.errors import StorageError
+from training import distributed
 from training.checkpoint.format import LATEST
 from training.checkpoint.remote.errors import RemoteOwnershipError
 from training.checkpoint.remote.keys import RUN_RECORD, group_steps
 from training.checkpoint.remote.storage import RemoteStore
+from training.distributed import World
 
 # What a RUN.json may hold (it is read from storage: untrusted, and echoed in one line).
 _RECORD_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
@@ -83,3 +88,23 @@ def claim(remote: RemoteStore, run_name: str, fingerprint: str) -> None:
             f"{uri} belongs to run {other!r} (config fingerprint {other_fp}), not to "
             f"this run {run_name!r} (config fingerprint {fingerprint}){changed}; not "
             f"resuming from, uploading to or pruning it: {fix}"))
+
+
+def claim_everywhere(remote: Any, configured: bool, run_name: str, fingerprint: str,
+                     world: World, device: torch.device) -> None:
+    """The claim as a distributed run makes it: rank 0 (the one holding `remote`, a
+    RemoteCheckpoints) claims; every rank raises the same RemoteOwnershipError (exit 1, bad
+    input). `configured`: the run has a remote at all (then every rank joins the
+    broadcast)."""
+    error = None
+    if remote is not None:
+        try:
+            remote.claim(run_name, fingerprint)
+        except RemoteOwnershipError as e:
+            error = str(e)
+    if configured:
+        error = distributed.broadcast_object(error, world, device)
+    if error is not None:
+        if remote is not None:
+            remote.close(drain=False)
+        raise RemoteOwnershipError(error)
