@@ -11,6 +11,10 @@ class NotFound(StorageError):
     """The key (or bucket) does not exist."""
 
 
+class BucketMissing(StorageError):
+    """The bucket itself does not exist: a wrong URI (bad input), not a passing outage."""
+
+
 class IntegrityError(StorageError):
     """The object exists but is not what was written: a checksum or size mismatch."""
 

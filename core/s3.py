@@ -25,7 +25,7 @@ from botocore.exceptions import (
 )
 from s3transfer.exceptions import RetriesExceededError
 
-from core.errors import IntegrityError, NotFound, StorageError
+from core.errors import BucketMissing, IntegrityError, NotFound, StorageError
 from core.files import sha256_file
 from core.redact import hide_userinfo, redact
 from core.store import ObjectInfo, StorageOptions, join
@@ -395,7 +395,7 @@ class S3Store:
         raise self._bucket_missing(action, key)
 
     def _bucket_missing(self, action: str, key: str) -> StorageError:
-        return StorageError(
+        return BucketMissing(
             f"bucket {self.bucket!r} does not exist at {self.endpoint} "
             f"(while trying to {action} {self._key_uri(key)})"
         )
@@ -417,7 +417,7 @@ class S3Store:
             code = _code(exc)
             message = str(exc.response.get("Error", {}).get("Message", "")).strip()
             if code == "NoSuchBucket":
-                msg = str(self._bucket_missing(action, key))
+                return BucketMissing(self._redact(str(self._bucket_missing(action, key))))
             elif code in _NOT_FOUND_CODES:
                 return NotFound(self._redact(f"{uri} does not exist"))
             elif code in _AUTH_CODES:

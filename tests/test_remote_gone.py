@@ -95,3 +95,26 @@ def test_the_final_checkpoint_must_reach_the_store(tmp_path, own_moto):
             f"{endpoint}; the newest there is step-00000005; last error: ")
     finally:
         remote.close(drain=False)
+
+
+def test_a_checkpoint_bucket_that_does_not_exist_is_one_line_exit_1(train_dataset, tmp_path,
+                                                                     moto_endpoint, aws_env):
+    import subprocess
+    import sys
+
+    import yaml
+
+    config = tmp_path / "t.yaml"
+    config.write_text(yaml.safe_dump({
+        "dataset": train_dataset, "run_dir": str(tmp_path / "run"), "steps": 2,
+        "micro_batch": 4, "model": TINY,
+        "checkpoint": {"remote": "s3://no-such-bucket-ballast/runs"},
+        "storage": {"endpoint_url": moto_endpoint}}))
+    r = subprocess.run([sys.executable, "-m", "training.train", "--config", str(config)],
+                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: bucket 'no-such-bucket-ballast' does not exist at "), lines

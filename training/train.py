@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from core.protocol import EXIT_ERROR
+from core.errors import BucketMissing, StorageError
+from core.protocol import EXIT_CRASHED, EXIT_ERROR
 from training import checkpoint as ckpt
 from training.config import TrainConfigError, load_train_config
 from training.data import DatasetError
@@ -58,9 +59,13 @@ def _main(argv: list[str] | None = None) -> int:
         request = (Recovery(args.rollback_to, args.skip_to_sample, args.lr_scale)
                    if args.recover else None)
         trainer = Trainer(cfg, Faults.parse(args.fault), request)
-    except (TrainConfigError, DatasetError, ckpt.CheckpointError, ValueError) as e:
+    except (TrainConfigError, DatasetError, ckpt.CheckpointError, ValueError,
+            BucketMissing) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    except StorageError as e:  # unreachable or failing storage at start: worth a restart
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_CRASHED
     return trainer.run()
 
 

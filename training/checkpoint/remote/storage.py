@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from core.errors import IntegrityError, NotFound, StorageError
+from core.errors import BucketMissing, IntegrityError, NotFound, StorageError
 from core.retry import retry
 from core.store import StorageOptions, Store, open_store
 from training.checkpoint.format import META
@@ -60,9 +60,13 @@ class RemoteStore:
                 f"retrying in {delay:.2f} s: {self.scrub(str(exc))}"
             )
 
+        def fatal_or_no_bucket(e: BaseException) -> bool:
+            return isinstance(e, BucketMissing) or fatal(e)  # no retry fixes a wrong URI
+
         try:
             return retry(fn, attempts=self.retries + 1, base_s=self.backoff_s,
-                         max_s=_MAX_BACKOFF_S, retry_on=(StorageError, OSError), fatal=fatal,
+                         max_s=_MAX_BACKOFF_S, retry_on=(StorageError, OSError),
+                         fatal=fatal_or_no_bucket,
                          on_retry=on_retry, sleep=self.stop.wait)
         except (StorageError, OSError) as exc:
             if self.stop.is_set():
