@@ -125,3 +125,32 @@ def test_a_checkpoint_bucket_that_does_not_exist_is_one_line_exit_1(train_datase
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(
         "error: bucket 'no-such-bucket-ballast' does not exist at "), lines
+
+
+def test_a_lost_ownership_record_is_written_again(tmp_path, moto_endpoint, s3_bucket,
+                                                  s3_client):
+    """Issue 27, defect 7: after the store lost RUN.json, the next upload writes it again."""
+    import json
+
+    from core.store import StorageOptions
+
+    local = tmp_path / "ckpt"
+    for step in (5, 10):
+        ckpt.save(local, step, {"w": step})
+    logs: list[str] = []
+    remote = RemoteCheckpoints(f"s3://{s3_bucket}/run", StorageOptions(
+        endpoint_url=moto_endpoint), retries=0, log=logs.append)
+    try:
+        remote.claim("run", "0123456789abcdef")
+        remote.submit(local, 5)
+        remote.wait()
+        s3_client.delete_object(Bucket=s3_bucket, Key="run/RUN.json")
+        remote.submit(local, 10)
+        remote.wait()
+        remote.ensure_last_uploaded()
+    finally:
+        remote.close()
+    record = json.loads(s3_client.get_object(Bucket=s3_bucket, Key="run/RUN.json")["Body"]
+                        .read())
+    assert (record["run_name"], record["config_fingerprint"]) == ("run", "0123456789abcdef")
+    assert any("RUN.json is gone (the store lost data?)" in m for m in logs), logs

@@ -186,6 +186,9 @@ class RemoteCheckpoints:
         """Make sure this prefix is this run's before anything touches its checkpoints
         (see `training.checkpoint.remote.claim`). RemoteOwnershipError if it is not."""
         _claim.claim(self._remote, run_name, fingerprint)
+        # Checked again after every upload: a store that lost RUN.json gets it back.
+        self._uploader.reclaim = lambda: _claim.claim(self._remote, run_name, fingerprint,
+                                                      renew=True)
 
     # -- restores (restore) ----------------------------------------------------------------
 

@@ -32,21 +32,25 @@ _RECORD_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 _RECORD_FINGERPRINT = re.compile(r"[0-9a-f]{8,64}")
 
 
-def claim(remote: RemoteStore, run_name: str, fingerprint: str) -> None:
+def claim(remote: RemoteStore, run_name: str, fingerprint: str, renew: bool = False) -> None:
     """Make sure this prefix is this run's before anything touches its checkpoints.
 
     No RUN.json: create one (with a warning when the prefix already holds checkpoints,
     made by a Ballast from before ownership records: they are adopted). A RUN.json with
     this run name and config fingerprint: nothing to do. Anything else raises
     RemoteOwnershipError (one line: the URI, both runs, how to fix it). StorageError
-    when storage cannot be reached (after retries)."""
+    when storage cannot be reached (after retries). `renew`: the check made again after
+    each upload, so a record the store lost is written again (and a prefix another run
+    claimed meanwhile stops the uploads)."""
     uri = remote.uri
     fix = ("give this run its own prefix (another run_dir or checkpoint.run_name) or "
            f"delete {uri} to start it over")
     data = remote.retry(f"read {uri}/{RUN_RECORD}", lambda: remote.get_or_none(RUN_RECORD))
     if data is None:
-        keys = remote.list_keys()
-        if group_steps(keys) or LATEST in keys:
+        if renew:
+            remote.log(f"remote checkpoint: WARNING {uri}/{RUN_RECORD} is gone (the store "
+                       f"lost data?); writing it again for run {run_name!r}")
+        elif (keys := remote.list_keys()) and (group_steps(keys) or LATEST in keys):
             remote.log(f"remote checkpoint: WARNING {uri} holds checkpoints but no "
                        f"{RUN_RECORD} (written by an older Ballast); adopting them as run "
                        f"{run_name!r} (config fingerprint {fingerprint})")

@@ -93,6 +93,8 @@ class Uploader:
         # Since when a checkpoint has been waiting to reach the remote (the submit time of
         # the oldest one submitted after the last upload that succeeded); None: none waits.
         self._behind_since: float | None = None
+        # The ownership check, made again after each upload (set by RemoteCheckpoints.claim).
+        self.reclaim: Any = None
         self._last_submitted: int | None = None
         # Staging dirs carry pid + instance token so stale ones (dead pid) can be removed.
         self._token = f"{os.getpid()}.{uuid.uuid4().hex[:8]}"
@@ -276,6 +278,8 @@ class Uploader:
             total = self._upload(job)
             published = (self._latest.rewind(job.step) if job.rewind
                          else self._latest.publish(job.step))
+            if self.reclaim is not None:
+                self.reclaim()
         except Aborted:
             self._remote.log(
                 f"remote checkpoint: upload of {step_name(job.step)} abandoned (closing)"
