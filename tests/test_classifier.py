@@ -114,6 +114,17 @@ def test_bad_config_is_one_line_naming_the_key(trained: Path, tmp_path: Path) ->
         parse_rules([{"classifier": {"model": str(bare)}}])
 
 
+def test_a_model_that_is_not_fasttext_is_refused_by_the_config_check(tmp_path: Path) -> None:
+    """Issue 27, defect 7: it passed the check and failed mid-run without naming the key."""
+    for name, body in (("model.bin", b"PK\x03\x04 a zip, not fastText"), ("empty.bin", b"")):
+        p = tmp_path / name
+        p.write_bytes(body)
+        with pytest.raises(ValueError, match=r"classifier\.model: .*not a fastText model"
+                           ) as e:
+            parse_rules([{"classifier": {"model": str(p), "threshold": 0.5}}])
+        assert "\n" not in str(e.value)
+
+
 def test_labels_must_be_zero_or_one(tmp_path: Path) -> None:
     p = tmp_path / "l.jsonl"
     p.write_text('{"text": "a", "label": "good"}\n')

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import re
+import struct
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
@@ -132,6 +133,10 @@ def _report(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+# The first int32 of every fastText .bin (fastText's FASTTEXT_FILEFORMAT_MAGIC_INT32).
+FASTTEXT_MAGIC = 793712314
+
+
 class ClassifierParams(RuleParams):
     model: str = Field(min_length=1, description=(
         "A fastText .bin: `ballast quality train` output, or any supervised fastText "
@@ -151,6 +156,12 @@ class ClassifierParams(RuleParams):
         if not Path(v).is_file():
             raise ValueError(f"{v}: no such model file (train one with `ballast quality "
                              "train`, or give a fastText .bin)")
+        # fastText's own header check, without loading a model that may be gigabytes.
+        with open(v, "rb") as f:
+            head = f.read(4)
+        if len(head) < 4 or struct.unpack("<i", head)[0] != FASTTEXT_MAGIC:
+            raise ValueError(f"{v}: not a fastText model (a .bin written by fastText, e.g. "
+                             "`ballast quality train`)")
         return v
 
     @model_validator(mode="after")
