@@ -458,19 +458,21 @@ def cmd_hpo_transfer(args: argparse.Namespace) -> int:
 
 
 def cmd_quality_train(args: argparse.Namespace) -> int:
-    from tasks.quality.train_classifier import TrainConfig, TrainError, load_examples, train
+    from tasks.quality.train_classifier import TrainConfig, TrainError, load_calibrated, train
 
     if not (args.positive or args.negative or args.labelled):
         print_error("give --positive and --negative files, or --labelled")
         return EXIT_ERROR
     try:
-        texts, labels = load_examples(args.positive, args.negative, args.labelled,
-                                      args.label_field, args.text_field)
+        texts, labels, calibrate = load_calibrated(args.positive, args.negative,
+                                                   args.labelled, args.label_field,
+                                                   args.text_field)
         cfg = TrainConfig(features=args.features, epoch=args.epoch, lr=args.lr,
                           word_ngrams=args.word_ngrams, holdout=args.holdout,
                           keep_good=args.keep_good, seed=args.seed, threads=args.threads)
         r = train(texts, labels, args.out, cfg, sources={
-            "positive": args.positive, "negative": args.negative, "labelled": args.labelled})
+            "positive": args.positive, "negative": args.negative, "labelled": args.labelled},
+            calibrate=calibrate)
     except TrainError as e:
         print_error(str(e))
         return EXIT_ERROR

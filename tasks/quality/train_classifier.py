@@ -106,6 +106,18 @@ def load_examples(positive: Sequence[str] = (), negative: Sequence[str] = (),
                   labelled: Sequence[str] = (), label_field: str = "label",
                   text_field: str = "text") -> tuple[list[str], list[int]]:
     """Texts and labels (1 good, 0 bad) from good files, bad files and labelled files."""
+    texts, labels, _ = load_calibrated(positive, negative, labelled, label_field, text_field)
+    return texts, labels
+
+
+def load_calibrated(positive: Sequence[str] = (), negative: Sequence[str] = (),
+                    labelled: Sequence[str] = (), label_field: str = "label",
+                    text_field: str = "text"
+                    ) -> tuple[list[str], list[int], list[bool] | None]:
+    """load_examples, and which pages calibrate the threshold: with labelled files beside
+    good or bad files, only the labelled pages (the extra pages, e.g. reference text as
+    positives in DCLM's manner, are a different distribution: a threshold that keeps 85% of
+    them kept 62.5% of unseen labelled good pages); otherwise None, every page."""
     texts: list[str] = []
     labels: list[int] = []
     for paths, y in ((positive, 1), (negative, 0)):
@@ -113,8 +125,10 @@ def load_examples(positive: Sequence[str] = (), negative: Sequence[str] = (),
             for row in read_jsonl(path, text_field):
                 texts.append(row[text_field])
                 labels.append(y)
+    n_labelled = 0
     for path in labelled:
         for n, row in enumerate(read_jsonl(path, text_field), 1):
+            n_labelled += 1
             if label_field not in row:
                 raise TrainError(f"{path}: record {n} has no field {label_field!r}")
             texts.append(row[text_field])
@@ -122,7 +136,9 @@ def load_examples(positive: Sequence[str] = (), negative: Sequence[str] = (),
     for y, name in ((1, "good"), (0, "bad")):
         if labels.count(y) < 2:
             raise TrainError(f"need at least 2 {name} pages (got {labels.count(y)})")
-    return texts, labels
+    extra = len(texts) - n_labelled
+    calibrate = [False] * extra + [True] * n_labelled if extra and n_labelled else None
+    return texts, labels, calibrate
 
 
 # ---------------------------------------------------------------- training and scoring
@@ -188,11 +204,23 @@ def stratified_folds(labels: Sequence[int], k: int, seed: int) -> list[list[int]
     return [sorted(f) for f in folds]
 
 
+def _stratified_among(labels: Sequence[int], k: int, seed: int,
+                      calibrate: Sequence[bool] | None) -> list[list[int]]:
+    """stratified_folds over the calibration pages only (all pages when None), as indices
+    of `labels`."""
+    if calibrate is None:
+        return stratified_folds(labels, k, seed)
+    cal = [i for i, c in enumerate(calibrate) if c]
+    return [[cal[j] for j in f] for f in stratified_folds([labels[i] for i in cal], k, seed)]
+
+
 def out_of_fold_scores(texts: Sequence[str], labels: Sequence[int],
-                       cfg: TrainConfig) -> list[float]:
-    """Each page's score from a model trained on the other folds."""
+                       cfg: TrainConfig, calibrate: Sequence[bool] | None = None
+                       ) -> list[float]:
+    """Each calibration page's score from a model trained on every page outside its fold
+    (extra pages are in every fold's training set; their scores stay 0.0)."""
     out = [0.0] * len(texts)
-    for fold in stratified_folds(labels, cfg.folds, cfg.seed):
+    for fold in _stratified_among(labels, cfg.folds, cfg.seed, calibrate):
         held = set(fold)
         train = [i for i in range(len(texts)) if i not in held]
         model, spec = fit([texts[i] for i in train], [labels[i] for i in train], cfg)
@@ -226,24 +254,34 @@ def metrics(scores_: Sequence[float], labels: Sequence[int], threshold: float
     }
 
 
-def train_model(texts: Sequence[str], labels: Sequence[int], cfg: TrainConfig
+def train_model(texts: Sequence[str], labels: Sequence[int], cfg: TrainConfig,
+                calibrate: Sequence[bool] | None = None
                 ) -> tuple[Any, dict[str, Any], float, list[float]]:
     """(model, spec, threshold, out-of-fold scores) from all the pages given: the
-    threshold from out-of-fold scores, the model from every page."""
+    threshold from the calibration pages' out-of-fold scores (`calibrate`, None: all), the
+    model from every page."""
     if cfg.folds < 2:
         raise TrainError(f"folds: need at least 2 (got {cfg.folds})")
-    oof = out_of_fold_scores(texts, labels, cfg)
-    threshold = choose_threshold(oof, labels, cfg.keep_good)
+    oof = out_of_fold_scores(texts, labels, cfg, calibrate)
+    cal = [i for i in range(len(texts)) if calibrate is None or calibrate[i]]
+    threshold = choose_threshold([oof[i] for i in cal], [labels[i] for i in cal],
+                                 cfg.keep_good)
     model, spec = fit(texts, labels, cfg)
     return model, spec, threshold, oof
 
 
 def train(texts: Sequence[str], labels: Sequence[int], out: str | Path,
-          cfg: TrainConfig | None = None, sources: dict[str, Any] | None = None
-          ) -> dict[str, Any]:
+          cfg: TrainConfig | None = None, sources: dict[str, Any] | None = None,
+          calibrate: Sequence[bool] | None = None) -> dict[str, Any]:
     """Train on all but a held-out split, write OUT (.bin) and OUT.report.json, and
-    return the report."""
-    cfg = cfg or TrainConfig()
+    return the report. `calibrate` (see load_calibrated): the pages the held-out split and
+    the threshold are drawn from; the others are trained on only."""
+    return _train(texts, labels, out, cfg or TrainConfig(), sources, calibrate)
+
+
+def _train(texts: Sequence[str], labels: Sequence[int], out: str | Path, cfg: TrainConfig,
+           sources: dict[str, Any] | None, calibrate: Sequence[bool] | None
+           ) -> dict[str, Any]:
     if not 0 < cfg.holdout < 1:
         raise TrainError(f"holdout: must be between 0 and 1 (got {cfg.holdout})")
     if not 0 < cfg.keep_good <= 1:
@@ -252,15 +290,18 @@ def train(texts: Sequence[str], labels: Sequence[int], out: str | Path,
     if out.suffix != ".bin":
         raise TrainError(f"{out}: the model file must end in .bin")
     k = max(2, round(1 / cfg.holdout))
-    held = set(stratified_folds(labels, k, cfg.seed + 1)[0])
+    held = set(_stratified_among(labels, k, cfg.seed + 1, calibrate)[0])
     tr = [i for i in range(len(texts)) if i not in held]
     ho = sorted(held)
     tr_labels = [labels[i] for i in tr]
+    tr_cal = None if calibrate is None else [calibrate[i] for i in tr]
+    cal = [j for j in range(len(tr)) if tr_cal is None or tr_cal[j]]
+    cal_labels = [tr_labels[j] for j in cal]
     for y, name in ((1, "good"), (0, "bad")):
-        if tr_labels.count(y) < cfg.folds:
+        if cal_labels.count(y) < cfg.folds:
             raise TrainError(f"need at least {cfg.folds} {name} training pages for "
-                             f"{cfg.folds}-fold threshold choice (got {tr_labels.count(y)})")
-    model, spec, threshold, oof = train_model([texts[i] for i in tr], tr_labels, cfg)
+                             f"{cfg.folds}-fold threshold choice (got {cal_labels.count(y)})")
+    model, spec, threshold, oof = train_model([texts[i] for i in tr], tr_labels, cfg, tr_cal)
     held_scores = scores(model, spec, [texts[i] for i in ho])
     out.parent.mkdir(parents=True, exist_ok=True)
     model.save_model(str(out))
@@ -269,12 +310,19 @@ def train(texts: Sequence[str], labels: Sequence[int], out: str | Path,
         "labels": {"good": f"__label__{GOOD}", "bad": f"__label__{BAD}"},
         "threshold": round(threshold, 6),
         "threshold_rule": f"highest score keeping >= {cfg.keep_good:.0%} of the good "
-                          f"training pages, on {cfg.folds}-fold out-of-fold scores",
-        "training": metrics(oof, tr_labels, threshold) | {"scores": "out-of-fold"},
+                          f"{'labelled ' if calibrate is not None else ''}training pages, "
+                          f"on {cfg.folds}-fold out-of-fold scores",
+        "training": metrics([oof[j] for j in cal], cal_labels, threshold)
+        | {"scores": "out-of-fold"},
         "held_out": metrics(held_scores, [labels[i] for i in ho], threshold),
         "config": asdict(cfg),
         "features": spec,
         "sources": sources or {},
+        # Only with extra pages: which pages calibrated the threshold and the held-out
+        # figures, so a default report is unchanged.
+        **({"calibration": {"pages": "labelled", "labelled": sum(calibrate),
+                            "extra_trained_on": len(calibrate) - sum(calibrate)}}
+           if calibrate is not None else {}),
     }
     report_path(out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report
