@@ -174,6 +174,7 @@ def cmd_prep(args: argparse.Namespace) -> int:
     from tasks.driver import OutputConflict, Runner
     from tasks.graph import TEXT_STAGES
     from tasks.inputs import InputsChanged
+    from tasks.layout import version_uri
     from tasks.pipeline import STEP_NOTE, run_prep
     from tasks.readers import IngestError
     from tasks.report import AccountingError
@@ -236,9 +237,9 @@ def cmd_prep(args: argparse.Namespace) -> int:
                   f"check with `ballast verify {report['dataset']['uri']}`)", markup=False)
     text_stage = [s for s in report["stages"] if s in TEXT_STAGES][-1]
     version = (report.get("version") or {}).get("version", 1)
-    where = "" if version == 1 else f"v{version:04d}/"
+    vuri = version_uri(cfg.model_copy(update={"version": version}))
     out.print(f"output: {cfg.output}  (version {version}; report: "
-              f"{cfg.output.rstrip('/')}/{where}report.json, kept documents: "
+              f"{vuri.rstrip('/')}/report.json, kept documents: "
               f"docs/{text_stage}/, dropped: dropped/<stage>/)", markup=False)
     return EXIT_OK
 

@@ -20,8 +20,10 @@ from core.store import NotFound, StorageError, StorageOptions, open_store
 
 MANIFEST = "manifest.json"
 FORMAT = "ballast-dataset/1"
-# A dataset root holds version 1 itself and each later version in vNNNN/; `latest` names
-# the newest ("v0002\n"), written last. A root without `latest` has one version.
+# A dataset root holds each version in vNNNN/ and `latest`, naming the newest ("v0002\n"),
+# written last. A root made before versions had directories (prep's layout 3) holds
+# version 1 itself, later versions beside it, and `latest` once there is one: a root
+# without `latest` is such a version 1 (or holds no finished version).
 LATEST = "latest"
 _VERSION_DIR = re.compile(r"^v\d{4,}$")
 
@@ -54,13 +56,15 @@ def arrow_stats(path: Path) -> tuple[int, int]:
 
 
 def is_version_key(key: str) -> bool:
-    """A key of the versions beside version 1 in a dataset root (not version 1's own)."""
+    """A key of the versions beside a version 1 kept at its dataset root (a root made
+    before versions had directories): not version 1's own."""
     return key == LATEST or bool(_VERSION_DIR.match(key.split("/", 1)[0]))
 
 
 def resolve(uri: str, options: StorageOptions | None = None) -> str:
-    """The newest version of the dataset at `uri`: `uri` itself when it holds no `latest`
-    (one version, or a version's own directory), else the version `latest` names."""
+    """The newest version of the dataset at `uri`: the version `latest` names, else `uri`
+    itself (a version's own directory, or a root made before versions had directories
+    that holds only version 1)."""
     store = open_store(uri, options)
     try:
         name = store.get(LATEST).decode("utf-8").strip()
@@ -68,7 +72,7 @@ def resolve(uri: str, options: StorageOptions | None = None) -> str:
         return uri
     if not _VERSION_DIR.match(name):
         raise StorageError(f"{uri}/{LATEST} names no version: {name[:40]!r}")
-    return uri if name == "v0001" else f"{uri.rstrip('/')}/{name}"
+    return f"{uri.rstrip('/')}/{name}"
 
 
 def verify(uri: str, options: StorageOptions | None = None, deep: bool = True) -> list[str]:

@@ -31,9 +31,9 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 from flows.runs import run_name
 from tasks.cluster import ClusterError, check_workers, cluster_address, connect, tune_malloc
 from tasks.config import PrepConfig, load_config
-from tasks.driver import RUN_KEY, StepWork, prepare_output, run_stages, save_report
+from tasks.driver import StepWork, prepare_output, run_stages, save_report
 from tasks.graph import STAGE_NAMES, STAGES, TEXT_STAGES, Step, item_name, write_dataset
-from tasks.layout import output_store
+from tasks.layout import RUN_KEY, output_store
 from tasks.report import build as build_report
 from tasks.versions import Prepared, finish_version
 

@@ -32,7 +32,7 @@ from tasks.graph import (
     writes_dataset,
 )
 from tasks.inputs import check_overlap
-from tasks.layout import output_store, version_store
+from tasks.layout import LAYOUT, READABLE_LAYOUTS, RUN_KEY, output_store, version_store
 from tasks.report import build as build_report
 from tasks.report import write as write_report
 from tasks.stages.dataset import dataset_uri
@@ -40,12 +40,6 @@ from tasks.stages.ingest import plan_units
 from tasks.versions import Prepared, finish_version, prepare_version
 
 T = TypeVar("T")
-RUN_KEY = "_run.json"
-# The layout of the intermediate files. Bumped when a step's files change shape (2:
-# per-shard duplicate lists, band-per-member signatures, byte-range ingest units), so an
-# output half-made by an older ballast is refused instead of resumed wrongly. 3: the
-# provenance (quality's document tables, the mixture's document index, packed spans).
-LAYOUT = 3
 
 
 class OutputConflict(RuntimeError):
@@ -196,7 +190,7 @@ def claim_output(store: Store, cfg: PrepConfig) -> None:
         return
     run = json.loads(store.get(RUN_KEY))
     have = run.get("config_fingerprint")
-    if run.get("layout", 1) != LAYOUT:
+    if run.get("layout", 1) not in READABLE_LAYOUTS:
         raise OutputConflict(
             f"{store.uri} was made by another version of ballast (file layout "
             f"{run.get('layout', 1)}, this version writes {LAYOUT}); choose another "

@@ -8,7 +8,14 @@ Layout under the run's output URI:
                                       presence means the shard is complete
     provenance/<shard>.parquet        the quality stage's kept documents: id, source,
                                       location, the rules' statistics (core/provenance.py)
-    report.json                       the accounting of the whole run
+    vNNNN/                            what version N computes over all of its documents
+                                      (version_store): mixture plan and order, packed rows,
+                                      report.json (the accounting of the whole run)
+    dataset/vNNNN/, dataset/latest    version N's dataset; the newest (tasks/versions.py)
+    _run.json                         the output's claim: config, run id, LAYOUT
+
+Per-shard files of every version share the output itself: shard names never repeat
+across versions.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from core.store import Store, open_store
+from core.store import NotFound, Store, open_store
 from tasks.config import PrepConfig
 from tasks.records import (
     DOC_SCHEMA,
@@ -46,19 +53,66 @@ def output_store(cfg: PrepConfig) -> Store:
     return _store(cfg.output, cfg.storage.model_dump_json())
 
 
+RUN_KEY = "_run.json"
+# The layout of the output's files. Bumped when a step's files change shape (2: per-shard
+# duplicate lists, band-per-member signatures, byte-range ingest units; 3: the provenance:
+# quality's document tables, the mixture's document index, packed spans; 4: version 1 in
+# v0001/ and dataset/v0001/ like every later version), so an output half-made by an older
+# ballast is refused instead of resumed wrongly: except layout 3, which differs from 4 in
+# where version 1 is only, and is read as it is (version_dir).
+LAYOUT = 4
+V1_AT_ROOTS = 3
+READABLE_LAYOUTS = (V1_AT_ROOTS, LAYOUT)
+
+
 def version_name(version: int) -> str:
     return f"v{version:04d}"
 
 
+def version_dir(cfg: PrepConfig) -> str:
+    """The directory of cfg.version's files, under the output and under dataset/: vNNNN
+    for every version. An output made with layout 3 holds its version 1 at those roots
+    themselves (""), and keeps it there: it is read as it is, not migrated. A version that
+    training has read is never changed, and moving one (on S3: copy, then delete) would
+    change it under its readers and break every path given out to it, `load_from_disk`
+    users' included; only a re-run of that version 1 needs to know where it is (the
+    output's later versions are in vNNNN/ as in any other), and this is the one place
+    that knows."""
+    if cfg.version == 1 and _v1_at_roots(cfg.output, cfg.storage.model_dump_json()):
+        return ""
+    return version_name(cfg.version)
+
+
+def under(uri: str, name: str) -> str:
+    """`name` under `uri` ("": `uri` itself)."""
+    return f"{uri.rstrip('/')}/{name}" if name else uri
+
+
+_layouts: dict[tuple[str, str], bool] = {}
+
+
+def _v1_at_roots(uri: str, options_json: str) -> bool:
+    """Whether the output at `uri` was claimed with layout 3: read once per process (an
+    output keeps its layout; one not claimed yet is made with LAYOUT)."""
+    key = (uri, options_json)
+    if key not in _layouts:
+        try:
+            run = json.loads(_store(uri, options_json).get(RUN_KEY))
+        except NotFound:
+            return False
+        _layouts[key] = run.get("layout") == V1_AT_ROOTS
+    return _layouts[key]
+
+
+def version_uri(cfg: PrepConfig) -> str:
+    """Where what cfg.version computes over all of its documents goes (mixture plan and
+    order, packed rows, report): `<output>/vNNNN`."""
+    return under(cfg.output, version_dir(cfg))
+
+
 def version_store(cfg: PrepConfig) -> Store:
-    """Where what a version computes over the whole corpus goes (mixture plan and order,
-    packed rows, report): the output itself for version 1, `<output>/vNNNN/` for a later
-    one. Per-shard files (documents, dropped, markers, hashes, signatures, tokens) of every
-    version share the output itself: shard names never repeat across versions."""
-    if cfg.version == 1:
-        return output_store(cfg)
-    return _store(f"{cfg.output.rstrip('/')}/{version_name(cfg.version)}",
-                  cfg.storage.model_dump_json())
+    """The store at version_uri."""
+    return _store(version_uri(cfg), cfg.storage.model_dump_json())
 
 
 def docs_key(stage: str, shard: str) -> str:

@@ -9,7 +9,7 @@ inputs with those the newest finished version read (tasks/inputs.py):
   every document of the earlier versions it builds on: their exact hashes and MinHash
   signatures, kept in the output, are the index (datatrove's "dedup against an index").
   Quality and tokenization run on the new shards only; the mixture and packing are planned
-  anew over all the version's documents, into `<output>/vNNNN/`;
+  anew over all the version's documents;
 - a file changed in the middle or removed: refused (InputsChanged), unless the run asks
   for a new version from scratch, which reads every current input and builds on nothing.
 
@@ -18,8 +18,12 @@ Records, under the output:
                                 (a killed run resumes that same plan)
     _versions/vNNNN.json        version N is complete: its parent, the inputs it added, its
                                 shards and the inventory of every input as of version N
-    dataset/vNNNN/              its dataset (version 1: dataset/ itself)
+    vNNNN/                      what version N computes over all of its documents (mixture,
+                                packed rows, report.json)
+    dataset/vNNNN/              its dataset
     dataset/latest              the newest version, written last
+(An output made before version 1 had these directories holds version 1 at the roots
+themselves, and keeps it there: tasks/layout.py version_dir.)
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from tasks.inputs import (
     read_inventory,
     with_parts,
 )
-from tasks.layout import output_store, version_name
+from tasks.layout import output_store, version_dir, version_name
 from tasks.stages import ingest
 from tasks.stages.dataset import dataset_root
 from tasks.stages.ingest import Unit
@@ -255,8 +259,8 @@ def _from_plan(cfg: PrepConfig, plan: dict[str, Any]) -> Prepared:
 
 
 def finish_version(prepared: Prepared, shards: list[str], wrote_dataset: bool) -> None:
-    """Record a complete version, then (for a later version) point `latest` at its
-    dataset: last, so a reader never finds `latest` naming a version not yet complete."""
+    """Record a complete version, then point `latest` at its dataset: last, so a reader
+    never finds `latest` naming a version not yet complete."""
     cfg = prepared.cfg
     store = output_store(cfg)
     key = record_key(cfg.version)
@@ -274,6 +278,5 @@ def finish_version(prepared: Prepared, shards: list[str], wrote_dataset: bool) -
               "inventory": [f.to_json() for f in inventory], "dataset": wrote_dataset,
               "finished": time.time()}
     store.put(key, json.dumps(record, indent=1).encode())
-    if wrote_dataset and cfg.version > 1:
-        open_store(dataset_root(cfg), cfg.storage).put(
-            LATEST, f"{version_name(cfg.version)}\n".encode())
+    if wrote_dataset and (name := version_dir(cfg)):  # "": the root is version 1 itself
+        open_store(dataset_root(cfg), cfg.storage).put(LATEST, f"{name}\n".encode())

@@ -167,7 +167,7 @@ def test_prep_with_the_classifier_rule(trained: Path, labelled: Path, tmp_path: 
         "quality": [{"classifier": {"model": str(trained)}}],
         "pack": {"seq_len": 256}, "dataset": {"validation_fraction": 0.0},
     }), until="quality", progress=False)
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((out / "v0001" / "report.json").read_text())
     q = report["stages"]["quality"]["sources"]["web"]
     n = sum(1 for line in labelled.read_text().splitlines() if line.strip())
     assert q["docs_in"] == n == q["kept"] + sum(q["dropped"].values())

@@ -34,7 +34,7 @@ BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 90.0
 # Keys whose content differs between two runs by design: the run's identity (run id and
 # output URI in the claim), when it finished, and timings.
-VOLATILE = ("_run.json", "report.json", "_versions/v0001.json")
+VOLATILE = ("_run.json", "v0001/report.json", "_versions/v0001.json")
 
 
 @dataclass
@@ -156,7 +156,7 @@ def assert_same_output(world: dict[str, Any], out: str) -> None:
     for key in ref:
         if key not in VOLATILE:
             assert got[key] == ref[key], key
-    rep, ref_rep = json.loads(got["report.json"]), json.loads(ref["report.json"])
+    rep, ref_rep = json.loads(got["v0001/report.json"]), json.loads(ref["v0001/report.json"])
     for r in (rep, ref_rep):
         for k in ("stage_seconds", "step_seconds", "step_epoch_seconds"):
             r.pop(k, None)

@@ -56,9 +56,9 @@ def test_dataset_loads_with_the_contract(built):
     from datasets import load_from_disk
 
     out, report = built
-    dd = load_from_disk(str(out / "dataset"))
+    dd = load_from_disk(str(out / "dataset" / "v0001"))
     assert set(dd) == {"train", "validation"}
-    manifest = json.loads((out / "dataset" / "manifest.json").read_text())
+    manifest = json.loads((out / "dataset" / "v0001" / "manifest.json").read_text())
     row = dd["train"][0]
     assert len(row["input_ids"]) == manifest["seq_len"] == 256
     assert dd["train"].features["input_ids"].feature.dtype == "int32"
@@ -76,13 +76,13 @@ def test_dataset_loads_with_the_contract(built):
     assert (pos[starts] == 0).all()
     assert manifest["splits"]["train"]["rows"] == dd["train"].num_rows
     assert len(manifest["splits"]["train"]["files"]) == 3
-    assert report["dataset"]["uri"].endswith("/dataset")
+    assert report["dataset"]["uri"].endswith("/dataset/v0001")
 
 
 def test_eos_ends_every_document(built):
     out, _ = built
-    tok = json.loads((out / "dataset" / "manifest.json").read_text())["tokenizer"]
-    t = pq.read_table(out / "packed" / "validation.parquet")
+    tok = json.loads((out / "dataset" / "v0001" / "manifest.json").read_text())["tokenizer"]
+    t = pq.read_table(out / "v0001" / "packed" / "validation.parquet")
     ids = np.array(t["input_ids"].to_pylist())
     seg = np.array(t["segment_ids"].to_pylist())
     for r in range(len(ids)):
@@ -95,9 +95,9 @@ def test_eos_ends_every_document(built):
 
 def test_verify_passes_then_names_what_differs(built, tmp_path):
     out, _ = built
-    assert verify(str(out / "dataset")) == []
+    assert verify(str(out / "dataset" / "v0001")) == []
     copy = tmp_path / "copy"
-    shutil.copytree(out / "dataset", copy)
+    shutil.copytree(out / "dataset" / "v0001", copy)
     arrow = sorted((copy / "train").glob("*.arrow"))[1]
     data = bytearray(arrow.read_bytes())
     data[-100] ^= 0xFF
@@ -144,9 +144,9 @@ def test_curriculum_puts_chosen_sources_first(data, tmp_path):
     c = cfg_dict(data, out)
     c["mixture"] = {"order": ["code"]}
     run_prep(parse_config(c), until="mixture", progress=False)
-    g0 = {s for f in (out / "mix" / "train").glob("g00-*/*.parquet")
+    g0 = {s for f in (out / "v0001" / "mix" / "train").glob("g00-*/*.parquet")
           for s in pq.read_table(f, columns=["source"])["source"].to_pylist()}
-    g1 = {s for f in (out / "mix" / "train").glob("g01-*/*.parquet")
+    g1 = {s for f in (out / "v0001" / "mix" / "train").glob("g01-*/*.parquet")
           for s in pq.read_table(f, columns=["source"])["source"].to_pylist()}
     assert g0 == {"code"} and g1 == {"web"}
 
@@ -167,8 +167,8 @@ def test_other_seed_changes_the_order(data, built, tmp_path):
     out1, _ = built
     out2 = tmp_path / "seed"
     run_prep(parse_config({**cfg_dict(data, out2), "seed": 4}), progress=False)
-    a = pq.read_table(out1 / "packed" / "train" / "g00-p0000.parquet")["input_ids"]
-    b = pq.read_table(out2 / "packed" / "train" / "g00-p0000.parquet")["input_ids"]
+    a = pq.read_table(out1 / "v0001" / "packed" / "train" / "g00-p0000.parquet")["input_ids"]
+    b = pq.read_table(out2 / "v0001" / "packed" / "train" / "g00-p0000.parquet")["input_ids"]
     assert a.to_pylist()[:5] != b.to_pylist()[:5]
 
 
@@ -180,13 +180,13 @@ def test_concat_and_bpe(data, tmp_path):
     c["tokenizer"] = {"kind": "bpe", "vocab_size": 600, "train_docs": 200}
     c["pack"] = {"strategy": "concat", "seq_len": 128}
     report = run_prep(parse_config(c), progress=False)
-    manifest = json.loads((out / "dataset" / "manifest.json").read_text())
+    manifest = json.loads((out / "dataset" / "v0001" / "manifest.json").read_text())
     assert manifest["tokenizer"]["kind"] == "bpe" and manifest["tokenizer"]["vocab_size"] == 600
-    train = load_from_disk(str(out / "dataset"))["train"]
+    train = load_from_disk(str(out / "dataset" / "v0001"))["train"]
     assert np.array(train["input_ids"]).max() < 600
     # concat wastes nothing but the last row's tail
     assert report["packing"]["train"]["pad_tokens"] < 128 * c["dataset"]["pack_partitions"]
-    assert verify(str(out / "dataset")) == []
+    assert verify(str(out / "dataset" / "v0001")) == []
 
 
 def test_partitions_follow_the_token_count(data, tmp_path, monkeypatch):
@@ -201,16 +201,17 @@ def test_partitions_follow_the_token_count(data, tmp_path, monkeypatch):
     out = tmp_path / "run"
     report = run_prep(parse_config(cfg_dict(data, out, dataset={"validation_fraction": 0.2})),
                       progress=False)
-    plan = json.loads((out / mixture.PLAN_KEY).read_text())
+    plan = json.loads((out / "v0001" / mixture.PLAN_KEY).read_text())
     assert plan["train_partitions"] > 4
     assert plan["train_partitions"] * 20_000 >= plan["total_realised_tokens"]
     assert plan["validation_partitions"] > 1
-    packed = {p.relative_to(out / "packed").as_posix() for p in (out / "packed").rglob("*.parquet")}
+    root = out / "v0001" / "packed"
+    packed = {p.relative_to(root).as_posix() for p in root.rglob("*.parquet")}
     assert len([p for p in packed if p.startswith("train/")]) == plan["train_partitions"]
     assert len([p for p in packed if p.startswith("validation/")]) == plan[
         "validation_partitions"]
     assert report["packing"]["train"]["real_tokens"] == plan["total_realised_tokens"]
-    assert verify(str(out / "dataset")) == []
-    dd = load_from_disk(str(out / "dataset"))
+    assert verify(str(out / "dataset" / "v0001")) == []
+    dd = load_from_disk(str(out / "dataset" / "v0001"))
     real = sum(int(np.asarray(r).sum()) for r in dd["validation"]["loss_mask"])
     assert real == report["packing"]["validation"]["real_tokens"] > 0

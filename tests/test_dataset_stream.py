@@ -165,15 +165,15 @@ def test_prep_dataset_matches_save_to_disk_byte_for_byte(tmp_path):
 
     cfg = parse_config(prep_cfg(tmp_path))
     run_prep(cfg, progress=False)
-    out = Path(cfg.output) / "dataset"
-    store = LocalStore(cfg.output)
+    out = Path(cfg.output) / "dataset" / "v0001"
+    store, vstore = LocalStore(cfg.output), LocalStore(Path(cfg.output) / "v0001")
     plan = read_plan(cfg)
     parts = {"train": train_partitions(cfg, plan), "validation": validation_partitions(plan)}
-    rows = {name: dataset.packed_rows(store, ps) for name, ps in parts.items()}
+    rows = {name: dataset.packed_rows(vstore, ps) for name, ps in parts.items()}
     shards = {"train": min(3, rows["train"]), "validation": min(2, rows["validation"])}
     assert shards == {"train": 3, "validation": 2}
     ref = tmp_path / "ref"
-    reference_save(store, parts, cfg.pack.seq_len, shards, cfg.fingerprint(), ref)
+    reference_save(vstore, parts, cfg.pack.seq_len, shards, cfg.fingerprint(), ref)
     (ref / "tokenizer.json").write_bytes(store.get(TOKENIZER_KEY))
 
     new, old = tree(out), tree(ref)

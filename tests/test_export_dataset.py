@@ -36,7 +36,7 @@ def _prep(root: Path, strategy: str) -> str:
         "pack": {"seq_len": SEQ_LEN, "strategy": strategy},
         "dataset": {"validation_fraction": 0.1, "pack_partitions": 2, "train_shards": 3},
     }), progress=False)
-    return str(root / "prep" / "dataset")
+    return str(root / "prep" / "dataset" / "v0001")
 
 
 @pytest.fixture(scope="module", params=["concat", "bfd"])

@@ -54,7 +54,7 @@ def test_prep_flow_matches_cli_output(prefect_api, corpus, tmp_path: Path):
     state = prep(str(cfg_path), return_state=True)
     result = state.result()
     out = tmp_path / "flow-out"
-    assert result["dataset"] == str(out / "dataset")
+    assert result["dataset"] == str(out / "dataset" / "v0001")
     report = result["report"]
     assert report["problems"] == []
     assert report["stages"]["ingest"]["total"]["docs_in"] == (
@@ -101,5 +101,5 @@ def test_dask_runner_gives_identical_bytes(prefect_api, corpus, tmp_path: Path):
         (tmp_path / f"{out.name}.yaml").write_text(yaml.safe_dump(flow_config(data, out)))
     with_runner("local")(str(tmp_path / "local.yaml"))
     result = with_runner("dask", workers=2)(str(tmp_path / "dask.yaml"))
-    assert result["dataset"] == str(dask / "dataset")
+    assert result["dataset"] == str(dask / "dataset" / "v0001")
     assert_same_bytes(local, dask)

@@ -192,7 +192,7 @@ def test_inventory_in_report_markers_and_manifest(built) -> None:
     assert len(files[str(data / "code.parquet")]["parts"]) > 1  # by row groups
     assert files[str(data / "web" / "small.jsonl")]["parts"][0]["sha256"] == file_sha(
         data / "web" / "small.jsonl")
-    manifest = json.loads((out / "dataset" / "manifest.json").read_text())
+    manifest = json.loads((out / "dataset" / "v0001" / "manifest.json").read_text())
     assert manifest["inputs"] == report["inputs"]
     # Each ingest marker records the parts its unit read.
     marked = [p for m in sorted((out / "_done" / "ingest").glob("*.json"))

@@ -183,7 +183,7 @@ def test_language_in_the_meta_of_a_real_prep_run(tmp_path: Path):
         assert fields["language"] == "en" and fields["language_score"] >= 0.65
         del fields["language"], fields["language_score"]
         assert fields == json.loads(ingested[doc_id])  # the record's own fields untouched
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((out / "v0001" / "report.json").read_text())
     assert report["stages"]["quality"]["total"]["dropped"] == {
         "language:not_kept": len(rows) - 6}
 

@@ -92,7 +92,7 @@ def snapshot(out: Path) -> dict[str, str]:
 
 
 def stable_report(out: Path) -> dict[str, Any]:
-    report = json.loads((out / "report.json").read_text())
+    report = json.loads((out / "v0001" / "report.json").read_text())
     for k in ("stage_seconds", "step_seconds", "step_epoch_seconds"):
         report.pop(k)
     report["dataset"].pop("uri")  # the output's own path
@@ -171,7 +171,7 @@ def test_select_in_passes_finds_the_same_lines(corpus, run, tmp_path: Path,
     cfg = parse_config(config(corpus[0], copy))
     monkeypatch.setattr(lines_stage, "PASS_LINES", 100)  # 866 entries: 9 passes
     assert lines_stage.select(cfg, [], report["shards"]) == 2
-    common = Path(lines_stage.COMMON_KEY)
+    common = Path("v0001") / lines_stage.COMMON_KEY
     assert (copy / common).read_bytes() == (out / common).read_bytes()
     assert np.load(copy / common).shape == (2, 2)
 

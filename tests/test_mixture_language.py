@@ -50,7 +50,7 @@ def prep(tmp: Path, languages: Any, **mixture: Any) -> dict[str, Any]:
         "dedup": {"exact": True, "near": False}, "quality": [], "mixture": mixture,
         "pack": {"seq_len": 128}, "dataset": {"validation_fraction": 0.0},
     }), progress=False)
-    return json.loads((out / "report.json").read_text())
+    return json.loads((out / "v0001" / "report.json").read_text())
 
 
 def test_languages_are_components_with_their_weights(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ def reference_clusters(out: Path, shards: list[str], bands: int, threshold: floa
     uf = minhash.UnionFind.of(len(sets))
     checked: dict[tuple[int, int], bool] = {}
     for band in range(bands):
-        z = npz(near.bucket_key(band))
+        z = npz(f"v0001/{near.bucket_key(band)}")  # the version's store
         members, goff = z["members"].tolist(), z["offsets"].tolist()
         for g in range(len(goff) - 1):
             grp = members[goff[g] : goff[g + 1]]
@@ -85,7 +85,7 @@ def test_cluster_matches_the_plain_algorithm(tmp_path: Path, threshold: float) -
     bands, _ = near.bands_rows(cfg.dedup.near)
     roots, candidates, confirmed = reference_clusters(out, shards, bands, threshold)
 
-    summary = json.loads((out / near.CLUSTER_KEY).read_text())
+    summary = json.loads((out / "v0001" / near.CLUSTER_KEY).read_text())
     assert summary["removed"] > 20  # the corpus does exercise clustering
     assert summary["candidate_pairs"] == candidates
     assert summary["confirmed_pairs"] == confirmed
@@ -118,7 +118,7 @@ def test_buckets_in_passes_are_the_same_buckets(tmp_path: Path, monkeypatch) -> 
     def buckets() -> list[tuple[list[int], list[int]]]:
         arrays = []
         for band in range(bands):
-            with np.load(out / near.bucket_key(band)) as z:
+            with np.load(out / "v0001" / near.bucket_key(band)) as z:
                 arrays.append((z["members"].tolist(), z["offsets"].tolist()))
         return arrays
 

@@ -185,9 +185,10 @@ def killed_in_dataset_step(built: Path, dest: Path) -> Path:
     """A copy of `built` as a run killed while writing the dataset leaves it: no manifest,
     a half-written shard under a temporary name, a stale staging directory."""
     shutil.copytree(built, dest)
-    (dest / "dataset" / "manifest.json").unlink()
-    (dest / "dataset" / "train" / ".data-00001-of-00002.arrow.k2x9qz1f.tmp").write_bytes(b"x" * 99)
-    (dest / "dataset" / ".tokenizer.json.a8b7c6d5.tmp").write_bytes(b"{")
+    ds = dest / "dataset" / "v0001"
+    (ds / "manifest.json").unlink()
+    (ds / "train" / ".data-00001-of-00002.arrow.k2x9qz1f.tmp").write_bytes(b"x" * 99)
+    (ds / ".tokenizer.json.a8b7c6d5.tmp").write_bytes(b"{")
     return dest
 
 
@@ -196,7 +197,7 @@ def killed_in_dataset_step(built: Path, dest: Path) -> Path:
 
 def test_verify_names_a_stale_temporary_file(built: Path, tmp_path: Path) -> None:
     copy = tmp_path / "dataset"
-    shutil.copytree(built / "dataset", copy)
+    shutil.copytree(built / "dataset" / "v0001", copy)
     assert verify(str(copy)) == []
     stale = copy / "train" / ".data-00000-of-00002.arrow.q1w2e3r4.tmp"
     stale.write_bytes(b"half a shard")
@@ -213,26 +214,26 @@ def test_verify_names_a_stale_temporary_file(built: Path, tmp_path: Path) -> Non
 
 def test_rerun_removes_stale_temporary_files(built: Path, data: Path, tmp_path: Path) -> None:
     out = killed_in_dataset_step(built, tmp_path / "run")
-    keep = out / "dataset" / "train" / ".keep"  # hidden, but not a temporary name
+    keep = out / "dataset" / "v0001" / "train" / ".keep"  # hidden, but not a temporary name
     keep.write_text("")
     run_prep(parse_config(prep_cfg(data, out)), progress=False)
-    left = sorted(p.relative_to(out / "dataset").as_posix()
-                  for p in (out / "dataset").rglob("*") if p.name.endswith(".tmp"))
+    left = sorted(p.relative_to(out / "dataset" / "v0001").as_posix()
+                  for p in (out / "dataset" / "v0001").rglob("*") if p.name.endswith(".tmp"))
     assert left == []
     assert keep.exists()
     keep.unlink()
-    assert verify(str(out / "dataset")) == []
+    assert verify(str(out / "dataset" / "v0001")) == []
 
 
 def test_a_stale_temporary_in_a_finished_dataset_is_removed(built: Path, data: Path,
                                                             tmp_path: Path) -> None:
     out = tmp_path / "run"
     shutil.copytree(built, out)
-    stale = out / "dataset" / "validation" / ".data-00000-of-00001.arrow.zz99yy88.tmp"
+    stale = out / "dataset" / "v0001" / "validation" / ".data-00000-of-00001.arrow.zz99yy88.tmp"
     stale.write_bytes(b"x")
     run_prep(parse_config(prep_cfg(data, out)), progress=False)
     assert not stale.exists()
-    assert verify(str(out / "dataset")) == []
+    assert verify(str(out / "dataset" / "v0001")) == []
 
 
 def test_dataset_step_stages_nothing_under_tmpdir(built: Path, data: Path, tmp_path: Path,
@@ -257,13 +258,13 @@ def test_dataset_step_stages_nothing_under_tmpdir(built: Path, data: Path, tmp_p
     assert seen == [[], []]
     assert os.listdir(tmpdir) == []
     assert not (out / "_scratch").exists()  # the run's own scratch is gone when it is done
-    assert verify(str(out / "dataset")) == []
+    assert verify(str(out / "dataset" / "v0001")) == []
 
 
 def test_stale_staging_of_a_killed_run_is_removed(built: Path, data: Path,
                                                   tmp_path: Path) -> None:
     out = killed_in_dataset_step(built, tmp_path / "run")
-    leftover = out / dataset.SCRATCH_DIR / "dataset" / "part.parquet"
+    leftover = out / dataset.SCRATCH_DIR / "dataset-v0001" / "part.parquet"
     leftover.parent.mkdir(parents=True)
     leftover.write_bytes(b"x" * 1000)
     run_prep(parse_config(prep_cfg(data, out)), progress=False)
@@ -299,7 +300,7 @@ def test_output_files_follow_the_umask(data: Path, tmp_path: Path, umask: int) -
         mode = stat.S_IMODE(p.stat().st_mode)
         if mode != want:
             wrong[p.relative_to(out).as_posix()] = oct(mode)
-    assert (out / "dataset" / "manifest.json").is_file()
+    assert (out / "dataset" / "v0001" / "manifest.json").is_file()
     assert wrong == {}, f"want {oct(0o666 & ~umask)} (files): {wrong}"
 
 

@@ -232,7 +232,7 @@ def test_killed_during_near_dedup_resumes_to_identical_output(corpus, tmp_path):
                   env={"BALLAST_FAILPOINT": "near: signatures:3"})
     assert killed.returncode == -9, killed.stderr
     sigs = sorted((out / "near" / "sig").glob("*.npz"))
-    assert len(sigs) == 3 and not (out / "report.json").exists()
+    assert len(sigs) == 3 and not (out / "v0001" / "report.json").exists()
     before = {p.name: p.stat().st_mtime_ns for p in sigs}
 
     resumed = _cli(tmp_path / "killed.yaml", "--no-progress")
@@ -249,8 +249,8 @@ def test_killed_during_near_dedup_resumes_to_identical_output(corpus, tmp_path):
             assert (ref_out / f).read_bytes() == (out / f).read_bytes(), f
     strip = lambda r: {k: v for k, v in r.items()  # noqa: E731
                        if not k.endswith("_seconds") and k != "dataset"}
-    assert strip(json.loads((out / "report.json").read_text())) == strip(
-        json.loads((ref_out / "report.json").read_text()))
+    assert strip(json.loads((out / "v0001" / "report.json").read_text())) == strip(
+        json.loads((ref_out / "v0001" / "report.json").read_text()))
 
 
 def test_cli_reports_config_errors_with_exit_1(tmp_path):
@@ -277,13 +277,13 @@ def test_s3_input_and_output(corpus, tmp_path, s3_bucket, s3_client, moto_endpoi
     assert report["stages"]["ingest"]["sources"]["web"]["docs_in"] == planted["n_web_lines"]
     keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket,
                                                          Prefix="out/run1/")["Contents"]]
-    assert "out/run1/report.json" in keys
+    assert "out/run1/v0001/report.json" in keys
     assert any(k.startswith("out/run1/dropped/near/") for k in keys)
     # The dataset went to S3 through the store, and verifies there against its manifest.
-    assert "out/run1/dataset/manifest.json" in keys
-    ds = f"s3://{s3_bucket}/out/run1/dataset"
+    assert "out/run1/dataset/v0001/manifest.json" in keys
+    ds = f"s3://{s3_bucket}/out/run1/dataset/v0001"
     assert verify(ds) == []
-    s3_client.put_object(Bucket=s3_bucket, Key="out/run1/dataset/tokenizer.json", Body=b"{}")
+    s3_client.put_object(Bucket=s3_bucket, Key="out/run1/dataset/v0001/tokenizer.json", Body=b"{}")
     assert any("tokenizer.json" in p for p in verify(ds))
 
 

@@ -222,7 +222,7 @@ def test_replacements_and_contamination_in_a_real_prep_report(tmp_path: Path, ev
     assert quality["total"]["dropped"] == {"decontaminate:ngram_overlap": 1}
     assert quality["total"]["kept"] == 29 and report["problems"] == []
     assert "redacted" not in report["stages"]["ingest"]["total"]  # no other stage redacts
-    on_disk = json.loads((tmp_path / "out-pii" / "report.json").read_text())
+    on_disk = json.loads((tmp_path / "out-pii" / "v0001" / "report.json").read_text())
     assert on_disk["stages"]["quality"]["total"]["redacted"] == {"email": 2, "ip": 1}
     kept = {r["id"]: r["text"] for f in (tmp_path / "out-pii").rglob("docs/quality/*.parquet")
             for r in pq.read_table(f).to_pylist()}

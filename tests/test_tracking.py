@@ -83,11 +83,11 @@ def test_pipeline_run_is_one_mlflow_run_with_prep_and_training(prefect_api, tmp_
     prep_doc = yaml.safe_load(prep_cfg.read_text())
     assert params["prep.pack.seq_len"] == str(prep_doc["pack"]["seq_len"])
     assert json.loads(params["prep.sources"])[0]["name"] == "pydoc"
-    assert params["dataset.uri"] == train_doc["dataset"]
+    assert params["dataset.uri"] == str(Path(train_doc["dataset"]) / "v0001")  # the version
 
     # The prep's accounting per stage, per rule and per source, and the mixture planned
     # vs realised: the numbers report.json holds.
-    report = json.loads((tmp_path / "prep-out" / "report.json").read_text())
+    report = json.loads((tmp_path / "prep-out" / "v0001" / "report.json").read_text())
     metrics = run.data.metrics
     checked = 0
     for stage, st in report["stages"].items():
@@ -122,7 +122,8 @@ def test_pipeline_run_is_one_mlflow_run_with_prep_and_training(prefect_api, tmp_
             "prep/manifest.json", "prep/report.json", "prep/config.json"} <= listed
     got = Path(client.download_artifacts(run.info.run_id, "prep/manifest.json",
                                          str(tmp_path)))
-    manifest = json.loads((tmp_path / "prep-out" / "dataset" / "manifest.json").read_text())
+    v1 = tmp_path / "prep-out" / "dataset" / "v0001"
+    manifest = json.loads((v1 / "manifest.json").read_text())
     assert json.loads(got.read_text()) == manifest
 
     # TensorBoard: the same numbers at the same steps (stored as float32).

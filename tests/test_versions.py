@@ -19,7 +19,15 @@ from core.dataset import resolve, verify
 from tasks.config import parse_config
 from tasks.inputs import InputsChanged
 from tasks.pipeline import run_prep
-from tests.test_inputs import build, cfg_dict, cli, jsonl_rows, mtimes, one_line_error
+from tests.test_inputs import (
+    build,
+    cfg_dict,
+    cli,
+    jsonl_rows,
+    make_corpus,
+    mtimes,
+    one_line_error,
+)
 
 
 def prep(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -92,8 +100,9 @@ def test_new_file_with_copies_of_earlier_documents_makes_version_2(copy) -> None
     nr = dropped(out, "near", "v0002-")
     assert [(r["id"], r["reason"], r["detail"]) for r in nr] == [
         ("copy-near", "near_dup", old[5]["id"])]
-    # Everything of version 1 is as it was, byte for byte.
+    # Everything of version 1 is as it was, byte for byte; `latest` names version 2 now.
     after = snapshot(out)
+    assert before.pop("dataset/latest") != after["dataset/latest"]
     assert {k: after[k] for k in before} == before
     # The report and the manifest account for both versions.
     total = report["all_versions"]["ingest"]["total"]["docs_in"]
@@ -108,8 +117,8 @@ def test_new_file_with_copies_of_earlier_documents_makes_version_2(copy) -> None
     assert [i["uri"] for i in manifest["inputs"]] == [str(data / "web" / "added.jsonl")]
     assert (out / "dataset" / "latest").read_text() == "v0002\n"
     assert resolve(str(out / "dataset")) == str(ds)
-    assert verify(str(ds)) == [] and verify(str(out / "dataset")) == []
-    v1_rows = load_from_disk(str(out / "dataset"))["train"].num_rows
+    assert verify(str(ds)) == [] and verify(str(out / "dataset" / "v0001")) == []
+    v1_rows = load_from_disk(str(out / "dataset" / "v0001"))["train"].num_rows
     assert load_from_disk(str(ds))["train"].num_rows > v1_rows  # the new documents too
 
     # And a run after that, with nothing new, does nothing.
@@ -159,3 +168,84 @@ def test_changed_file_is_refused_naming_it_or_rebuilt_from_scratch(copy) -> None
         first_report["stages"]["ingest"]["total"]["docs_in"]
     assert "all_versions" not in report
     assert dropped(out, "exact", "v0002-") == []
+
+
+def test_every_version_has_its_directories(first, tmp_path: Path) -> None:
+    """Version 1 is in v0001/ and dataset/v0001/ like any later one, `latest` naming it."""
+    from tasks.export import check
+
+    _, out, report = first
+    ds = out / "dataset" / "v0001"
+    assert report["dataset"]["uri"] == str(ds)
+    assert sorted(p.name for p in (out / "dataset").iterdir()) == ["latest", "v0001"]
+    assert (out / "dataset" / "latest").read_text() == "v0001\n"
+    assert resolve(str(out / "dataset")) == str(ds) and verify(str(ds)) == []
+    assert check(str(out / "dataset"), "llmc", str(tmp_path / "exp"), ("train",))[0] == str(ds)
+    assert json.loads((out / "v0001" / "report.json").read_text())["stages"] == \
+        report["stages"]
+    assert not (out / "report.json").exists() and not (out / "mixture").exists()
+    assert json.loads((out / "_run.json").read_text())["layout"] == 4
+
+
+def old_layout(out: Path) -> None:
+    """Turn an output of version 1 into what ballast wrote before versions had
+    directories (layout 3): version 1's files at the output's and the dataset's roots,
+    no `latest`."""
+    for src, dst in ((out / "v0001", out), (out / "dataset" / "v0001", out / "dataset")):
+        shutil.copytree(src, dst, dirs_exist_ok=True)
+        shutil.rmtree(src)
+    (out / "dataset" / "latest").unlink()
+    report = out / "report.json"
+    report.write_text(report.read_text().replace(str(out / "dataset" / "v0001"),
+                                                 str(out / "dataset")))
+    claim = json.loads((out / "_run.json").read_text())
+    (out / "_run.json").write_text(json.dumps({**claim, "layout": 3}))
+
+
+def test_an_old_layout_output_is_read_as_it_is_and_grows_in_the_new_one(
+        tmp_path: Path) -> None:
+    from tasks.export import check
+    from training.data import load_data
+
+    d, staged, out = tmp_path / "data", tmp_path / "staged", tmp_path / "out"
+    make_corpus(d)
+    prep(cfg_dict(d, staged))
+    old_layout(staged)
+    staged.rename(out)  # a path this process has not seen with another layout
+    root = out / "dataset"
+
+    # Every reader takes the old root as version 1.
+    assert resolve(str(root)) == str(root) and verify(str(root)) == []
+    v1_rows = load_from_disk(str(root))["train"].num_rows
+    assert load_data(str(root)).manifest == json.loads((root / "manifest.json").read_text())
+    assert check(str(root), "llmc", str(tmp_path / "exp"), ("train",))[0] == str(root)
+
+    # A run with nothing new finds version 1 where it is, and writes nothing.
+    quiet = mtimes(out)
+    again = prep(cfg_dict(d, out))
+    assert again["version"]["version"] == 1 and again["dataset"]["uri"] == str(root)
+    assert mtimes(out) == quiet and not (out / "v0001").exists()
+    # A killed dataset write of that version 1 is finished in place.
+    (root / "manifest.json").unlink()
+    prep(cfg_dict(d, out))
+    assert verify(str(root)) == [] and sorted(p.name for p in root.iterdir()) == [
+        "dataset_dict.json", "manifest.json", "provenance", "tokenizer.json", "train",
+        "validation"]
+
+    # New data makes version 2 in the directories every version now has.
+    before = snapshot(out)
+    with open(d / "web" / "added.jsonl", "w") as f:
+        for i in range(4):
+            f.write(json.dumps({"id": f"fresh-{i}", "text": f"fresh {i} " + "lorem " * 40})
+                    + "\n")
+    report = prep(cfg_dict(d, out))
+    assert report["version"]["version"] == 2
+    ds = root / "v0002"
+    assert report["dataset"]["uri"] == str(ds) and (out / "v0002" / "report.json").is_file()
+    assert (root / "latest").read_text() == "v0002\n" and resolve(str(root)) == str(ds)
+    after = snapshot(out)
+    assert {k: after[k] for k in before} == before  # version 1 as it was, byte for byte
+    assert verify(str(ds)) == [] and verify(str(root)) == []
+    assert load_from_disk(str(root))["train"].num_rows == v1_rows
+    assert load_from_disk(str(ds))["train"].num_rows > v1_rows
+    assert load_data(str(root)).manifest["version"]["version"] == 2

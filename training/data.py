@@ -118,7 +118,7 @@ def load_data(uri: str, check: bool = True, options: StorageOptions | None = Non
     from datasets import load_from_disk
 
     try:
-        # A dataset root with later versions beside the first: its newest (`latest`).
+        # A dataset root: its newest version (`latest`); a version's directory: itself.
         uri = resolve(uri, options)
     except StorageError as e:
         raise DatasetError(f"{uri}: {e}") from None

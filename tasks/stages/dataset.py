@@ -27,7 +27,7 @@ from core.dataset import COLUMN_DOCS, FORMAT, MANIFEST, arrow_stats, row_schema
 from core.files import remove_temp_files, sha256_bytes, sha256_file, temp_beside
 from core.store import Store, open_store
 from tasks.config import PrepConfig
-from tasks.layout import output_store, provenance_key, version_name, version_store
+from tasks.layout import output_store, provenance_key, under, version_dir, version_store
 from tasks.records import PARQUET_OPTIONS
 from tasks.stages.mixture import read_doc_index
 from tasks.stages.pack import packed_done_key, packed_key, spans_key
@@ -47,15 +47,14 @@ DEFAULT_REMOTE_SCRATCH = Path("~/.cache/ballast/scratch")
 
 
 def dataset_root(cfg: PrepConfig) -> str:
-    """Where the output's datasets are: version 1 itself, later versions in vNNNN/ beside
-    it, and `latest` naming the newest (core.dataset.resolve follows it)."""
+    """Where the output's datasets are: each version in vNNNN/, and `latest` naming the
+    newest (core.dataset.resolve follows it)."""
     return f"{cfg.output.rstrip('/')}/{DATASET_DIR}"
 
 
 def dataset_uri(cfg: PrepConfig) -> str:
-    """The dataset of this run's version."""
-    root = dataset_root(cfg)
-    return root if cfg.version == 1 else f"{root}/{version_name(cfg.version)}"
+    """The dataset of this run's version: <output>/dataset/vNNNN (layout.version_dir)."""
+    return under(dataset_root(cfg), version_dir(cfg))
 
 
 def scratch_dir(cfg: PrepConfig, step: str = DATASET_DIR) -> Path:
@@ -303,7 +302,7 @@ def copy_doc_tables(cfg: PrepConfig, target: Store) -> tuple[dict[str, Any], lis
 
 def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any],
                   validation_parts: list[str] | None = None) -> dict:
-    """Save the packed rows as a DatasetDict under <output>/dataset and write the
+    """Save the packed rows as a DatasetDict in dataset_uri(cfg) and write the
     manifest last (a dataset without a manifest is incomplete).
 
     What a killed run of this step left is removed first: temporary-named files in the
@@ -314,8 +313,7 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
     root = target.local_path("")
     if root is not None:
         remove_temp_files(root)
-    scratch = scratch_dir(cfg, DATASET_DIR if cfg.version == 1
-                          else f"{DATASET_DIR}-{version_name(cfg.version)}")
+    scratch = scratch_dir(cfg, "-".join(filter(None, (DATASET_DIR, version_dir(cfg)))))
     _drop_scratch(scratch)
     if target.exists(MANIFEST):  # finished by an earlier run of the same config
         manifest = json.loads(target.get(MANIFEST))
