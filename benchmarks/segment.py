@@ -1,6 +1,6 @@
 """Words in Chinese, Japanese and Thai: what the Gopher quality rule sees with the English
 tokenizer (whitespace-separated chunks) and with ICU word segmentation
-(tasks/quality/segment.py), and how fast ICU segments.
+(prep/quality/segment.py), and how fast ICU segments.
 
     python -m benchmarks.segment [--per-lang 60] [--seed 0] [--out benchmarks/results/segment.json]
 
@@ -25,9 +25,9 @@ from importlib.metadata import version
 from typing import Any
 
 from benchmarks.common import LOCALE, RESULTS, english, messages, write_json
-from tasks.quality import Doc, parse_rules, segment
-from tasks.quality.base import Drop
-from tasks.quality.text import SYMBOLS, split_words_regex
+from prep.quality import Doc, parse_rules, segment
+from prep.quality.base import Drop
+from prep.quality.text import SYMBOLS, split_words_regex
 
 CATALOGS = {"zh": ["zh_CN", "zh_TW"], "ja": ["ja"], "th": ["th"], "ko": ["ko"]}
 DOC_CHARS = (1500, 3000)

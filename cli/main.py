@@ -169,15 +169,15 @@ def cmd_prep(args: argparse.Namespace) -> int:
     from concurrent.futures.process import BrokenProcessPool
 
     from core.store import StorageError
-    from tasks.cluster import ClusterError, DaskRunner, cluster_address
-    from tasks.config import ConfigError, load_config
-    from tasks.driver import OutputConflict, Runner
-    from tasks.graph import TEXT_STAGES
-    from tasks.inputs import InputsChanged
-    from tasks.layout import version_uri
-    from tasks.pipeline import STEP_NOTE, run_prep
-    from tasks.readers import IngestError
-    from tasks.report import AccountingError
+    from prep.cluster import ClusterError, DaskRunner, cluster_address
+    from prep.config import ConfigError, load_config
+    from prep.driver import OutputConflict, Runner
+    from prep.graph import TEXT_STAGES
+    from prep.inputs import InputsChanged
+    from prep.layout import version_uri
+    from prep.pipeline import STEP_NOTE, run_prep
+    from prep.readers import IngestError
+    from prep.report import AccountingError
 
     err = stderr_console()
     out = Console()
@@ -363,7 +363,7 @@ def cmd_export_dataset(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from core.store import StorageError
-    from tasks.export import ExportError, check, export_dataset
+    from prep.export import ExportError, check, export_dataset
 
     splits = tuple(args.splits.split(","))
     try:
@@ -459,7 +459,7 @@ def cmd_hpo_transfer(args: argparse.Namespace) -> int:
 
 
 def cmd_quality_train(args: argparse.Namespace) -> int:
-    from tasks.quality.train_classifier import TrainConfig, TrainError, load_calibrated, train
+    from prep.quality.train_classifier import TrainConfig, TrainError, load_calibrated, train
 
     if not (args.positive or args.negative or args.labelled):
         print_error("give --positive and --negative files, or --labelled")
@@ -505,12 +505,12 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 class StageNames:
-    """The stage graph's names (tasks/graph.py), for `--until`'s help: read only when help
+    """The stage graph's names (prep/graph.py), for `--until`'s help: read only when help
     is printed (argparse formats `%(stages)s` with the action's attributes), so that no
     other command pays for importing the prep stages."""
 
     def __str__(self) -> str:
-        from tasks.graph import STAGE_NAMES
+        from prep.graph import STAGE_NAMES
 
         return ", ".join(STAGE_NAMES)
 

@@ -16,8 +16,8 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.config import parse_config
-from tasks.pipeline import run_prep
+from prep.config import parse_config
+from prep.pipeline import run_prep
 from tests import adversarial
 from tests.adversarial import LOCATION_KEY, MAX_DOC_BYTES, REASONS, Expected
 
@@ -62,7 +62,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Expected, Path, dict]
 
 
 def test_the_corpus_covers_every_reason_in_the_readers() -> None:
-    files = [ROOT / "tasks" / "readers.py", *sorted((ROOT / "tasks" / "formats").glob("*.py"))]
+    files = [ROOT / "prep" / "readers.py", *sorted((ROOT / "prep" / "formats").glob("*.py"))]
     code = "\n".join(f.read_text(encoding="utf-8") for f in files)
     in_code = set(re.findall(r'(?:BadRecord|\bbad)\(\s*"([a-z0-9_]+)"', code))
     assert in_code == set(REASONS)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from cli.main import main
-from tasks.quality import filter_document, filter_documents, parse_rules
-from tasks.quality.classifier import report_path
-from tasks.quality.train_classifier import TrainConfig, TrainError, load_examples, train
+from prep.quality import filter_document, filter_documents, parse_rules
+from prep.quality.classifier import report_path
+from prep.quality.train_classifier import TrainConfig, TrainError, load_examples, train
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 LABELLED = SHARED / "web_dclm_quality_labels_train.jsonl"
@@ -156,8 +156,8 @@ def test_prep_with_the_classifier_rule(trained: Path, labelled: Path, tmp_path: 
     the report."""
     import pyarrow.parquet as pq
 
-    from tasks.config import parse_config
-    from tasks.pipeline import run_prep
+    from prep.config import parse_config
+    from prep.pipeline import run_prep
 
     threshold = json.loads(report_path(trained).read_text())["threshold"]
     out = tmp_path / "out"

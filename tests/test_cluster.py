@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tasks.cluster import WORKER_FAILPOINT_ENV
-from tasks.config import parse_config
-from tasks.pipeline import run_prep
+from prep.cluster import WORKER_FAILPOINT_ENV
+from prep.config import parse_config
+from prep.pipeline import run_prep
 from tests.conftest import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, free_port
 from tests.test_pipeline import config, make_corpus
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import ConfigError, load_config, parse_config
+from prep.config import ConfigError, load_config, parse_config
 
 GOOD = {
     "output": "runs/x",

@@ -9,8 +9,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.config import parse_config
-from tasks.pipeline import run_prep
+from prep.config import parse_config
+from prep.pipeline import run_prep
 from tests.helpers import edit_words, read_jsonl, shared_file, write_jsonl
 from tests.test_pipeline import string_jaccard
 
@@ -87,7 +87,7 @@ def test_exact_duplicates_across_sources_keep_the_first_source(tmp_path):
 def test_exact_select_in_passes_gives_the_same_duplicates(tmp_path, monkeypatch):
     """A corpus larger than one pass of exact select is split by hash value into passes;
     the duplicates and the copies kept are those of a single pass."""
-    from tasks.stages import exact
+    from prep.stages import exact
 
     rng = random.Random(2)
     web = [r["text"] for r in read_jsonl(shared_file("web_openwebtext_1k.jsonl"), 60)]

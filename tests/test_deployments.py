@@ -265,8 +265,8 @@ def test_cancelling_the_flow_run_cancels_the_job(prefect_api, tmp_path):
 
     prep, train = write_configs(tmp_path, steps=100_000)
     # A dataset first (the train-only deployment trains on an existing one).
-    from tasks.config import load_config
-    from tasks.pipeline import run_prep
+    from prep.config import load_config
+    from prep.pipeline import run_prep
 
     run_prep(load_config(str(prep)), progress=False)
     deploy_all(str(prep), str(train), pool_type="process", pool="ballast-cancel", cron=None,

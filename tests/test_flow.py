@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tasks.config import parse_config
-from tasks.pipeline import run_prep
+from prep.config import parse_config
+from prep.pipeline import run_prep
 from tests.test_pipeline import config, make_corpus
 
 

@@ -18,14 +18,14 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-import tasks.readers as readers
+import prep.readers as readers
 from core.store import StorageOptions
-from tasks.config import PrepConfig, SourceConfig, parse_config
-from tasks.formats import BadRecord, InputFile, RawDoc, jsonl
-from tasks.layout import SourceStats, dropped_key, output_store, read_docs, read_done
-from tasks.readers import read_file, resolve_inputs, split_input
-from tasks.records import parquet_bytes_to_table
-from tasks.stages.ingest import Unit, ingest_unit, plan_units
+from prep.config import PrepConfig, SourceConfig, parse_config
+from prep.formats import BadRecord, InputFile, RawDoc, jsonl
+from prep.layout import SourceStats, dropped_key, output_store, read_docs, read_done
+from prep.readers import read_file, resolve_inputs, split_input
+from prep.records import parquet_bytes_to_table
+from prep.stages.ingest import Unit, ingest_unit, plan_units
 
 OPTS = StorageOptions()
 MAX_DOC = 64  # small, so that a modest record is `too_large` by max_doc_bytes

@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from core.store import StorageOptions
-from tasks.config import parse_config
-from tasks.inputs import (
+from prep.config import parse_config
+from prep.inputs import (
     INVENTORY_KEY,
     CurrentBytes,
     FileRecord,
@@ -31,9 +31,9 @@ from tasks.inputs import (
     Part,
     compare_inputs,
 )
-from tasks.pipeline import run_prep
-from tasks.readers import resolve_inputs
-from tasks.stages import ingest
+from prep.pipeline import run_prep
+from prep.readers import resolve_inputs
+from prep.stages import ingest
 from tests.helpers import assert_one_line_error, run_cli
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from tasks.quality import Outcome, filter_document, parse_rules
-from tasks.quality.language import LANGUAGES, model
+from prep.quality import Outcome, filter_document, parse_rules
+from prep.quality.language import LANGUAGES, model
 from tests.helpers import read_jsonl, shared_file
 
 
@@ -145,8 +145,8 @@ def test_config_errors_name_the_key(spec: dict, message: str):
 
 
 def _prep(tmp_path: Path, name: str, rows: list[dict], quality: list[Any]) -> Path:
-    from tasks.config import parse_config
-    from tasks.pipeline import run_prep
+    from prep.config import parse_config
+    from prep.pipeline import run_prep
 
     data = tmp_path / f"{name}.jsonl"
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))

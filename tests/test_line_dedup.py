@@ -13,10 +13,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tasks import graph
-from tasks.config import ConfigError, parse_config
-from tasks.pipeline import run_prep
-from tasks.stages import lines as lines_stage
+from prep import graph
+from prep.config import ConfigError, parse_config
+from prep.pipeline import run_prep
+from prep.stages import lines as lines_stage
 from tests.helpers import read_jsonl, shared_file, write_jsonl
 
 BANNER = "Accept cookies to continue browsing this website"

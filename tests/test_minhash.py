@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from datasketch import MinHash
 
-from tasks import minhash
+from prep import minhash
 from tests.helpers import edit_words, read_jsonl, shared_file
 
 

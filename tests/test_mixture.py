@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from tasks.mixture import (
+from prep.mixture import (
     SourcePlan,
     doc_keys,
     expand_repeats,
@@ -334,7 +334,7 @@ def test_doc_keys_match_xxhash_and_are_stable_across_processes() -> None:
     expected = [xxhash.xxh3_64_intdigest(f"42:{i}".encode()) for i in sample]
     keys = doc_keys(sample, 42)
     assert keys.dtype == np.uint64 and keys.tolist() == expected
-    code = ("import sys; from tasks.mixture import doc_keys; "
+    code = ("import sys; from prep.mixture import doc_keys; "
             "print(','.join(map(str, doc_keys(['doc-1', 'ünïcode/ö', ''], 42).tolist())))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
                          text=True, check=True, env={"PYTHONHASHSEED": "123",

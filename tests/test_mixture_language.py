@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from tasks.config import parse_config
-from tasks.pipeline import run_prep
+from prep.config import parse_config
+from prep.pipeline import run_prep
 from tests.helpers import read_jsonl, shared_file
 
 # Sentences written for this test; a document is several of them, so that fastText's

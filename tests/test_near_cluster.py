@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from tasks import minhash
-from tasks.config import parse_config
-from tasks.pipeline import run_prep
-from tasks.stages import exact, near
+from prep import minhash
+from prep.config import parse_config
+from prep.pipeline import run_prep
+from prep.stages import exact, near
 from tests.helpers import edit_words, read_jsonl, shared_file
 
 

@@ -25,10 +25,10 @@ import pytest
 from core.dataset import verify
 from core.s3 import S3Store
 from core.store import LocalStore, StorageOptions, Store
-from tasks.config import parse_config
-from tasks.driver import RUN_KEY
-from tasks.pipeline import run_prep
-from tasks.stages import dataset
+from prep.config import parse_config
+from prep.driver import RUN_KEY
+from prep.pipeline import run_prep
+from prep.stages import dataset
 from tests.helpers import read_jsonl, shared_file, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def _claimer(seed: int, jobs: Any, results: Any, barrier: Any) -> None:
     """One racer: for each output URI it is sent, open the store, wait for the other racer,
     then claim the output with its own config (seed differs per racer)."""
     from core.store import open_store
-    from tasks.driver import OutputConflict, claim_output
+    from prep.driver import OutputConflict, claim_output
 
     while (uri := jobs.get()) is not None:
         cfg = parse_config(_claim_cfg(uri, seed))

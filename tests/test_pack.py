@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasks.pack import Rows, efficiency, pack_bfd, pack_concat
+from prep.pack import Rows, efficiency, pack_bfd, pack_concat
 
 EOS, PAD = 99, -1
 

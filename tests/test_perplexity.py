@@ -18,10 +18,10 @@ pytest.importorskip("transformers")
 
 import torch
 
-from tasks.config import parse_config
-from tasks.pipeline import run_prep
-from tasks.quality import parse_rules
-from tasks.quality.perplexity import context, load, perplexities
+from prep.config import parse_config
+from prep.pipeline import run_prep
+from prep.quality import parse_rules
+from prep.quality.perplexity import context, load, perplexities
 from tests.helpers import shared_file, write_jsonl
 from tests.tiny_run import TINY
 from training.export_hf import export_hf

@@ -17,11 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.dataset import verify
-from tasks.config import parse_config
-from tasks.driver import OutputConflict
-from tasks.pipeline import run_prep
-from tasks.readers import IngestError
-from tasks.stages.ingest import plan_units
+from prep.config import parse_config
+from prep.driver import OutputConflict
+from prep.pipeline import run_prep
+from prep.readers import IngestError
+from prep.stages.ingest import plan_units
 from tests.helpers import edit_words, read_jsonl, shared_file
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tasks.quality import (
+from prep.quality import (
     DEFAULT_RULES,
     RULES,
     Outcome,
@@ -21,7 +21,7 @@ from tasks.quality import (
     filter_documents,
     parse_rules,
 )
-from tasks.quality.text import WORD_RE, Doc, split_words, split_words_regex
+from prep.quality.text import WORD_RE, Doc, split_words, split_words_regex
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

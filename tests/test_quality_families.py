@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from core.errors import ConfigError
-from tasks.config import parse_config
-from tasks.quality import (
+from prep.config import parse_config
+from prep.quality import (
     CODE_DEFAULT_RULES,
     DEFAULT_RULES,
     RULES,
@@ -23,11 +23,11 @@ from tasks.quality import (
     filter_document,
     parse_rules,
 )
-from tasks.quality.c4 import C4
-from tasks.quality.code import comment_line_counts
-from tasks.quality.fineweb import FineWeb
-from tasks.quality.gopher import GopherQuality, GopherRepetition
-from tasks.quality.simple import CharRepetition, Length
+from prep.quality.c4 import C4
+from prep.quality.code import comment_line_counts
+from prep.quality.fineweb import FineWeb
+from prep.quality.gopher import GopherQuality, GopherRepetition
+from prep.quality.simple import CharRepetition, Length
 from tests.helpers import read_jsonl, shared_file
 
 
@@ -514,7 +514,7 @@ def test_quality_stage_gives_rules_the_record_meta(tmp_path: Path):
     and the code chain runs as a source's `quality:`."""
     import pyarrow.parquet as pq
 
-    from tasks.pipeline import run_prep
+    from prep.pipeline import run_prep
 
     c4 = read_jsonl(shared_file("web_c4_olmo_fixtures.jsonl"))[:40]
     code = read_jsonl(shared_file("code_humanevalx.jsonl"))[:30]

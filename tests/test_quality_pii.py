@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from core.errors import ConfigError
-from tasks.config import parse_config
-from tasks.quality import Outcome, filter_document, parse_rules
-from tasks.quality.decontam import normalise
+from prep.config import parse_config
+from prep.quality import Outcome, filter_document, parse_rules
+from prep.quality.decontam import normalise
 from tests.helpers import read_jsonl, shared_file
 
 
@@ -192,7 +192,7 @@ def test_decontaminate_config_errors_name_the_key_and_path(tmp_path: Path):
 
 
 def _prep(tmp_path: Path, name: str, rows: list[dict], quality: list[Any]) -> dict:
-    from tasks.pipeline import run_prep
+    from prep.pipeline import run_prep
 
     data = tmp_path / f"{name}.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))

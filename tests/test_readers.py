@@ -1,4 +1,4 @@
-"""Tests for tasks.readers: input resolution (and its up-front errors) and every reader,
+"""Tests for prep.readers: input resolution (and its up-front errors) and every reader,
 bad-record kind and location."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-import tasks.readers as readers
+import prep.readers as readers
 from core.store import LocalStore, StorageError, StorageOptions
-from tasks.config import ConfigError, SourceConfig, parse_config
-from tasks.formats import (
+from prep.config import ConfigError, SourceConfig, parse_config
+from prep.formats import (
     CHOICES,
     FORMATS,
     RAW_LIMIT,
@@ -30,7 +30,7 @@ from tasks.formats import (
     format_from_name,
     jsonl,
 )
-from tasks.readers import IngestError, read_file, resolve_inputs
+from prep.readers import IngestError, read_file, resolve_inputs
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 OPTS = StorageOptions()

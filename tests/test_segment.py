@@ -1,4 +1,4 @@
-"""Words where whitespace does not separate them (tasks/quality/segment.py): ICU's word
+"""Words where whitespace does not separate them (prep/quality/segment.py): ICU's word
 segmentation for Chinese, Japanese and Thai, the script fallback when no language rule
 labelled a document, and the Gopher rule's per-language thresholds (FineWeb-2's)."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.quality import filter_document, parse_rules
-from tasks.quality.gopher import LANGUAGE_DEFAULTS
-from tasks.quality.segment import count_sentences, script_language, words
-from tasks.quality.text import Doc
+from prep.quality import filter_document, parse_rules
+from prep.quality.gopher import LANGUAGE_DEFAULTS
+from prep.quality.segment import count_sentences, script_language, words
+from prep.quality.text import Doc
 
 # Plain prose written for this test (a short account of a library visit), long enough for
 # Gopher's 50-word minimum once segmented.

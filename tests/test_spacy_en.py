@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tasks.quality import spacy_en
-from tasks.quality.spacy_en_rules import SPACY_VERSION
-from tasks.quality.text import count_sentences, split_words, split_words_regex
+from prep.quality import spacy_en
+from prep.quality.spacy_en_rules import SPACY_VERSION
+from prep.quality.text import count_sentences, split_words, split_words_regex
 
 FIXTURE = Path(__file__).parent / "fixtures" / "spacy_en_cases.json"
 REFERENCE = json.loads(FIXTURE.read_text(encoding="utf-8"))

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tasks.config import TokenizerConfig
-from tasks.tokenizer import (
+from prep.config import TokenizerConfig
+from prep.tokenizer import (
     EOS_TOKEN,
     PAD_TOKEN,
     Tokenizer,
@@ -228,7 +228,7 @@ def test_bpe_deterministic_across_processes(bpe: Tokenizer) -> None:
     # seeds; one rayon thread also rules out any dependence on thread scheduling.
     script = textwrap.dedent(f"""
         import json, sys
-        from tasks.tokenizer import train_bpe
+        from prep.tokenizer import train_bpe
         with open({str(shared_file(OWT))!r}, encoding="utf-8") as f:
             texts = [json.loads(line)["text"] for _, line in zip(range({TRAIN_DOCS}), f)]
         sys.stdout.write(train_bpe(texts, {BPE_VOCAB}).sha256())

@@ -140,8 +140,8 @@ def test_guard_events_reach_both_writers(tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
     from cli.main import main as cli
-    from tasks.config import load_config
-    from tasks.pipeline import run_prep
+    from prep.config import load_config
+    from prep.pipeline import run_prep
     from training.train import main as train_main
 
     prep_cfg, train_cfg = write_configs(tmp_path, steps=8, eval_every=1000,
@@ -194,8 +194,8 @@ def test_unusable_store_is_one_line_before_training(tmp_path, capsys):
 
 
 def test_tracking_switched_off_writes_nothing(tmp_path):
-    from tasks.config import load_config
-    from tasks.pipeline import run_prep
+    from prep.config import load_config
+    from prep.pipeline import run_prep
     from training.train import main as train_main
 
     prep_cfg, train_cfg = write_configs(tmp_path, steps=2, checkpoint_every=2)

@@ -1,4 +1,4 @@
-"""Dataset versions (tasks/versions.py): a run on an existing output reads only the data
+"""Dataset versions (prep/versions.py): a run on an existing output reads only the data
 that arrived since its last version, dedups it against everything kept before, and
 writes a new dataset version; nothing of an earlier version changes."""
 
@@ -16,9 +16,9 @@ import yaml
 from datasets import load_from_disk
 
 from core.dataset import resolve, verify
-from tasks.config import parse_config
-from tasks.inputs import InputsChanged
-from tasks.pipeline import run_prep
+from prep.config import parse_config
+from prep.inputs import InputsChanged
+from prep.pipeline import run_prep
 from tests.test_inputs import (
     build,
     cfg_dict,
@@ -172,7 +172,7 @@ def test_changed_file_is_refused_naming_it_or_rebuilt_from_scratch(copy) -> None
 
 def test_every_version_has_its_directories(first, tmp_path: Path) -> None:
     """Version 1 is in v0001/ and dataset/v0001/ like any later one, `latest` naming it."""
-    from tasks.export import check
+    from prep.export import check
 
     _, out, report = first
     ds = out / "dataset" / "v0001"
@@ -204,7 +204,7 @@ def old_layout(out: Path) -> None:
 
 def test_an_old_layout_output_is_read_as_it_is_and_grows_in_the_new_one(
         tmp_path: Path) -> None:
-    from tasks.export import check
+    from prep.export import check
     from training.data import load_data
 
     d, staged, out = tmp_path / "data", tmp_path / "staged", tmp_path / "out"

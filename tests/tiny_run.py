@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tasks.stdlib_corpus import topics
+from prep.stdlib_corpus import topics
 
 TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
 
