@@ -56,7 +56,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.common import RESULTS, ROOT, SHARED, write_json
+from benchmarks.common import RESULTS, ROOT, SHARED, has_dataset, write_json
 from prep.quality import DEFAULT_RULES, filter_documents, parse_rules
 from prep.quality.train_classifier import (
     TrainConfig,
@@ -94,7 +94,7 @@ def build_model(work: Path, steps: int) -> Path:
         "optim": {"lr": 3e-3}, "schedule": {"kind": "cosine", "warmup_steps": 30},
         "checkpoint": {"every": steps, "keep_last": 1}}))
     ballast = str(Path(sys.executable).with_name("ballast"))
-    if not (work / "ref" / "dataset" / "manifest.json").exists():
+    if not has_dataset(work / "ref" / "dataset"):
         run([ballast, "prep", str(prep)])
     if not (work / "hf" / "config.json").exists():
         run([sys.executable, "-m", "training.train", "--config", str(train)])

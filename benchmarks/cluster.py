@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import RESULTS, ROOT, TreeRSS, build_scale_corpus
+from benchmarks.common import RESULTS, ROOT, TreeRSS, build_scale_corpus, prep_report
 from benchmarks.prep import QUALITY, THRESHOLD
 
 BIN = Path(sys.executable).parent
@@ -102,7 +102,7 @@ def run(cfg: dict, work: Path, name: str, extra: list[str],
     wall = time.perf_counter() - t0
     if rc != 0:
         raise SystemExit(f"{name}: ballast prep failed with exit code {rc}")
-    report = json.loads((out / "report.json").read_text())
+    report = prep_report(out)
     mb = report["stages"]["ingest"]["total"]["bytes_in"] / 1e6
     # The peak of the sum over time of both trees, sampled at about the same instants.
     peak = client_rss.peak

@@ -127,9 +127,21 @@ def run_prep_process(cfg: dict, workdir: Path, until: str | None = None) -> dict
         if proc.wait() != 0:
             raise SystemExit(f"ballast prep failed with exit code {proc.returncode}")
     wall = time.perf_counter() - t0
-    report = json.loads((out / "report.json").read_text())
+    report = prep_report(out)
     return {"report": report, "wall": wall, "peak_rss": rss.peak, "samples": rss.samples,
             "out": out}
+
+
+def prep_report(out: Path) -> dict[str, Any]:
+    """report.json of the newest dataset version of prep output `out` (each version's
+    report lives in <out>/vNNNN/, and <out>/dataset/latest names the newest)."""
+    version = (out / "dataset" / "latest").read_text().strip()
+    return json.loads((out / version / "report.json").read_text())
+
+
+def has_dataset(dataset: Path) -> bool:
+    """A finished prep's dataset directory (`latest` is written last)."""
+    return (dataset / "latest").is_file()
 
 
 # ---- generated corpora: planted duplicates in memory (dedup, prep stages) --------------
@@ -348,7 +360,7 @@ def prepared_dataset() -> Path | None:
     if not text_path.is_file():
         return None
     dataset = ROOT / "runs" / "bench-train" / "prep" / "dataset"
-    if not (dataset / "manifest.json").is_file():
+    if not has_dataset(dataset):
         from benchmarks.train_cpu import ballast_run
 
         text = text_path.read_text(encoding="utf-8")

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from benchmarks.common import RESULTS, ROOT, SHARED, write_json
+from benchmarks.common import RESULTS, ROOT, SHARED, has_dataset, write_json
 
 
 # ---- the classic baseline -------------------------------------------------------------
@@ -135,7 +135,7 @@ def ballast_run(text: str, split: int, iters: int, work: Path, lr: float,
     (work / "train.txt").write_text(text[:split], encoding="utf-8")
     (work / "val.txt").write_text(text[split:], encoding="utf-8")
     out = work / "prep"
-    if not (out / "dataset" / "manifest.json").is_file():
+    if not has_dataset(out / "dataset"):
         run_prep(parse_config({
             "output": str(out), "workers": 1,
             "sources": [{"name": "train", "paths": [str(work / "train.txt")], "split": "train"},
