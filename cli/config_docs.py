@@ -265,7 +265,7 @@ directory; `output` is resolved from the working directory.
 - [Training config](#training-config): `ballast train CONFIG`, the `train` flow
   (training/config.py)
 - [Launch](#launch): the training config's `launch:` section (infra/launch.py)
-- [Hyperparameter search](#hyperparameter-search): `ballast hpo run CONFIG` (flows/hpo.py)
+- [Hyperparameter search](#hyperparameter-search): `ballast hpo run CONFIG` (flows/tuning/config.py)
 - [Quality rule parameters](#quality-rule-parameters): `{rule: {param: value}}` in a
   `quality:` list (prep/quality/)
 
