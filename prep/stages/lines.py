@@ -145,6 +145,8 @@ def select(cfg: PrepConfig, prior: list[str], new: list[str]) -> int:
 def _common_by_source(cfg: PrepConfig) -> dict[int, np.ndarray]:
     """The common lines' hashes per source id, sorted."""
     common = _load(version_store(cfg), COMMON_KEY)
+    if not len(common):  # no line was common enough anywhere
+        return {}
     sids, starts = np.unique(common[:, 0], return_index=True)
     ends = [*starts[1:], len(common)]
     return {int(sid): common[a:b, 1] for sid, a, b in zip(sids, starts, ends, strict=True)}
