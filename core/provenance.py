@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -179,9 +179,3 @@ def _starts(files: list[dict[str, Any]]) -> list[int]:
     for f in files:
         out.append(out[-1] + int(f["rows"]))
     return out
-
-
-def iter_span_rows(batch: pa.RecordBatch) -> Iterator[list[Span]]:
-    for d, s, e in zip(*(batch.column(c).to_pylist() for c in ("doc", "start", "end")),
-                       strict=True):
-        yield [Span(a, b, c) for a, b, c in zip(d, s, e, strict=True)]

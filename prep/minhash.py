@@ -10,7 +10,6 @@ and every step is a numpy operation over it (benchmarks/dedup.py measures both).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -243,19 +242,3 @@ class UnionFind:
         for i in range(len(self.parent)):
             self.find(i)
         return self.parent.copy()
-
-
-def expected_false_negative_rate(threshold: float, bands: int, rows: int) -> float:
-    """Mean miss probability over J in [threshold, 1] (for reports)."""
-    steps = 200
-    total = 0.0
-    for k in range(steps):
-        j = threshold + (1 - threshold) * (k + 0.5) / steps
-        total += 1 - candidate_probability(j, bands, rows)
-    return total / steps
-
-
-def estimated_std(threshold: float, num_perm: int) -> float:
-    """Standard deviation of the MinHash Jaccard estimate at `threshold` (why we confirm
-    candidates with the exact Jaccard: 0.035 at 0.8 with 128 permutations)."""
-    return math.sqrt(threshold * (1 - threshold) / num_perm)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from core.dataset import read_manifest, resolve
-from core.provenance import Document, Provenance, ProvenanceError, Span
+from core.provenance import Document, Provenance, ProvenanceError
 from training import checkpoint as ckpt
 from training.config import TrainConfig, load_train_config
 from training.data import Sampler, TrainData, dataset_cache, epoch_permutation, fetch_dataset
@@ -443,7 +443,3 @@ def event_header(r: dict[str, Any]) -> str:
         head += (f"; window steps {r.get('start_step')}..{r.get('end_step')}"
                  + (f", rolled back to step {r['to_step']}" if "to_step" in r else ""))
     return head
-
-
-def spans_text(spans: list[Span]) -> str:
-    return ", ".join(f"{s.start}..{s.end}" for s in spans)
