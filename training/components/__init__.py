@@ -16,7 +16,7 @@ from training.components.ema import Ema
 from training.components.layer_stats import LayerStatistics
 from training.components.noise_scale import NoiseScaleController
 from training.components.progress import Progress
-from training.components.resume_overrides import ResumeOverrides
+from training.components.resume_overrides import ApplyResumeOverrides
 from training.components.schedule_change import ScheduleChange
 from training.components.warm_start import WarmStart
 from training.config import TrainConfig
@@ -28,7 +28,7 @@ REGISTRY: list[tuple[type[Component], Callable[[TrainConfig], bool]]] = [
     (Ema, lambda cfg: cfg.ema is not None),
     (EarlyStopping, lambda cfg: cfg.early_stopping is not None),
     (NoiseScaleController, lambda cfg: cfg.noise_scale is not None),
-    (ResumeOverrides, lambda cfg: cfg.resume_overrides is not None),
+    (ApplyResumeOverrides, lambda cfg: cfg.resume_overrides is not None),
     (ScheduleChange, lambda cfg: True),
     (Progress, lambda cfg: True),
 ]

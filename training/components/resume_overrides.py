@@ -17,7 +17,7 @@ from training.components.base import Component
 from training.optim import build_optimizer
 
 
-class ResumeOverrides(Component):
+class ApplyResumeOverrides(Component):
     name = "resume_overrides"
 
     def __init__(self, t: Any) -> None:
