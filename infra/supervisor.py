@@ -32,6 +32,7 @@ from typing import Any
 from core.files import write_atomic
 from core.protocol import parse_event
 from infra.jobs import JobBackend, JobHandle, JobSpec, JobStatus
+from training.console import event_line, progress_line
 
 LOG_TAIL = 500  # log lines read per poll
 
@@ -227,20 +228,6 @@ def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None =
         number += 1
 
 
-def progress_line(ev: dict[str, Any]) -> str:
-    """A trainer "progress" event as one log line: step, loss, throughput, ETA."""
-    parts = [f"step {ev.get('step')}/{ev.get('steps')}"]
-    if isinstance(ev.get("loss"), int | float):
-        parts.append(f"loss {ev['loss']:.4f}")
-    if isinstance(ev.get("tokens_per_s"), int | float):
-        parts.append(f"{ev['tokens_per_s']:,.0f} tokens/s")
-    if isinstance(ev.get("eta_s"), int | float):
-        eta = int(ev["eta_s"])
-        parts.append(f"ETA {eta // 3600}h{eta % 3600 // 60:02d}m{eta % 60:02d}s"
-                     if eta >= 3600 else f"ETA {eta // 60}m{eta % 60:02d}s")
-    return ", ".join(parts)
-
-
 def _watch(backend: JobBackend, handle: JobHandle, a: Attempt, policy: RestartPolicy,
            log: Callable[[str], None], should_stop: Callable[[], bool] | None,
            sleep: Callable[[float], None],
@@ -263,7 +250,7 @@ def _watch(backend: JobBackend, handle: JobHandle, a: Attempt, policy: RestartPo
                 if key not in seen:
                     fresh.append(ev)
                     if ev.get("event") in ("start", "resume", "recovered", "diverged"):
-                        log(f"attempt {a.number}: {key}")
+                        log(f"attempt {a.number}: {event_line(ev)}")
                 seen.add(key)
             _progress(a, events)
             news = [ev for ev in fresh if ev.get("event") == "progress"]

@@ -29,8 +29,7 @@ def test_fewer_steps_than_trained_is_refused_in_one_line(train_dataset, tmp_path
     assert train(train_dataset, tmp_path, steps=8) == 0
     capfd.readouterr()
     assert train(train_dataset, tmp_path, steps=4) == 1
-    err = [line for line in capfd.readouterr().err.splitlines()
-           if not line.startswith("BALLAST_EVENT")]
+    err = [line for line in capfd.readouterr().err.splitlines() if line.startswith("error")]
     assert err == [f"error: run dir {tmp_path} is already at step 8, past steps: 4; nothing "
                    "to train (raise steps, or give this run a run_dir of its own)"]
     # Nothing was trained or rewritten: the run still ends at step 8.

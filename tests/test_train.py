@@ -133,7 +133,7 @@ def test_bad_config_and_tampered_dataset_exit_1(dataset, tmp_path, capsys):
 
     copy = tmp_path / "ds"
     shutil.copytree(dataset, copy)
-    arrow = sorted((copy / "train").glob("*.arrow"))[0]
+    arrow = sorted((copy / "v0001" / "train").glob("*.arrow"))[0]
     arrow.write_bytes(arrow.read_bytes()[:-10] + b"0123456789")
     p.write_text(yaml.safe_dump(cfg(str(copy), tmp_path)))
     assert main(["--config", str(p)]) == EXIT_ERROR
@@ -336,9 +336,9 @@ def test_dataset_in_object_storage(dataset, tmp_path, s3_bucket, s3_client, moto
     b = _params(tmp_path / "local", 2)
     assert all(torch.equal(a[k], b[k]) for k in a)  # the same data, the same training
 
-    arrow = sorted(p for p in Path(dataset).glob("train/*.arrow"))[0]
+    arrow = sorted(p for p in Path(dataset).glob("v0001/train/*.arrow"))[0]
     data = arrow.read_bytes()
-    s3_client.put_object(Bucket=s3_bucket, Key=f"ds/train/{arrow.name}",
+    s3_client.put_object(Bucket=s3_bucket, Key=f"ds/v0001/train/{arrow.name}",
                          Body=data[:-10] + b"0123456789")
     monkeypatch.setenv("BALLAST_DATASET_CACHE", str(tmp_path / "cache2"))
     with pytest.raises(Exception, match="does not match its manifest"):

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from core.protocol import EXIT_CRASHED
+from training.console import EVENTS_ENV
 
 EXIT_DIR_ENV = "BALLAST_EXIT_DIR"
 
@@ -77,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             cmd[1:3] = ["-m", "training.loopback_run"]
             cmd[3:3] = rendezvous_args()
         cmd += ["-m", "training.train", *argv[cut + 1 :]]
-        env = {**os.environ, EXIT_DIR_ENV: exit_dir}
+        # Events on stderr beside the human lines: the supervisor (local backend,
+        # Kubernetes) reads them from the job's log (training/console.py).
+        env = {**os.environ, EXIT_DIR_ENV: exit_dir, EVENTS_ENV: "stderr"}
         code = subprocess.run(cmd, env=env).returncode
         result = decide(code, worker_codes(Path(exit_dir)))
     print(f"entrypoint: torchrun exited {code}; passing on exit code {result}", file=sys.stderr)

@@ -13,6 +13,7 @@ Exit codes (shared with launchers and Kubernetes): 0 done, 1 bad config or data,
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import sys
@@ -23,7 +24,7 @@ import numpy as np
 import torch
 
 from core.os_errors import WRITE_ERRNOS, os_error_message
-from core.protocol import EXIT_CRASHED, EXIT_DIVERGED, EXIT_ERROR, EXIT_OK, format_event
+from core.protocol import EXIT_CRASHED, EXIT_DIVERGED, EXIT_ERROR, EXIT_OK
 from training import checkpoint as ckpt
 from training import components, distributed
 from training.blame import event_documents
@@ -33,10 +34,11 @@ from training.checkpoint.remote.claim import claim_everywhere
 from training.components.base import Component
 from training.components.progress import Progress
 from training.config import TrainConfig
+from training.console import Console, closing_block
 from training.data import Loader, Sampler, TrainData, load_data
 from training.faults import Hooks
 from training.guards import StabilityGuard
-from training.metrics import MetricsLog, truncate_after
+from training.metrics import MetricsLog, read, truncate_after
 from training.model import GPT
 from training.optim import agc_params, build_optimizer
 from training.parallel import parallelize
@@ -79,6 +81,7 @@ class Trainer:
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_dir = Path(cfg.checkpoint_dir())
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.console = Console(self.run_dir, self.world.is_main)
         self._eval_tokens = 0  # tokens the last evaluate() scored
         c = cfg.checkpoint
         self.ckpts = open_checkpoints(self.ckpt_dir, self.world, self.device, self.model,
@@ -168,10 +171,9 @@ class Trainer:
 
     # -- events -------------------------------------------------------------------
     def emit(self, event: dict[str, Any]) -> None:
-        """One machine-readable line on stderr for whoever watches the process (the
-        supervisor reads them from the job's logs, whatever the backend)."""
-        if self.world.is_main:
-            print(format_event(event), file=sys.stderr, flush=True)
+        """An event: a line for a person, and the machine form for the supervisor
+        (training/console.py says where each goes)."""
+        self.console.event(event)
 
     def record(self, log: MetricsLog, event: dict[str, Any]) -> None:
         """An event in the metrics log and on stderr."""
@@ -335,7 +337,12 @@ class Trainer:
         done: dict[str, Any] = {"event": "done", "step": s.step, "tokens_seen": s.tokens_seen}
         for c in self.components:
             done.update(c.done_fields())
-        self.emit(done)
+        self.console.event(done, say=False)  # the closing block says it
+        if self.world.is_main:
+            for line in closing_block(json.loads((self.run_dir / "final.json").read_text()),
+                                      [r for r in read(metrics_path) if r.get("kind") == "eval"],
+                                      self.run_dir, self.cfg.remote_checkpoint_uri()):
+                self.console.say(line)
         return EXIT_OK
 
     def _log_step(self, log: MetricsLog, out: StepResult) -> None:
@@ -367,6 +374,8 @@ class Trainer:
             for c in self.components:
                 record.update(c.eval_fields())
             log.write(record)
+            self.console.say(f"step {s.step}: validation loss {val:.4f} (perplexity "
+                             f"{record['val_ppl']:.4g})")
             if not math.isfinite(val) and self._eval_tokens > 0:
                 return "non_finite_val_loss", f"validation loss {val} at step {s.step}"
             for c in self.components:
