@@ -49,6 +49,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from core.errors import ConfigError
 from flows.runs import run_name
 from flows.train import HANDLE
+from flows.tuning.arguments import add_search_arguments
 from flows.tuning.config import HpoConfig, HpoError, Search, load_hpo_config
 from flows.tuning.report import plot_best, summary, summary_md, summary_text, trial_rows
 from flows.tuning.study import open_study
@@ -105,7 +106,7 @@ def hpo(config_path: str) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("config", help="the search config (YAML)")
+    add_search_arguments(ap)
     a = ap.parse_args()
     print(summary_text(hpo(a.config)))
 

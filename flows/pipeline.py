@@ -18,7 +18,9 @@ from prefect.artifacts import create_markdown_artifact
 from flows.prep import prep
 from flows.runs import run_name
 from flows.train import train
-from infra.jobs import BACKENDS
+from infra.launch import add_launch_arguments, launch_overrides
+from prep.arguments import add_output
+from training.arguments import add_train_overrides
 
 
 @flow(name="pipeline", flow_run_name=run_name)
@@ -92,13 +94,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("prep_config")
     ap.add_argument("train_config")
-    ap.add_argument("--output")
-    ap.add_argument("--run-dir")
-    ap.add_argument("--steps", type=int)
-    ap.add_argument("--backend", choices=list(BACKENDS), help="override `launch.backend`")
+    add_output(ap)
+    add_train_overrides(ap, ("run_dir", "steps"))
+    add_launch_arguments(ap, nproc=False)
     a = ap.parse_args()
     r = pipeline(a.prep_config, a.train_config, a.output, a.run_dir, a.steps,
-                 {"backend": a.backend} if a.backend else None)
+                 launch_overrides(a))
     print(json.dumps({"dataset": r["dataset"], **{k: r["train"][k] for k in
                                                   ("ending", "checkpoint", "loss_curve")}},
                      indent=2))

@@ -29,6 +29,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 
 from flows.runs import run_name
+from prep.arguments import add_prep_arguments
 from prep.cluster import ClusterError, check_workers, cluster_address, connect, tune_malloc
 from prep.config import PrepConfig, load_config
 from prep.driver import StepWork, prepare_output, run_stages, save_report
@@ -329,16 +330,16 @@ def with_runner(kind: str, workers: int = 2) -> Flow:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("config")
-    ap.add_argument("--output")
-    ap.add_argument("--until")
-    ap.add_argument("--runner", default="local", choices=["local", "dask"])
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--dask", metavar="ADDRESS", help="an existing Dask cluster's scheduler")
+    add_prep_arguments(ap)
+    ap.add_argument("--runner", default="local", choices=["local", "dask"],
+                    help="the flow's task runner: threads, or a local Dask cluster")
+    ap.add_argument("--workers", type=int, default=2,
+                    help="processes of the local Dask cluster (--runner dask)")
     args = ap.parse_args()
     try:
-        result = with_runner(args.runner, args.workers)(args.config, args.output, args.until,
-                                                        dask_address=args.dask)
+        result = with_runner(args.runner, args.workers)(
+            args.config, args.output, args.until, from_scratch=args.from_scratch,
+            dask_address=args.dask)
     except ClusterError as e:
         raise SystemExit(f"error: {e}") from None
     print(f"dataset: {result['dataset']}")

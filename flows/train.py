@@ -30,11 +30,12 @@ from prefect.artifacts import (
 
 from core.files import write_atomic
 from flows.runs import flow_run_alive, run_name
-from infra.jobs import BACKENDS, JobBackend, JobHandle, JobSpec, backend_entry, make_backend
-from infra.launch import LaunchConfig, load_launch
+from infra.jobs import JobBackend, JobHandle, JobSpec, backend_entry, make_backend
+from infra.launch import LaunchConfig, add_launch_arguments, launch_overrides, load_launch
 from infra.supervisor import RECOVERY_FLAGS, Attempt, supervise
 from infra.tracking import TrackingError, check_tracking, log_run, tracking_on
 from training import checkpoint as ckpt
+from training.arguments import add_train_overrides
 from training.config import TrainConfig, load_train_config
 
 CONFIG_ENV = "BALLAST_TRAIN_CONFIG"  # the config, inline in the pod's environment
@@ -381,16 +382,11 @@ def _absolute(uri: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("config")
-    ap.add_argument("--dataset")
-    ap.add_argument("--run-dir")
-    ap.add_argument("--steps", type=int)
-    ap.add_argument("--backend", choices=list(BACKENDS), help="override `launch.backend`")
-    ap.add_argument("--nproc-per-node", type=int, help="override `launch.nproc_per_node`")
+    ap.add_argument("config", help="training config (YAML), or a run config with `train:`")
+    add_train_overrides(ap)
+    add_launch_arguments(ap)
     a = ap.parse_args()
-    launch = {k: v for k, v in (("backend", a.backend), ("nproc_per_node", a.nproc_per_node))
-              if v is not None}
-    r = train(a.config, a.dataset, a.run_dir, a.steps, launch or None)
+    r = train(a.config, a.dataset, a.run_dir, a.steps, launch_overrides(a))
     print(summary_text(r))
 
 

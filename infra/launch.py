@@ -15,6 +15,7 @@ Every key is optional; a config without the section launches as the defaults bel
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from core.config import Strict, format_validation_error, read_yaml
 from core.errors import ConfigError
-from infra.jobs import backend_entry
+from infra.jobs import BACKENDS, backend_entry
 from infra.k8s_manifests import KubeOptions
 from infra.supervisor import RestartPolicy
 
@@ -87,3 +88,18 @@ def load_launch(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     section = data.get(SECTION) if isinstance(data, dict) else None
     return parse_launch(section, overrides, str(path))
 
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser, nproc: bool = True) -> None:
+    """`--backend` (and `--nproc-per-node`): the launch keys a command line may override,
+    for `python -m flows.train` and `python -m flows.pipeline`."""
+    parser.add_argument("--backend", choices=list(BACKENDS), help="override `launch.backend`")
+    if nproc:
+        parser.add_argument("--nproc-per-node", type=int,
+                            help="override `launch.nproc_per_node`")
+
+
+def launch_overrides(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The launch overrides `args` gives (None: none), for load_launch."""
+    given = {key: getattr(args, key, None) for key in ("backend", "nproc_per_node")}
+    return {k: v for k, v in given.items() if v is not None} or None

@@ -15,6 +15,7 @@ import sys
 from core.errors import BucketMissing, StorageError
 from core.protocol import EXIT_CRASHED, EXIT_ERROR
 from training import checkpoint as ckpt
+from training.arguments import add_train_overrides, train_overrides
 from training.config import TrainConfigError, load_train_config
 from training.data import DatasetError
 from training.faults import Faults
@@ -36,9 +37,7 @@ def _main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m training.train",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--config", required=True)
-    ap.add_argument("--dataset", help="override `dataset:`")
-    ap.add_argument("--run-dir", help="override `run_dir:`")
-    ap.add_argument("--steps", type=int, help="override `steps:`")
+    add_train_overrides(ap)
     ap.add_argument("--recover", action="store_true",
                     help="restart after exit 3 (the supervisor passes this): back to a "
                          "checkpoint, skip data, scale the LR, fresh rollback budget")
@@ -52,8 +51,7 @@ def _main(argv: list[str] | None = None) -> int:
                          "lr_blowup_persistent@A-B")
     args = ap.parse_args(argv)
     try:
-        cfg = load_train_config(args.config, {"dataset": args.dataset, "run_dir": args.run_dir,
-                                              "steps": args.steps})
+        cfg = load_train_config(args.config, train_overrides(args))
         if not 0 < args.lr_scale <= 1:
             raise ValueError(f"--lr-scale must be in (0, 1], got {args.lr_scale}")
         request = (Recovery(args.rollback_to, args.skip_to_sample, args.lr_scale)
