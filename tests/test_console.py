@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from core.protocol import parse_event
-from training.console import event_line
+from training.console import event_line, is_narrative
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
@@ -44,7 +44,8 @@ def test_a_run_by_hand_prints_lines_for_people_and_files_its_events(train_datase
     # The closing block: where things are, as absolute paths.
     assert any(ln.startswith("training: step 6, ") for ln in err), err
     assert any(ln.startswith("validation loss: ") and "(best " in ln for ln in err), err
-    assert f"checkpoint: {run_dir}/checkpoints/step-00000006" in err
+    assert f"final checkpoint: {run_dir}/checkpoints/step-00000006" in err
+    assert all(is_narrative(ln) for ln in err), [ln for ln in err if not is_narrative(ln)]
     assert f"loss curve: {run_dir.resolve()}/loss.png; metrics: " \
            f"{run_dir.resolve()}/metrics.jsonl; run record: " \
            f"{run_dir.resolve()}/final.json" in err

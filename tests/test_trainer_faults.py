@@ -21,6 +21,7 @@ from core.protocol import EVENT_PREFIX, EXIT_DIVERGED, EXIT_ERROR, EXIT_OK
 from tests.test_train import cfg, dataset  # noqa: F401  (the module-scoped dataset fixture)
 from training import checkpoint as ckpt
 from training.config import TrainConfigError, parse_train_config
+from training.console import is_narrative
 from training.faults import Faults
 from training.metrics import read
 from training.trainer import Trainer
@@ -43,9 +44,10 @@ def run_cli(config: dict[str, Any], tmp_path: Path, *args: str,
 
 
 def said(stderr: str) -> list[str]:
-    """stderr less the machine-readable event lines (and torchrun's and the entrypoint's
-    own report of the exit code)."""
-    return [line for line in stderr.splitlines() if line.strip()
+    """stderr less the machine-readable event lines, the trainer's narrative (progress,
+    evaluations, the closing block: training.console) and torchrun's and the entrypoint's
+    own report of the exit code."""
+    return [line for line in stderr.splitlines() if line.strip() and not is_narrative(line)
             and not line.startswith((EVENT_PREFIX, "entrypoint: torchrun exited"))]
 
 

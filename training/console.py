@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,18 @@ from core.protocol import format_event
 
 EVENTS_ENV = "BALLAST_EVENTS"
 EVENTS_FILE = "events.jsonl"
+
+# The shapes of the narrative lines (progress, evaluations, routine events, the closing
+# block): a log reader that wants only warnings and errors drops these.
+NARRATIVE = re.compile(
+    r"^(step \d+/\d+, loss |step \d+: validation loss |training from step 0 |resumed from "
+    r"|checkpoint at step \d+$|training finished at step |training: step \d+, "
+    r"|validation loss: |final checkpoint: |loss curve: )")
+
+
+def is_narrative(line: str) -> bool:
+    """True for a line the console prints as a matter of course (not a warning or error)."""
+    return NARRATIVE.match(line) is not None
 
 
 def _eta(seconds: float) -> str:
@@ -106,7 +119,7 @@ def closing_block(final: dict[str, Any], evals: list[dict[str, Any]], run_dir: P
         last, best = finite[-1], min(finite, key=lambda e: e["val_loss"])
         lines.append(f"validation loss: {last['val_loss']:.4f} at step {last['step']} "
                      f"(best {best['val_loss']:.4f} at step {best['step']})")
-    lines.append(f"checkpoint: {final['checkpoint']}"
+    lines.append(f"final checkpoint: {final['checkpoint']}"
                  + (f" (copied to {remote})" if remote else ""))
     lines.append(f"loss curve: {(run_dir / 'loss.png').resolve()}; metrics: "
                  f"{(run_dir / 'metrics.jsonl').resolve()}; run record: "
