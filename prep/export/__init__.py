@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -67,11 +68,38 @@ def check(dataset: str, fmt: str, out: str, splits: tuple[str, ...],
         raise ExportError(f"split {unknown[0]!r} is not in the dataset (it has "
                           f"{', '.join(manifest['splits'])})")
     dst = open_store(out, options)
+    _check_output(out, dst)
+    return uri, src, raw, manifest, dst
+
+
+def _check_output(out: str, dst: Store) -> None:
+    """Refuse an output the export cannot become (ExportError naming what is in the way),
+    before anything is written: keys under it, in any store. A local export ends with a
+    rename onto `out`, which also fails on what holds no key: a file at `out` or above it,
+    a directory holding only directories or temporary files; those are refused here too,
+    not after the whole dataset has been exported. An s3:// prefix has nothing else in
+    the way (an object named like the prefix is not under it)."""
     present = dst.list()
     if present:
         raise ExportError(f"{out} is not empty ({len(present)} files, e.g. {present[0]}): "
                           "export into a new directory")
-    return uri, src, raw, manifest, dst
+    local = dst.local_path("")
+    if local is None:
+        return
+    for p in (local, *local.parents):  # the nearest that exists must be a directory
+        if p.is_dir():
+            break
+        if p.exists():
+            what = "it is a file" if p == local else f"{p} is a file"
+            raise ExportError(f"{out}: {what}, not a directory: export into a new "
+                              "directory")
+    if local.is_dir():
+        with os.scandir(local) as entries:
+            held = sorted(e.name + "/" * e.is_dir() for e in entries)
+        if held:
+            more = f" and {len(held) - 1} more" if len(held) > 1 else ""
+            raise ExportError(f"{out} is not empty (it holds {held[0]}{more}): export into "
+                              "a new directory")
 
 
 def _counted(batches: Iterator[Any], split: str,
