@@ -5,17 +5,29 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 
 def run_name() -> str:
-    """`<flow>-<config name>-<UTC date and time>`, e.g. `train-train-demo-2026-11-23-0300`,
-    instead of Prefect's random two words: the runs list then says what each run did."""
+    """`<flow>-<config name>[-<run dir>][-<N>steps]-<UTC date and time>`, e.g.
+    `pipeline-demo-scheduled-60steps-2026-11-23-0300`, instead of Prefect's random two
+    words: the runs list then tells runs apart by what they did and where they trained (the
+    run dir and steps only when the run's parameters set them)."""
     from prefect.runtime import flow_run
 
     params = flow_run.parameters or {}
+    return name_for(flow_run.flow_name or "run", params,
+                    time.strftime("%Y-%m-%d-%H%M", time.gmtime()))
+
+
+def name_for(flow: str, params: dict[str, Any], stamp: str) -> str:
     config = params.get("config_path") or params.get("prep_config") or "run"
-    stamp = time.strftime("%Y-%m-%d-%H%M", time.gmtime())
-    return f"{flow_run.flow_name or 'run'}-{Path(str(config)).stem}-{stamp}"
+    parts = [flow, Path(str(config)).stem]
+    if params.get("run_dir"):
+        parts.append(Path(str(params["run_dir"])).name)
+    if params.get("steps"):
+        parts.append(f"{params['steps']}steps")
+    return "-".join([*parts, stamp])
 
 
 def flow_run_alive(flow_run_id: str) -> bool:
