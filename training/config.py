@@ -354,7 +354,7 @@ class TrackingConfig(Strict):
     experiment: str = Field(default="ballast", min_length=1, max_length=500, description=(
         "The MLflow experiment."))
     tensorboard: bool = Field(default=True, description=(
-        "Event files in <run_dir>/tensorboard, written by rank 0 as it trains."))
+        "Event files in <run_dir>/tensorboard/<run name>, written by rank 0 as it trains."))
 
     @field_validator("uri")
     @classmethod

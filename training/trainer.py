@@ -258,7 +258,10 @@ class Trainer:
         if tr is not None and tr.enabled and tr.tensorboard and self.world.is_main:
             from training.tensorboard_log import TensorBoardLog
 
-            log.sinks.append(TensorBoardLog(self.run_dir / "tensorboard", purge_step=latest))
+            # A directory named after the run: TensorBoard names runs by their directory
+            # under --logdir (it showed "." for <run_dir>/tensorboard).
+            log.sinks.append(TensorBoardLog(self.run_dir / "tensorboard" / self.cfg.run_name(),
+                                            purge_step=latest))
         return log
 
     def _run(self) -> int:
