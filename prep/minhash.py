@@ -1,7 +1,7 @@
 """MinHash near-duplicate detection, vectorised with numpy over batches of documents.
 
 Pure functions, no I/O: word-n-gram shingling, signatures, LSH band keys, the choice of
-bands x rows, union-find and the exact-Jaccard confirmation of candidates.
+bands x rows and the exact-Jaccard confirmation of candidates.
 
 Why not datasketch's MinHash per document: it hashes every shingle with SHA-1 in a
 Python loop (~60 us for a 1 KB document); here one batch of documents is one byte array
@@ -9,8 +9,6 @@ and every step is a numpy operation over it (benchmarks/dedup.py measures both).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -210,35 +208,3 @@ def jaccard(x: np.ndarray, y: np.ndarray) -> float:
         return 1.0
     inter = len(np.intersect1d(x, y, assume_unique=True))
     return inter / (len(x) + len(y) - inter)
-
-
-@dataclass
-class UnionFind:
-    """Union-find whose root is always the smallest index, so 'the document that stays'
-    (the first in input order) is simply find(i)."""
-
-    parent: np.ndarray
-
-    @classmethod
-    def of(cls, n: int) -> UnionFind:
-        return cls(np.arange(n, dtype=np.int64))
-
-    def find(self, i: int) -> int:
-        p = self.parent
-        root = i
-        while p[root] != root:
-            root = p[root]
-        while p[i] != root:  # path compression
-            p[i], i = root, p[i]
-        return int(root)
-
-    def union(self, i: int, j: int) -> None:
-        ri, rj = self.find(i), self.find(j)
-        if ri != rj:
-            lo, hi = (ri, rj) if ri < rj else (rj, ri)
-            self.parent[hi] = lo
-
-    def roots(self) -> np.ndarray:
-        for i in range(len(self.parent)):
-            self.find(i)
-        return self.parent.copy()

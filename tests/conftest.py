@@ -1,20 +1,19 @@
-"""Shared fixtures: a real moto S3 server over HTTP on loopback, and a fresh bucket per test."""
+"""Shared fixtures: a real moto S3 server over HTTP on loopback and a fresh bucket per test,
+the tiny training dataset, a temporary Prefect API and a loopback Kubernetes API. What the
+tests share besides fixtures is in tests/support/."""
 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.moto import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, start_moto, stop
 
 # The project is not necessarily pip-installed into the venv and pyproject sets no pytest
 # `pythonpath`, so make the repository root importable (infra, flows, ...) for all tests.
@@ -32,75 +31,15 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 if "torch" in sys.modules:  # imported before this file (a plugin): set its pool directly
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-# Recognisable fake credentials: tests assert these strings never surface in errors.
-FAKE_ACCESS_KEY_ID = "AKIABALLASTFAKE7Q2X"
-FAKE_SECRET_ACCESS_KEY = "ballastFakeSecret/9vTq3LmZ+pW8rYx2Kd0NsEuHa"
-MOTO_START_TIMEOUT_S = 30.0
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _moto_command() -> list[str]:
-    exe = Path(sys.executable).with_name("moto_server")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
-
-
-def _answers(endpoint: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1):
-            return True
-    except urllib.error.HTTPError:
-        return True  # any HTTP answer means the server is up
-    except OSError:
-        return False
-
-
-def _start_moto(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    # The port is picked before the server binds it, so another process can win the race;
-    # the server then exits at once and we try a new port.
-    for _ in range(3):
-        port = free_port()
-        endpoint = f"http://127.0.0.1:{port}"
-        with log_path.open("ab") as log:
-            proc = subprocess.Popen(
-                [*_moto_command(), "-H", "127.0.0.1", "-p", str(port)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        deadline = time.monotonic() + MOTO_START_TIMEOUT_S
-        while time.monotonic() < deadline and proc.poll() is None:
-            if _answers(endpoint):
-                return proc, endpoint
-            time.sleep(0.05)
-        _stop(proc)
-    tail = log_path.read_text(errors="replace")[-2000:]
-    raise RuntimeError(f"moto_server did not start; log tail:\n{tail}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
 
 @pytest.fixture(scope="session")
 def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of a real `moto_server` subprocess on 127.0.0.1, shared by the session."""
-    proc, endpoint = _start_moto(tmp_path_factory.mktemp("moto") / "moto_server.log")
+    proc, endpoint = start_moto(tmp_path_factory.mktemp("moto") / "moto_server.log")
     try:
         yield endpoint
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 @pytest.fixture
@@ -155,7 +94,7 @@ def train_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Byte-level tinyshakespeare excerpt, paragraphs as documents, packed to 64."""
     from prep.config import parse_config
     from prep.pipeline import run_prep
-    from tests.helpers import shared_file
+    from tests.support.helpers import shared_file
 
     root = tmp_path_factory.mktemp("train-data")
     text = shared_file("tinyshakespeare.txt").read_text(encoding="utf-8")[:120_000]
@@ -169,6 +108,13 @@ def train_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
         "pack": {"seq_len": 64}, "dataset": {"validation_fraction": 0.1, "pack_partitions": 2},
     }), progress=False)
     return str(out / "dataset")
+
+
+@pytest.fixture(scope="module")
+def dataset(train_dataset: str) -> str:
+    """train_dataset under the name the trainer's tests give it (a test module may define a
+    `dataset` of its own, which then wins)."""
+    return train_dataset
 
 
 @pytest.fixture(scope="session")
@@ -188,8 +134,8 @@ def prefect_api() -> Iterator[str]:
 
 @pytest.fixture
 def kube() -> Iterator[Any]:
-    """A loopback Kubernetes API serving recorded objects (tests/test_k8s_backend.py)."""
-    from tests.test_k8s_backend import FakeKubeAPI
+    """A loopback Kubernetes API serving recorded objects (tests/support/kube.py)."""
+    from tests.support.kube import FakeKubeAPI
 
     api = FakeKubeAPI()
     try:

@@ -18,10 +18,9 @@ import pytest
 
 from prep.config import parse_config
 from prep.pipeline import run_prep
-from tests import adversarial
-from tests.adversarial import LOCATION_KEY, MAX_DOC_BYTES, REASONS, Expected
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support import adversarial
+from tests.support.adversarial import LOCATION_KEY, MAX_DOC_BYTES, REASONS, Expected
+from tests.support.helpers import ROOT
 
 
 def config(data: Path, out: Path) -> dict[str, Any]:

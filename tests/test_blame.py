@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import ROOT, assert_one_line_error, cli_env, run_cli, shared_file
+from tests.support.factories import train_config
+from tests.support.helpers import ROOT, assert_one_line_error, cli_env, run_cli, shared_file
 
 GARBAGE_LINE = 4  # the line of junk.jsonl that holds the slashes
 
@@ -43,14 +44,13 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def train(tmp: Path, name: str, *faults: str) -> Path:
     cfg = tmp / f"{name}.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "dataset": str(tmp / "prep" / "dataset"), "run_dir": str(tmp / name), "seed": 0,
-        "steps": 150, "micro_batch": 2, "eval_every": 1000, "eval_batches": 1,
-        "model": {"d_model": 32, "n_layer": 2, "n_head": 2}, "optim": {"lr": 3e-3},
-        "schedule": {"warmup_steps": 5}, "checkpoint": {"every": 20, "keep_last": 1},
+    cfg.write_text(yaml.safe_dump(train_config(
+        str(tmp / "prep" / "dataset"), tmp / name, seed=0, steps=150, micro_batch=2,
+        eval_every=1000, eval_batches=1, optim={"lr": 3e-3}, schedule={"warmup_steps": 5},
+        checkpoint={"every": 20, "keep_last": 1},
         # A short EMA: a 150-step run's early loss drop would otherwise dominate the
         # variance for the whole run and hide the spikes.
-        "guards": {"warmup_steps": 20, "spikes_to_rollback": 10, "ema_beta": 0.9}}))
+        guards={"warmup_steps": 20, "spikes_to_rollback": 10, "ema_beta": 0.9})))
     if faults:  # the trainer's fault hooks: its module entry point takes them
         r = subprocess.run([sys.executable, "-m", "training.train", "--config", str(cfg),
                             *(a for f in faults for a in ("--fault", f))], cwd=ROOT,

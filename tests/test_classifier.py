@@ -13,8 +13,8 @@ from cli.main import main
 from prep.quality import filter_document, filter_documents, parse_rules
 from prep.quality.classifier import report_path
 from prep.quality.train_classifier import TrainConfig, TrainError, load_examples, train
+from tests.support.helpers import SHARED
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 LABELLED = SHARED / "web_dclm_quality_labels_train.jsonl"
 # Small and fast: the mechanism, not the accuracy, is under test here.
 FAST = TrainConfig(dim=16, bucket=20_000, epoch=10, folds=3, holdout=0.25)

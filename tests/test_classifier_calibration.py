@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cli.main import main
 from prep.quality.train_classifier import TrainConfig, load_calibrated, train
-from tests.helpers import shared_file
+from tests.support.helpers import shared_file
 
 FAST = TrainConfig(dim=16, bucket=20_000, epoch=10, folds=3, holdout=0.25)
 

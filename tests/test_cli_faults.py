@@ -21,9 +21,8 @@ import psutil
 import pytest
 import yaml
 
-from tests.helpers import assert_one_line_error, cli_env, run_cli
+from tests.support.helpers import ROOT, assert_one_line_error, cli_env, run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
 EXIT_INTERRUPTED = 130
 
 

@@ -26,10 +26,10 @@ import yaml
 from prep.cluster import WORKER_FAILPOINT_ENV
 from prep.config import parse_config
 from prep.pipeline import run_prep
-from tests.conftest import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, free_port
-from tests.test_pipeline import config, make_corpus
+from tests.support.corpus import make_corpus
+from tests.support.factories import prep_config
+from tests.support.moto import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, free_port
 
-ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 90.0
 # Keys whose content differs between two runs by design: the run's identity (run id and
@@ -127,7 +127,7 @@ def s3_world(moto_endpoint: str, s3_client: Any,
 
 
 def s3_config(bucket: str, out: str) -> dict[str, Any]:
-    cfg = config(Path("unused"), Path("unused"), shard_docs=40)
+    cfg = prep_config(Path("unused"), Path("unused"), shard_docs=40)
     cfg["output"] = f"s3://{bucket}/{out}"
     cfg["sources"][0]["paths"] = [f"s3://{bucket}/in/web/*.jsonl.gz"]
     cfg["sources"][1]["paths"] = [f"s3://{bucket}/in/code/"]

@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 
+from tests.support.factories import train_config
 from training import checkpoint as ckpt
 from training import components
 from training.components.base import Component
 from training.config import parse_train_config
 from training.metrics import read
 from training.trainer import Trainer
-
-TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
 
 
 class AppliedSteps(Component):
@@ -62,10 +61,9 @@ class StopAtThree(Component):
 
 
 def config(dataset: str, run_dir: Path, steps: int) -> Any:
-    return parse_train_config({
-        "dataset": dataset, "run_dir": str(run_dir), "steps": steps, "micro_batch": 4,
-        "eval_every": 2, "model": dict(TINY), "checkpoint": {"every": 2, "keep_last": 5},
-        "schedule": {"warmup_steps": 1}})
+    return parse_train_config(train_config(dataset, run_dir, steps=steps, eval_every=2,
+                                           checkpoint={"every": 2, "keep_last": 5},
+                                           schedule={"warmup_steps": 1}))
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from prep.config import ConfigError, load_config, parse_config
+from tests.support.helpers import ROOT
 
 GOOD = {
     "output": "runs/x",
@@ -114,7 +115,7 @@ def test_remote_checkpoint_uri_is_the_root_plus_the_run_name():
     # The demo keeps its location (k8s/base/train.yaml: tests/test_k8s_manifests.py).
     from training.config import load_train_config
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     demo = load_train_config(root / "configs" / "train-demo.yaml")
     assert demo.remote_checkpoint_uri() == "runs/object-store/train-demo"
 

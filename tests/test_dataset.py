@@ -14,7 +14,7 @@ import pytest
 from core.dataset import verify
 from prep.config import parse_config
 from prep.pipeline import run_prep
-from tests.helpers import read_jsonl, shared_file, write_jsonl
+from tests.support.helpers import read_jsonl, shared_file, write_jsonl
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from prep.stages import dataset
 from prep.stages.mixture import read_plan, train_partitions, validation_partitions
 from prep.stages.pack import packed_done_key, packed_key
 from prep.stages.tokenize import TOKENIZER_KEY
-from tests.helpers import read_jsonl, shared_file, write_jsonl
+from tests.support.helpers import ROOT, read_jsonl, shared_file, write_jsonl
 
 
 class RemoteLikeStore(LocalStore):
@@ -205,18 +205,18 @@ def test_prep_dataset_matches_save_to_disk_byte_for_byte(tmp_path):
     assert mtimes == {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
 
 
-MEASURE = """
+MEASURE = f"""
 import json, sys
 from pathlib import Path
 import pyarrow as pa
 from core.store import LocalStore
-from tests.test_dataset_stream import write_streaming
+from {__name__} import write_streaming
 root = Path(sys.argv[1])
 before = pa.default_memory_pool().max_memory()
 entries = write_streaming(LocalStore(root / "store"), LocalStore(root / "new"),
                           ["train/g00-p0000"], "train", int(sys.argv[2]), 3, "fp", root / "scratch")
-print(json.dumps({"before": before, "peak": pa.default_memory_pool().max_memory(),
-                  "rows": sum(e.get("rows", 0) for e in entries.values())}))
+print(json.dumps({{"before": before, "peak": pa.default_memory_pool().max_memory(),
+                  "rows": sum(e.get("rows", 0) for e in entries.values())}}))
 """
 
 
@@ -239,7 +239,7 @@ def test_memory_stays_at_a_few_batches_not_the_split(tmp_path):
     del table, ids, mask
     (tmp_path / "scratch").mkdir()
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = ROOT
     proc = subprocess.run([sys.executable, "-c", MEASURE, str(tmp_path), str(seq_len)],
                           cwd=repo, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

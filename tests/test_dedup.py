@@ -11,8 +11,8 @@ import pytest
 
 from prep.config import parse_config
 from prep.pipeline import run_prep
-from tests.helpers import edit_words, read_jsonl, shared_file, write_jsonl
-from tests.test_pipeline import string_jaccard
+from tests.support.corpus import string_jaccard
+from tests.support.helpers import edit_words, read_jsonl, shared_file, write_jsonl
 
 
 def _removed(out: Path) -> dict[str, str]:

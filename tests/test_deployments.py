@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.tiny_run import TINY, write_configs
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.factories import TINY, train_config
+from tests.support.helpers import ROOT
+from tests.support.tiny_run import write_configs
 
 
 async def _artifact(key: str) -> list[dict]:
@@ -47,11 +47,9 @@ def test_train_flow_reports_attempts(prefect_api, train_dataset, tmp_path):
     from flows.train import train
 
     cfg = tmp_path / "t.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "dataset": train_dataset, "run_dir": str(tmp_path / "run"), "steps": 60,
-        "micro_batch": 4, "eval_every": 1000, "model": TINY,
-        "checkpoint": {"every": 10, "keep_last": 2}, "schedule": {"warmup_steps": 5},
-        "guards": {"warmup_steps": 10, "max_rollbacks": 1}}))
+    cfg.write_text(yaml.safe_dump(train_config(
+        train_dataset, tmp_path / "run", steps=60, eval_every=1000, checkpoint={"every": 10},
+        schedule={"warmup_steps": 5}, guards={"warmup_steps": 10, "max_rollbacks": 1})))
     result = train(str(cfg), launch={"poll_s": 0.3},
                    extra_args=["--fault", "lr_blowup_persistent@30-200"])
     assert result["ok"] and result["step"] == 60

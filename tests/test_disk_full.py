@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.factories import train_config
+from tests.support.helpers import ROOT
 from training.metrics import MetricsLog, read
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
 
 
 def _mount(path: Path, size: str) -> bool:
@@ -51,10 +50,8 @@ def test_a_full_disk_stops_the_run_in_one_line_and_a_restart_resumes(train_datas
                                                                        tmp_path):
     run = small_disk / "run"
     config = tmp_path / "t.yaml"
-    config.write_text(yaml.safe_dump({
-        "dataset": train_dataset, "run_dir": str(run), "steps": 20, "micro_batch": 4,
-        "eval_every": 1000, "eval_batches": 1, "model": TINY,
-        "checkpoint": {"every": 5, "keep_last": 2}, "schedule": {"warmup_steps": 2}}))
+    config.write_text(yaml.safe_dump(train_config(
+        train_dataset, run, steps=20, eval_every=1000, eval_batches=1, checkpoint={"every": 5})))
     r = train(config)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "Traceback" not in r.stderr

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.test_train import cfg, dataset  # noqa: F401  (the module-scoped dataset fixture)
+from tests.support.factories import train_config
+from tests.support.helpers import ROOT
 from training.metrics import read
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def torchrun(nproc: int, config: Path, *extra: str) -> subprocess.CompletedProcess:
@@ -27,12 +26,12 @@ def losses(run_dir: Path) -> list[float]:
 
 
 @pytest.mark.slow
-def test_ddp_two_processes_match_one(dataset, tmp_path):  # noqa: F811
+def test_ddp_two_processes_match_one(dataset, tmp_path):
     runs = {}
     for n in (1, 2):
         run_dir = tmp_path / f"world{n}"
-        c = cfg(dataset, run_dir, steps=20, micro_batch=4, accum_steps=2, eval_every=10,
-                checkpoint={"every": 10})
+        c = train_config(dataset, run_dir, log_every=1, steps=20, micro_batch=4, accum_steps=2,
+                         eval_every=10, checkpoint={"every": 10})
         p = tmp_path / f"w{n}.yaml"
         p.write_text(yaml.safe_dump(c))
         r = torchrun(n, p)
@@ -57,20 +56,21 @@ def entrypoint(config: Path, *extra: str, restarts: int = 0) -> subprocess.Compl
 
 
 @pytest.mark.slow
-def test_entrypoint_passes_worker_exit_codes_through(dataset, tmp_path):  # noqa: F811
+def test_entrypoint_passes_worker_exit_codes_through(dataset, tmp_path):
     ok = tmp_path / "ok.yaml"
-    ok.write_text(yaml.safe_dump(cfg(dataset, tmp_path / "ok", steps=4)))
+    ok.write_text(yaml.safe_dump(train_config(dataset, tmp_path / "ok", log_every=1, steps=4)))
     assert entrypoint(ok).returncode == 0
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({**cfg(dataset, tmp_path / "bad"), "stpes": 3}))
+    bad.write_text(yaml.safe_dump({**train_config(dataset, tmp_path / "bad", log_every=1),
+                                   "stpes": 3}))
     r = entrypoint(bad, restarts=1)
     assert r.returncode == 1, r.stderr[-2000:]  # torchrun alone would say 1 for anything
 
     div = tmp_path / "div.yaml"
-    div.write_text(yaml.safe_dump(cfg(dataset, tmp_path / "div", steps=120,
-                                      guards={"warmup_steps": 10, "max_rollbacks": 0},
-                                      checkpoint={"every": 10})))
+    div.write_text(yaml.safe_dump(train_config(dataset, tmp_path / "div", log_every=1, steps=120,
+                                               guards={"warmup_steps": 10, "max_rollbacks": 0},
+                                               checkpoint={"every": 10})))
     r = entrypoint(div, "--fault", "lr_blowup_persistent@30-200", restarts=1)
     assert r.returncode == 3, r.stderr[-2000:]
     assert (tmp_path / "div" / "DIVERGED").is_file()  # the restart did not train on
@@ -98,7 +98,7 @@ def final_params(run: Path, step: int, config: dict) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp2"])
-def test_killed_twice_resumes_exactly(dataset, tmp_path, parallel):  # noqa: F811
+def test_killed_twice_resumes_exactly(dataset, tmp_path, parallel):
     import os
     import random
     import signal
@@ -110,9 +110,10 @@ def test_killed_twice_resumes_exactly(dataset, tmp_path, parallel):  # noqa: F81
 
     def config(run: Path) -> Path:
         p = tmp_path / f"{run.name}.yaml"
-        p.write_text(yaml.safe_dump(cfg(dataset, run, steps=40, micro_batch=4, eval_every=20,
-                                        checkpoint={"every": 5, "keep_last": 2},
-                                        parallel=parallel)))
+        p.write_text(yaml.safe_dump(train_config(dataset, run, log_every=1, steps=40, micro_batch=4,
+                                                 eval_every=20,
+                                                 checkpoint={"every": 5, "keep_last": 2},
+                                                 parallel=parallel)))
         return p
 
     ref, run = tmp_path / "ref", tmp_path / "killed"
@@ -145,14 +146,14 @@ def test_killed_twice_resumes_exactly(dataset, tmp_path, parallel):  # noqa: F81
 
 @pytest.mark.slow
 def test_fsdp2_matches_one_process_and_resumes_at_another_world_size(
-        dataset, tmp_path):  # noqa: F811
+        dataset, tmp_path):
     from training import checkpoint as ckpt
 
     runs = {}
     for n, parallel in ((1, "ddp"), (2, "fsdp2")):
         run_dir = tmp_path / f"{parallel}{n}"
-        c = cfg(dataset, run_dir, steps=12, micro_batch=4, accum_steps=2, eval_every=6,
-                checkpoint={"every": 6}, parallel=parallel)
+        c = train_config(dataset, run_dir, log_every=1, steps=12, micro_batch=4, accum_steps=2,
+                         eval_every=6, checkpoint={"every": 6}, parallel=parallel)
         p = tmp_path / f"{parallel}{n}.yaml"
         p.write_text(yaml.safe_dump(c))
         r = torchrun(n, p)

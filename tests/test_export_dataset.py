@@ -18,7 +18,7 @@ from core.store import StorageOptions
 from prep.export import ExportError, export_dataset, llmc, megatron
 from prep.export.mds import import_streaming
 from prep.export.rows import Rows, sequences
-from tests.helpers import assert_one_line_error, run_cli, shared_file
+from tests.support.helpers import assert_one_line_error, run_cli, shared_file
 
 SEQ_LEN = 64
 

@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 
 from cli.main import main as cli_main
 from prep.tokenizer import byte_tokenizer, train_bpe
-from tests.helpers import shared_file
+from tests.support.helpers import shared_file
 from training import checkpoint as ckpt
 from training.config import ModelConfig, TrainConfig
 from training.export_hf import UnsupportedArchitecture, architecture, export_hf

@@ -12,7 +12,8 @@ import yaml
 
 from prep.config import parse_config
 from prep.pipeline import run_prep
-from tests.test_pipeline import config, make_corpus
+from tests.support.corpus import make_corpus
+from tests.support.factories import prep_config
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 
 def flow_config(data: Path, out: Path) -> dict:
-    cfg = config(data, out, shard_docs=60)
+    cfg = prep_config(data, out, shard_docs=60)
     cfg["pack"] = {"seq_len": 512}
     cfg["dataset"] = {"pack_partitions": 2, "train_shards": 2}
     return cfg

@@ -9,58 +9,13 @@ only (the trainer reads the loader's batch with it), so it can never wait on a d
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import functools
-import os
-import sys
-import threading
 import warnings
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
 
-from training.config import parse_train_config
+from tests.support.host_sync import BUDGET, HOST_READS, count_host_reads, reads_per_step, trainer
 from training.faults import Faults, Hooks
-from training.trainer import Trainer
-
-TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
-# What brings a tensor's value to the host (on CUDA: a synchronisation each).
-HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu")
-# torch's optimizers read their step counters (`state["step"]`), one per parameter; those
-# live on the host even when the parameters are on CUDA, so they are counted apart.
-OPTIM_DIR = os.path.dirname(torch.optim.__file__)
-# Reads per optimizer step, besides the optimizer's: the trainer's one transfer.
-BUDGET = 1
-
-
-@contextlib.contextmanager
-def count_host_reads() -> Iterator[collections.Counter[str]]:
-    """Counts, by method, the host reads this thread makes inside the block (the loader's
-    prefetch thread is not the step's); those made by torch's optimizer code count under
-    "optim.<method>". The Tensor methods are restored on exit."""
-    counts: collections.Counter[str] = collections.Counter()
-    me = threading.get_ident()
-    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
-
-    def counted(name: str, fn):
-        @functools.wraps(fn)
-        def wrapper(self, *args, **kwargs):
-            if threading.get_ident() == me:
-                caller = sys._getframe(1).f_code.co_filename
-                counts[f"optim.{name}" if caller.startswith(OPTIM_DIR) else name] += 1
-            return fn(self, *args, **kwargs)
-        return wrapper
-
-    for name, fn in saved.items():
-        setattr(torch.Tensor, name, counted(name, fn))
-    try:
-        yield counts
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.Tensor, name, fn)
 
 
 class ReadsLoss(Hooks):
@@ -69,33 +24,6 @@ class ReadsLoss(Hooks):
     def loss(self, step: int, loss: torch.Tensor) -> torch.Tensor:
         loss.item()
         return loss
-
-
-def trainer(dataset: str, run_dir: Path, accum: int, hooks: Hooks | None = None,
-            **over) -> Trainer:
-    cfg = {"dataset": dataset, "run_dir": str(run_dir), "steps": 8, "micro_batch": 4,
-           "accum_steps": accum, "eval_every": 1000, "model": dict(TINY),
-           "checkpoint": {"every": 1000}, "schedule": {"warmup_steps": 2}, **over}
-    return Trainer(parse_train_config(cfg), hooks)
-
-
-def reads_per_step(t: Trainer, steps: int) -> tuple[list[int], list[int], list[str]]:
-    """For each of `steps` train_step() calls: the host reads, those outside torch's
-    optimizer, and the guard's verdict."""
-    reads, ours, actions = [], [], []
-    try:
-        for _ in range(steps):
-            with count_host_reads() as counts:
-                out = t.train_step()
-            reads.append(sum(counts.values()))
-            ours.append(sum(v for k, v in counts.items() if not k.startswith("optim.")))
-            actions.append(out.decision.action if out.decision else "fp16")
-            t.state.step += 1
-            t.state.samples_seen += out.samples
-    finally:
-        t.loader.close()
-        t.ckpts.close()
-    return reads, ours, actions
 
 
 def test_the_counter_sees_every_kind_of_host_read():

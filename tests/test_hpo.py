@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import assert_one_line_error, run_cli
+from tests.support.factories import train_config
+from tests.support.helpers import assert_one_line_error, run_cli
 
-TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
 STEPS = 60  # long enough that a pruned trial is stopped well before its end
 GOOD = [{"optim.lr": 3e-3, "model.init_std": 0.02}, {"optim.lr": 1e-3, "model.init_std": 0.02}]
 # Logits ~100x too large and a learning rate that cannot fix them in a few steps: the
@@ -21,12 +21,10 @@ BAD = [{"optim.lr": 1e-6, "model.init_std": 3.0}, {"optim.lr": 1e-6, "model.init
 
 def write_search(tmp: Path, dataset: str, **over) -> Path:
     base = tmp / "base.yaml"
-    base.write_text(yaml.safe_dump({
-        "dataset": dataset, "run_dir": str(tmp / "unused"), "steps": 100, "micro_batch": 4,
-        "eval_every": 50, "eval_batches": 2, "model": TINY,
-        "checkpoint": {"every": STEPS, "keep_last": 1}, "schedule": {"warmup_steps": 2},
-        "launch": {"poll_s": 0.2, "max_restarts": 0},
-    }))
+    base.write_text(yaml.safe_dump(train_config(
+        dataset, tmp / "unused", steps=100, eval_every=50, eval_batches=2,
+        checkpoint={"every": STEPS, "keep_last": 1},
+        launch={"poll_s": 0.2, "max_restarts": 0})))
     cfg = {
         "base_config": str(base), "out": str(tmp / "hpo"), "n_trials": 4, "parallel": 2,
         "steps": STEPS, "eval_every": 3, "overrides": {"model.mup_base_d_model": 32},

@@ -9,10 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 import shutil
-import subprocess
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,51 +31,19 @@ from prep.inputs import (
 from prep.pipeline import run_prep
 from prep.readers import resolve_inputs
 from prep.stages import ingest
-from tests.helpers import assert_one_line_error, run_cli
+from tests.support.inputs import (
+    build,
+    cfg_dict,
+    cli,
+    jsonl_rows,
+    make_corpus,
+    mtimes,
+    one_line_error,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
 UNIT = 3000  # bytes per ingest unit in these tests: the big files are split into parts
 LINE = "inputs unchanged since the last run of this output"  # the first version, unfinished
 LINE_DONE = "inputs unchanged since version v0001"  # a finished version
-
-
-def words(rng: random.Random, n: int) -> str:
-    return " ".join("".join(rng.choices("abcdefghij", k=rng.randint(2, 8))) for _ in range(n))
-
-
-def jsonl_rows(path: Path, start: int, n: int, seed: int = 0, mode: str = "w") -> None:
-    rng = random.Random(seed * 1000 + start)
-    with open(path, mode, encoding="utf-8") as f:
-        for i in range(start, start + n):
-            f.write(json.dumps({"id": f"{path.stem}-{i}", "text": words(rng, 40)}) + "\n")
-
-
-def make_corpus(root: Path) -> Path:
-    """web/: a big jsonl file (split into several parts), a small one; code.parquet: four
-    row groups (split too)."""
-    (root / "web").mkdir(parents=True)
-    jsonl_rows(root / "web" / "big.jsonl", 0, 60)
-    jsonl_rows(root / "web" / "small.jsonl", 0, 10, seed=1)
-    rng = random.Random(2)
-    rows = [{"id": f"c{i}", "text": f"def f{i}(x):\n    return x + {i}  # {words(rng, 20)}"}
-            for i in range(80)]
-    pq.write_table(pa.Table.from_pylist(rows), root / "code.parquet", row_group_size=20)
-    return root
-
-
-def cfg_dict(data: Path, out: Path) -> dict[str, Any]:
-    return {
-        "output": str(out), "workers": 1, "seed": 1,
-        "sources": [
-            {"name": "web", "paths": [str(data / "web")], "id_field": "id"},
-            {"name": "code", "paths": [str(data / "code.parquet")], "id_field": "id",
-             "quality": []},
-        ],
-        "ingest": {"shard_docs": 50},
-        "quality": ["length"],
-        "pack": {"seq_len": 128, "strategy": "bfd", "window": 100},
-        "dataset": {"validation_fraction": 0.05, "train_shards": 1, "pack_partitions": 2},
-    }
 
 
 def prep(cfg: dict[str, Any], until: str | None = None) -> dict[str, Any]:
@@ -92,32 +57,9 @@ def file_sha(path: Path, start: int = 0, end: int | None = None) -> str:
     return hashlib.sha256(path.read_bytes()[start:end]).hexdigest()
 
 
-def mtimes(out: Path) -> dict[str, int]:
-    """Every file of the output but the report (rewritten by every run), with its mtime."""
-    return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in out.rglob("*")
-            if p.is_file() and p.name != "report.json"}
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_cli(*args)
-
-
-def one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> str:
-    assert r.returncode == 1, (r.returncode, r.stderr)
-    return assert_one_line_error(r, *needles)
-
-
 def write_cfg(path: Path, cfg: dict[str, Any]) -> Path:
     path.write_text(yaml.safe_dump(cfg))
     return path
-
-
-def build(factory: pytest.TempPathFactory, name: str,
-          run: Callable[[dict[str, Any]], dict[str, Any]]) -> tuple[Path, Path, dict[str, Any]]:
-    """A corpus and an output made from it by `run`: (data, output, report)."""
-    data = make_corpus(factory.mktemp(f"{name}-data"))
-    out = factory.mktemp(f"{name}-out") / "run"
-    return data, out, run(cfg_dict(data, out))
 
 
 @pytest.fixture(scope="module")

@@ -42,10 +42,10 @@ from infra.k8s_manifests import (
     stale,
     work_pool_template,
 )
-from tests import k8s_lint
+from tests.support import k8s_lint
+from tests.support.helpers import ROOT
 from training.config import parse_train_config
 
-ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
 JOBSET_SCHEMA = ROOT / "tests/fixtures/jobset/jobset-v1alpha2.schema.json"
 # The oldest Kubernetes we support (podFailurePolicy is stable from 1.31) and the newest

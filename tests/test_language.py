@@ -13,7 +13,7 @@ import pytest
 
 from prep.quality import Outcome, filter_document, parse_rules
 from prep.quality.language import LANGUAGES, model
-from tests.helpers import read_jsonl, shared_file
+from tests.support.helpers import read_jsonl, shared_file
 
 
 def run(spec: list[Any], text: str) -> Outcome:

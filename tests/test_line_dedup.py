@@ -17,7 +17,7 @@ from prep import graph
 from prep.config import ConfigError, parse_config
 from prep.pipeline import run_prep
 from prep.stages import lines as lines_stage
-from tests.helpers import read_jsonl, shared_file, write_jsonl
+from tests.support.helpers import read_jsonl, shared_file, write_jsonl
 
 BANNER = "Accept cookies to continue browsing this website"
 BANNER_2 = "Subscribe to our newsletter for the latest updates"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from core.dataset import row_schema
+from tests.support.helpers import ROOT
 from training.data import Loader, Sampler, Split
 
 
@@ -108,14 +108,14 @@ def test_loader_shuts_down_cleanly() -> None:
     assert not any(t.name.startswith("prefetch") for t in threading.enumerate())
     # An interpreter exit with batches still queued and no close(): no hanging thread.
     code = ("import numpy as np, pyarrow as pa\n"
-            "from tests.test_loader import packed_split\n"
+            f"from {__name__} import packed_split\n"
             "from training.data import Loader, Sampler\n"
             "s = packed_split(1000, 64)\n"
             "loader = Loader(s, Sampler(s.rows, 0), depth=2)\n"
             "loader.get(0, 256)\n"
             "print('exiting')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=Path(__file__).resolve().parent.parent)
+                         timeout=60, cwd=ROOT)
     assert out.returncode == 0 and out.stdout == "exiting\n", out.stderr
 
 

@@ -6,13 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
+from tests.support.factories import TINY
+from tests.support.helpers import ROOT
 
 
 def listeners(root: int) -> set[tuple[str, int]]:

@@ -1,4 +1,5 @@
-"""The MinHash core: shingling, signatures against exact Jaccard, band choice, clustering."""
+"""The MinHash core: shingling, signatures against exact Jaccard, band choice; and the
+union-find the clustering tests check prep against (tests/support/union_find.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 from datasketch import MinHash
 
 from prep import minhash
-from tests.helpers import edit_words, read_jsonl, shared_file
+from tests.support.helpers import edit_words, read_jsonl, shared_file
+from tests.support.union_find import UnionFind
 
 
 def test_word_split_matches_regex_reference():
@@ -95,7 +97,7 @@ def test_choose_bands_catches_pairs_at_threshold():
 
 
 def test_union_find_root_is_smallest():
-    uf = minhash.UnionFind.of(6)
+    uf = UnionFind.of(6)
     uf.union(4, 2)
     uf.union(5, 4)
     uf.union(3, 1)

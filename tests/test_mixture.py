@@ -6,7 +6,6 @@ import itertools
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,8 +19,7 @@ from prep.mixture import (
     plan_mixture,
     select_documents,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.support.helpers import ROOT
 
 
 def by_name(plans: list[SourcePlan]) -> dict[str, SourcePlan]:
@@ -336,7 +334,7 @@ def test_doc_keys_match_xxhash_and_are_stable_across_processes() -> None:
     assert keys.dtype == np.uint64 and keys.tolist() == expected
     code = ("import sys; from prep.mixture import doc_keys; "
             "print(','.join(map(str, doc_keys(['doc-1', 'ünïcode/ö', ''], 42).tolist())))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True, env={"PYTHONHASHSEED": "123",
                                                      "PYTHONIOENCODING": "utf-8"})
     assert [int(x) for x in out.stdout.strip().split(",")] == expected

@@ -12,7 +12,7 @@ import pytest
 
 from prep.config import parse_config
 from prep.pipeline import run_prep
-from tests.helpers import read_jsonl, shared_file
+from tests.support.helpers import read_jsonl, shared_file
 
 # Sentences written for this test; a document is several of them, so that fastText's
 # lid.176 labels it with confidence.

@@ -18,7 +18,8 @@ from prep import minhash
 from prep.config import parse_config
 from prep.pipeline import run_prep
 from prep.stages import exact, near
-from tests.helpers import edit_words, read_jsonl, shared_file
+from tests.support.helpers import edit_words, read_jsonl, shared_file
+from tests.support.union_find import UnionFind
 
 
 def reference_clusters(out: Path, shards: list[str], bands: int, threshold: float,
@@ -32,7 +33,7 @@ def reference_clusters(out: Path, shards: list[str], bands: int, threshold: floa
         z = npz(near.shingles_key(s))
         sets += [z["shingles"][z["offsets"][r] : z["offsets"][r + 1]]
                  for r in range(len(z["offsets"]) - 1)]
-    uf = minhash.UnionFind.of(len(sets))
+    uf = UnionFind.of(len(sets))
     checked: dict[tuple[int, int], bool] = {}
     for band in range(bands):
         z = npz(f"v0001/{near.bucket_key(band)}")  # the version's store

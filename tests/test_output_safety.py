@@ -29,9 +29,7 @@ from prep.config import parse_config
 from prep.driver import RUN_KEY
 from prep.pipeline import run_prep
 from prep.stages import dataset
-from tests.helpers import read_jsonl, shared_file, write_jsonl
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.helpers import ROOT, read_jsonl, shared_file, write_jsonl
 
 
 def _current_umask() -> int:

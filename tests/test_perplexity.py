@@ -22,8 +22,8 @@ from prep.config import parse_config
 from prep.pipeline import run_prep
 from prep.quality import parse_rules
 from prep.quality.perplexity import context, load, perplexities
-from tests.helpers import shared_file, write_jsonl
-from tests.tiny_run import TINY
+from tests.support.factories import train_config
+from tests.support.helpers import shared_file, write_jsonl
 from training.export_hf import export_hf
 from training.train import main as train_main
 
@@ -33,11 +33,10 @@ def model_dir(train_dataset: str, tmp_path_factory: pytest.TempPathFactory) -> s
     """A byte-level model trained for 80 steps on tinyshakespeare, exported."""
     root = tmp_path_factory.mktemp("ppl-model")
     cfg = root / "train.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "dataset": train_dataset, "run_dir": str(root / "run"), "steps": 80,
-        "micro_batch": 8, "eval_every": 1000, "model": dict(TINY),
-        "optim": {"lr": 3e-3}, "checkpoint": {"every": 80, "keep_last": 1},
-        "schedule": {"warmup_steps": 5}}))
+    cfg.write_text(yaml.safe_dump(train_config(
+        train_dataset, root / "run", steps=80, micro_batch=8, eval_every=1000,
+        optim={"lr": 3e-3}, checkpoint={"every": 80, "keep_last": 1},
+        schedule={"warmup_steps": 5})))
     assert train_main(["--config", str(cfg)]) == 0
     out, _arch = export_hf(str(root / "run"), str(root / "hf"))
     return str(out)

@@ -3,16 +3,12 @@ planted duplicates and junk, checked document by document."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
-import random
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -22,80 +18,9 @@ from prep.driver import OutputConflict
 from prep.pipeline import run_prep
 from prep.readers import IngestError
 from prep.stages.ingest import plan_units
-from tests.helpers import edit_words, read_jsonl, shared_file
-
-ROOT = Path(__file__).resolve().parents[1]
-WORD = re.compile(r"[A-Za-z0-9_\x80-\U0010ffff]+")
-
-
-def string_jaccard(a: str, b: str, n: int = 5) -> float:
-    def sh(t: str) -> set[tuple[str, ...]]:
-        w = WORD.findall(t.lower())
-        return {tuple(w[i : i + n]) for i in range(len(w) - n + 1)}
-
-    x, y = sh(a), sh(b)
-    return len(x & y) / len(x | y)
-
-
-def make_corpus(root: Path) -> dict:
-    """web.jsonl.gz: 150 real web docs + planted copies + junk lines; code.parquet: 80
-    real Python functions. Returns what was planted."""
-    rng = random.Random(3)
-    web = read_jsonl(shared_file("web_openwebtext_1k.jsonl"), 150)
-    code = read_jsonl(shared_file("code_python_cosqa_dev.jsonl"), 80)
-    rows = [{"id": r["id"], "text": r["text"]} for r in web]
-    planted: dict = {"exact": {}, "near": {}, "distinct": [], "junk": {}}
-    for k, r in enumerate(web[:6]):
-        rows.append({"id": f"exact-{k}", "text": r["text"]})
-        planted["exact"][f"exact-{k}"] = r["id"]
-    for k, r in enumerate(web[10:16]):
-        text = edit_words(r["text"], 0.01, rng)
-        rows.append({"id": f"near-{k}", "text": text})
-        planted["near"][f"near-{k}"] = (r["id"], string_jaccard(r["text"], text))
-    for k, r in enumerate(web[20:25]):
-        # Similar but distinct: a third of the words changed (J far below 0.8).
-        rows.append({"id": f"distinct-{k}", "text": edit_words(r["text"], 0.33, rng)})
-        planted["distinct"].append(f"distinct-{k}")
-    rows.append({"id": "slashes", "text": "/" * 200_000})
-    lines = [json.dumps(r).encode() for r in rows]
-    junk = [
-        (b'{"id": "broken", "text": "no closing brace"', "invalid_json"),
-        (b'["a", "list"]', "not_an_object"),
-        (b'{"id": "notext", "body": "x"}', "missing_text"),
-        (b'{"id": "num", "text": 42}', "wrong_type"),
-        (b'{"id": "blank", "text": "   "}', "empty_text"),
-        (b'{"id": "nul", "text": "a\\u0000b"}', "nul_bytes"),
-        (b'{"id": "latin1", "text": "caf\xe9"}', "invalid_utf8"),
-    ]
-    for k, (line, _) in enumerate(junk):
-        lines.insert(40 + 10 * k, line)
-    for line, reason in junk:
-        lineno = next(i for i, ln in enumerate(lines, 1) if ln == line)
-        planted["junk"][lineno] = reason
-    (root / "web").mkdir(parents=True)
-    with gzip.open(root / "web" / "web.jsonl.gz", "wb") as f:
-        f.write(b"\n".join(lines) + b"\n")
-    (root / "code").mkdir()
-    pq.write_table(pa.table({"id": [r["id"] for r in code], "text": [r["text"] for r in code],
-                             "language": [r.get("language", "python") for r in code]}),
-                   root / "code" / "code.parquet")
-    planted["n_web_lines"] = len(lines)
-    planted["n_code"] = len(code)
-    return planted
-
-
-def config(data: Path, out: Path, workers: int = 1, shard_docs: int = 40) -> dict:
-    return {
-        "output": str(out),
-        "workers": workers,
-        "sources": [
-            {"name": "web", "paths": [str(data / "web" / "*.jsonl.gz")], "id_field": "id"},
-            {"name": "code", "paths": [str(data / "code")], "format": "parquet",
-             "id_field": "id", "quality": ["char_repetition"]},
-        ],
-        "ingest": {"shard_docs": shard_docs},
-        "quality": ["char_repetition", "gopher_quality", "gopher_repetition"],
-    }
+from tests.support.corpus import make_corpus
+from tests.support.factories import prep_config
+from tests.support.helpers import ROOT
 
 
 def dropped(out: Path, stage: str) -> dict[str, dict]:
@@ -123,7 +48,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 def run(corpus: tuple[Path, dict], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     data, _ = corpus
     out = tmp_path_factory.mktemp("out") / "run"
-    report = run_prep(parse_config(config(data, out)), progress=False)
+    report = run_prep(parse_config(prep_config(data, out)), progress=False)
     return out, report
 
 
@@ -187,7 +112,7 @@ def test_workers_do_not_change_the_output(corpus, run, tmp_path):
     data, _ = corpus
     out1, _ = run
     out2 = tmp_path / "two-workers"
-    run_prep(parse_config(config(data, out2, workers=2)), progress=False)
+    run_prep(parse_config(prep_config(data, out2, workers=2)), progress=False)
     files1 = sorted(p.relative_to(out1) for p in out1.rglob("*.parquet"))
     files2 = sorted(p.relative_to(out2) for p in out2.rglob("*.parquet"))
     assert files1 == files2
@@ -207,7 +132,7 @@ def test_missing_input_fails_before_any_work(tmp_path):
 def test_other_config_on_same_output_is_refused(corpus, run):
     data, _ = corpus
     out, _ = run
-    other = config(data, out)
+    other = prep_config(data, out)
     other["seed"] = 1
     with pytest.raises(OutputConflict, match="different config"):
         run_prep(parse_config(other), progress=False)
@@ -225,7 +150,8 @@ def test_killed_during_near_dedup_resumes_to_identical_output(corpus, tmp_path):
     data, _ = corpus
     ref_out, out = tmp_path / "ref", tmp_path / "killed"
     for o in (ref_out, out):
-        (tmp_path / f"{o.name}.yaml").write_text(yaml.safe_dump(config(data, o, shard_docs=25)))
+        (tmp_path / f"{o.name}.yaml").write_text(
+            yaml.safe_dump(prep_config(data, o, shard_docs=25)))
     assert _cli(tmp_path / "ref.yaml", "--no-progress").returncode == 0
 
     killed = _cli(tmp_path / "killed.yaml", "--no-progress",
@@ -267,7 +193,7 @@ def test_s3_input_and_output(corpus, tmp_path, s3_bucket, s3_client, moto_endpoi
     data, planted = corpus
     s3_client.upload_file(str(data / "web" / "web.jsonl.gz"), s3_bucket, "in/web/web.jsonl.gz")
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
-    cfg = config(data, tmp_path, shard_docs=100)
+    cfg = prep_config(data, tmp_path, shard_docs=100)
     cfg["output"] = f"s3://{s3_bucket}/out/run1"
     cfg["sources"][0]["paths"] = [f"s3://{s3_bucket}/in/web/*.jsonl.gz"]
     parsed = parse_config(cfg)
@@ -301,4 +227,4 @@ def test_output_of_an_older_file_layout_is_refused(corpus, run, tmp_path):
     del run_json["layout"]  # what ballast wrote before layouts were versioned
     (old / "_run.json").write_text(json.dumps(run_json))
     with pytest.raises(OutputConflict, match="file layout 1"):
-        run_prep(parse_config(config(data, old)), progress=False)
+        run_prep(parse_config(prep_config(data, old)), progress=False)

@@ -7,7 +7,6 @@ import json
 import random
 import string
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,8 +21,7 @@ from prep.quality import (
     parse_rules,
 )
 from prep.quality.text import WORD_RE, Doc, split_words, split_words_regex
-
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from tests.support.helpers import SHARED
 
 
 def run(spec: list[Any], text: str) -> Outcome:
@@ -35,7 +33,7 @@ def reason(spec: list[Any], text: str) -> str | None:
 
 
 def corpus(name: str) -> list[str]:
-    path = DATA / f"{name}.jsonl"
+    path = SHARED / f"{name}.jsonl"
     if not path.is_file():
         pytest.skip(f"shared corpus {path} is not present")
     with open(path, encoding="utf-8") as f:
@@ -310,7 +308,7 @@ def test_gopher_repetition_fractions_match_a_plain_reimplementation():
         vocab = unique_words(rng.randint(3, 12), rng.randint(0, 500))
         texts.append(" ".join(rng.choice(vocab) for _ in range(rng.randint(5, 120))))
     texts += [PROSE, PROSE + " " + PROSE, (PROSE + "\n") * 3]
-    if (DATA / "web_openwebtext_1k.jsonl").is_file():
+    if (SHARED / "web_openwebtext_1k.jsonl").is_file():
         texts += corpus("web_openwebtext_1k")[:40]
     for text in texts:
         top, dup = reference_fractions(text)

@@ -28,7 +28,7 @@ from prep.quality.code import comment_line_counts
 from prep.quality.fineweb import FineWeb
 from prep.quality.gopher import GopherQuality, GopherRepetition
 from prep.quality.simple import CharRepetition, Length
-from tests.helpers import read_jsonl, shared_file
+from tests.support.helpers import read_jsonl, shared_file
 
 
 def run(spec: list[Any], text: str, meta: Any = None) -> Outcome:

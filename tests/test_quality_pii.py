@@ -16,7 +16,7 @@ from core.errors import ConfigError
 from prep.config import parse_config
 from prep.quality import Outcome, filter_document, parse_rules
 from prep.quality.decontam import normalise
-from tests.helpers import read_jsonl, shared_file
+from tests.support.helpers import read_jsonl, shared_file
 
 
 def run(spec: list[Any], text: str) -> Outcome:

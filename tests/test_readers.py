@@ -31,8 +31,8 @@ from prep.formats import (
     jsonl,
 )
 from prep.readers import IngestError, read_file, resolve_inputs
+from tests.support.helpers import SHARED
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 OPTS = StorageOptions()
 BIG = 16 * 1024 * 1024
 
@@ -614,7 +614,7 @@ def test_s3_errors(fake_s3: Path) -> None:
 
 
 def test_real_dolma_fixture_uses_id_field() -> None:
-    path = DATA / "web_dolma_cc_fixtures.jsonl"
+    path = SHARED / "web_dolma_cc_fixtures.jsonl"
     if not path.exists():
         pytest.skip(f"{path} not present")
     recs = read_all(src(path, name="dolma", id_field="id"))

@@ -15,38 +15,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tests.test_host_sync import BUDGET, reads_per_step
-from tests.test_host_sync import trainer as sync_trainer
+from tests.support.factories import train_config
+from tests.support.host_sync import BUDGET, reads_per_step
+from tests.support.host_sync import trainer as sync_trainer
+from tests.support.trainer import config_error, train
 from training import checkpoint as ckpt
 from training.components.ema import Ema
-from training.config import ScheduleConfig, TrainConfigError, parse_train_config
+from training.config import ScheduleConfig, parse_train_config
 from training.loss import lm_loss, shift_targets
 from training.metrics import read
 from training.optim import agc_params, clip_grad_agc_
 from training.schedule import lr_multiplier
 from training.trainer import Trainer
-
-TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
-
-
-def cfg(dataset: str, run_dir: Path, **over: Any) -> dict[str, Any]:
-    c: dict[str, Any] = {"dataset": dataset, "run_dir": str(run_dir), "steps": 6,
-                         "micro_batch": 4, "eval_every": 3, "model": dict(TINY),
-                         "checkpoint": {"every": 3, "keep_last": 2},
-                         "schedule": {"warmup_steps": 2}}
-    for k, v in over.items():
-        c[k] = {**c[k], **v} if isinstance(c.get(k), dict) and isinstance(v, dict) else v
-    return c
-
-
-def train(dataset: str, run_dir: Path, **over: Any) -> int:
-    return Trainer(parse_train_config(cfg(dataset, run_dir, **over))).run()
-
-
-def config_error(**over: Any) -> str:
-    with pytest.raises(TrainConfigError) as e:
-        parse_train_config({"dataset": "ds", **over}, "t.yaml")
-    return str(e.value)
 
 
 # ---------------------------------------------------------------- schedules
@@ -134,7 +114,7 @@ def test_the_trainer_follows_the_schedule(train_dataset, tmp_path, schedule):
     """The logged LR of each step is the peak LR times lr_multiplier, the default's
     included (today's warmup + cosine, bit for bit)."""
     assert train(train_dataset, tmp_path, schedule=schedule) == 0
-    c = parse_train_config(cfg(train_dataset, tmp_path, schedule=schedule)).schedule
+    c = parse_train_config(train_config(train_dataset, tmp_path, schedule=schedule)).schedule
     lrs = [r["lr"] for r in read(tmp_path / "metrics.jsonl") if r.get("kind") == "train"]
     assert lrs == [1e-3 * lr_multiplier(k, 6, c) for k in range(6)]
     if not schedule:
@@ -167,7 +147,7 @@ def test_agc_clips_rows_above_the_unit_wise_limit_and_leaves_the_rest():
 
 def _step_grads(dataset: str, run_dir: Path, **over: Any) -> dict[str, torch.Tensor]:
     """The gradients one training step hands the optimizer (after clipping)."""
-    t = Trainer(parse_train_config(cfg(dataset, run_dir, **over)))
+    t = Trainer(parse_train_config(train_config(dataset, run_dir, **over)))
     names = {p: n for n, p in t.model.named_parameters()}
     seen: dict[str, torch.Tensor] = {}
 
@@ -194,7 +174,7 @@ def test_value_and_adaptive_clipping_in_the_training_step(train_dataset, tmp_pat
         assert torch.equal(value[n], g.clamp(-1e-3, 1e-3)), n
     assert any((g.abs() > 1e-3).any() for g in base.values())  # it did clip something
 
-    t = Trainer(parse_train_config(cfg(train_dataset, tmp_path / "w")))
+    t = Trainer(parse_train_config(train_config(train_dataset, tmp_path / "w")))
     weights = {n: p.detach().clone() for n, p in t.model.named_parameters()}
     hidden = {n for n, p in t.model.named_parameters() if t.model.param_kind(n) == "hidden"
               and p.ndim == 2}
@@ -306,7 +286,7 @@ def test_early_stopping_ends_the_run_with_exit_0_and_says_why(train_dataset, tmp
 # ---------------------------------------------------------------- EMA
 def test_ema_follows_the_lerp_after_each_step(train_dataset, tmp_path):
     decay = 0.8
-    t = Trainer(parse_train_config(cfg(train_dataset, tmp_path, ema={"decay": decay})))
+    t = Trainer(parse_train_config(train_config(train_dataset, tmp_path, ema={"decay": decay})))
     try:
         params = list(t.model.parameters())
         want = [p.detach().clone() for p in params]

@@ -17,9 +17,10 @@ import pytest
 import torch
 from torch import nn
 
-from tests.test_host_sync import BUDGET, reads_per_step
-from tests.test_host_sync import trainer as sync_trainer
-from tests.test_recipe import cfg, config_error, train
+from tests.support.factories import train_config
+from tests.support.host_sync import BUDGET, reads_per_step
+from tests.support.host_sync import trainer as sync_trainer
+from tests.support.trainer import config_error, train
 from training import checkpoint as ckpt
 from training.config import ModelConfig, OptimConfig, parse_train_config
 from training.metrics import read
@@ -298,9 +299,9 @@ def test_a_rule_scales_the_update_it_names(train_dataset, tmp_path):
     """One step with the embedding's lr cut 1000x moves it about 1000x less (AdamW's step
     is proportional to the lr; embeddings carry no weight decay)."""
     def wte_change(run: str, **over: Any) -> torch.Tensor:
-        t = Trainer(parse_train_config(cfg(train_dataset, tmp_path / run,
-                                           schedule={"kind": "constant", "warmup_steps": 0},
-                                           **over)))
+        t = Trainer(parse_train_config(train_config(
+            train_dataset, tmp_path / run, schedule={"kind": "constant", "warmup_steps": 0},
+            **over)))
         try:
             before = t.model.wte.weight.detach().clone()
             t.train_step()
@@ -326,7 +327,7 @@ def test_layer_wise_lrs_resume_exactly(train_dataset, tmp_path):
     assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
     assert sa["optimizer"]["param_groups"] == sb["optimizer"]["param_groups"]
     lrs = [r["lr"] for r in read(tmp_path / "b" / "metrics.jsonl") if r.get("kind") == "train"]
-    c = parse_train_config(cfg(train_dataset, tmp_path, **over)).schedule
+    c = parse_train_config(train_config(train_dataset, tmp_path, **over)).schedule
     assert lrs == pytest.approx([1e-3 * lr_multiplier(k, 6, c) for k in range(6)], rel=1e-12)
 
 
@@ -409,9 +410,9 @@ def test_stats_cost_no_hooks_or_reads_when_off_and_one_read_when_on(train_datase
 
 
 def test_stats_values_are_what_they_say(train_dataset, tmp_path):
-    t = Trainer(parse_train_config(cfg(train_dataset, tmp_path, stats_every=1,
-                                       optim={"grad_clip": None},
-                                       model={"position": "learned"})))
+    t = Trainer(parse_train_config(train_config(train_dataset, tmp_path, stats_every=1,
+                                                optim={"grad_clip": None},
+                                                model={"position": "learned"})))
     blocks = list(t.model.blocks)
     acts: dict[int, torch.Tensor] = {}
     attn_in: dict[int, tuple[Any, ...]] = {}

@@ -14,20 +14,20 @@ import boto3
 import pytest
 
 from core.protocol import EXIT_CRASHED
-from tests.conftest import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, _start_moto, _stop
+from tests.support.factories import TINY, train_config
+from tests.support.helpers import ROOT
+from tests.support.moto import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, start_moto, stop
 from training import checkpoint as ckpt
 from training.checkpoint.remote import RemoteCheckpointError, RemoteCheckpoints
 from training.config import parse_train_config
 from training.faults import Hooks
 from training.trainer import Trainer
 
-TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
-
 
 @pytest.fixture
 def own_moto(tmp_path: Path, aws_env: None) -> Any:
     """A moto server of this test's own (the shared one must outlive it), with a bucket."""
-    proc, endpoint = _start_moto(tmp_path / "moto.log")
+    proc, endpoint = start_moto(tmp_path / "moto.log")
     boto3.session.Session(aws_access_key_id=FAKE_ACCESS_KEY_ID,
                           aws_secret_access_key=FAKE_SECRET_ACCESS_KEY,
                           region_name="us-east-1").client(
@@ -35,7 +35,7 @@ def own_moto(tmp_path: Path, aws_env: None) -> Any:
     try:
         yield proc, endpoint
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 class StopStorageAt(Hooks):
@@ -46,19 +46,16 @@ class StopStorageAt(Hooks):
 
     def after_save(self, step: int, root: Path) -> None:
         if step == self.step:
-            _stop(self.proc)
+            stop(self.proc)
 
 
 def test_a_store_gone_for_good_stops_training_in_one_line(train_dataset, tmp_path, own_moto,
                                                            capfd):
     proc, endpoint = own_moto
-    cfg = parse_train_config({
-        "dataset": train_dataset, "run_dir": str(tmp_path / "run"), "steps": 100_000,
-        "micro_batch": 4, "eval_every": 100_000, "eval_batches": 1, "model": TINY,
-        "schedule": {"warmup_steps": 2},
-        "checkpoint": {"every": 5, "keep_last": 2, "remote": "s3://ckpts/runs",
-                       "remote_max_lag_minutes": 0.05},
-        "storage": {"endpoint_url": endpoint, "max_attempts": 1}})
+    cfg = parse_train_config(train_config(
+        train_dataset, tmp_path / "run", steps=100_000, eval_every=100_000, eval_batches=1,
+        checkpoint={"every": 5, "remote": "s3://ckpts/runs", "remote_max_lag_minutes": 0.05},
+        storage={"endpoint_url": endpoint, "max_attempts": 1}))
     t0 = time.monotonic()
     code = Trainer(cfg, StopStorageAt(10, proc)).run()
     took = time.monotonic() - t0
@@ -92,7 +89,7 @@ def test_the_final_checkpoint_must_reach_the_store(tmp_path, own_moto):
         remote.submit(local, 5)
         remote.wait()
         remote.ensure_last_uploaded()  # step 5 is there
-        _stop(proc)
+        stop(proc)
         remote.submit(local, 10)
         remote.wait()
         with pytest.raises(RemoteCheckpointError) as e:
@@ -118,7 +115,7 @@ def test_a_checkpoint_bucket_that_does_not_exist_is_one_line_exit_1(train_datase
         "checkpoint": {"remote": "s3://no-such-bucket-ballast/runs"},
         "storage": {"endpoint_url": moto_endpoint}}))
     r = subprocess.run([sys.executable, "-m", "training.train", "--config", str(config)],
-                       cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                       cwd=ROOT, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 1, r.stderr[-2000:]
     assert "Traceback" not in r.stderr

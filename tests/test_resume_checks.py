@@ -9,19 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.factories import train_config
 from training import checkpoint as ckpt
 from training.config import parse_train_config
 from training.metrics import read
 from training.trainer import Trainer
 
-TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
-
 
 def train(dataset: str, run_dir: Path, steps: int, **over: object) -> int:
     return Trainer(parse_train_config({
-        "dataset": dataset, "run_dir": str(run_dir), "steps": steps, "micro_batch": 4,
-        "eval_every": 100, "eval_batches": 1, "model": dict(TINY),
-        "checkpoint": {"every": 4, "keep_last": 2}, "schedule": {"warmup_steps": 2},
+        **train_config(dataset, run_dir, steps=steps, eval_every=100, eval_batches=1,
+                       checkpoint={"every": 4}),
         **over})).run()
 
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from core.errors import ConfigError
-from tests.helpers import ROOT, run_cli
+from tests.support.helpers import ROOT, run_cli
 from training.config import TrainConfigError, parse_train_config
 
 SECRET = "s3cr3t-Pa55"

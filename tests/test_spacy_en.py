@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,8 +13,9 @@ import pytest
 from prep.quality import spacy_en
 from prep.quality.spacy_en_rules import SPACY_VERSION
 from prep.quality.text import count_sentences, split_words, split_words_regex
+from tests.support.helpers import FIXTURES
 
-FIXTURE = Path(__file__).parent / "fixtures" / "spacy_en_cases.json"
+FIXTURE = FIXTURES / "spacy_en_cases.json"
 REFERENCE = json.loads(FIXTURE.read_text(encoding="utf-8"))
 CASES: list[dict[str, Any]] = REFERENCE["cases"]
 
@@ -84,7 +84,7 @@ def test_a_chunk_of_letters_is_one_token() -> None:
     prefix/suffix/infix path: the shared corpora's words and random strings of letters of
     many scripts, none of them a special case, are one token each."""
 
-    from tests.helpers import SHARED
+    from tests.support.helpers import SHARED
 
     words: set[str] = set()
     for path in sorted(SHARED.glob("web_*.jsonl")):

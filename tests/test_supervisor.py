@@ -21,22 +21,19 @@ import yaml
 from infra.jobs import JobHandle, JobSpec
 from infra.local_backend import LocalBackend
 from infra.supervisor import Outcome, RestartPolicy, parse_events, recovery_args, supervise
-from tests.helpers import watch_latest
+from tests.support.factories import merge, train_config
+from tests.support.helpers import ROOT, watch_latest
+from tests.support.net import TcpProxy
 from training import checkpoint as ckpt
 from training.metrics import read
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
 FAST = RestartPolicy(max_restarts=5, backoff_s=0.0, poll_s=0.2)
 
 
 def write_cfg(path: Path, dataset: str, run_dir: Path, **over) -> Path:
-    c = {"dataset": dataset, "run_dir": str(run_dir), "steps": 40, "micro_batch": 4,
-         "eval_every": 1000, "log_every": 1, "model": dict(TINY),
-         "checkpoint": {"every": 10, "keep_last": 2}, "schedule": {"warmup_steps": 5}}
-    for k, v in over.items():
-        c[k] = {**c[k], **v} if isinstance(c.get(k), dict) and isinstance(v, dict) else v
-    path.write_text(yaml.safe_dump(c))
+    c = train_config(dataset, run_dir, steps=40, eval_every=1000, log_every=1,
+                     checkpoint={"every": 10}, schedule={"warmup_steps": 5})
+    path.write_text(yaml.safe_dump(merge(c, **over)))
     return path
 
 
@@ -256,8 +253,6 @@ def test_storage_outage_under_supervision(train_dataset, tmp_path, s3_bucket, s3
                                           moto_endpoint, monkeypatch):
     """The S3 server is unreachable for a while during a supervised run: training goes on,
     checkpoints catch up, and `latest` never names a partial checkpoint."""
-    from tests.test_remote import TcpProxy
-
     proxy = TcpProxy("127.0.0.1", int(moto_endpoint.rsplit(":", 1)[1]))
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
     prefix = "runs/supervised"

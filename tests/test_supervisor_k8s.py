@@ -13,7 +13,7 @@ from infra.jobs import JobHandle, JobSpec
 from infra.k8s_backend import KubernetesBackend
 from infra.k8s_manifests import KubeOptions
 from infra.supervisor import RestartPolicy, supervise
-from tests.test_k8s_backend import FakeKubeAPI, api_client, load
+from tests.support.kube import FakeKubeAPI, api_client, load
 
 POLICY = RestartPolicy(max_restarts=3, max_node_losses=2, max_recoveries=1, poll_s=0,
                        backoff_s=0)

@@ -29,9 +29,8 @@ from prep.tokenizer import (
     load_tokenizer,
     train_bpe,
 )
-from tests.helpers import read_jsonl, shared_file
+from tests.support.helpers import ROOT, read_jsonl, shared_file
 
-REPO = Path(__file__).resolve().parents[1]
 OWT = "web_openwebtext_1k.jsonl"
 TRAIN_DOCS = 300
 BPE_VOCAB = 1000
@@ -234,7 +233,7 @@ def test_bpe_deterministic_across_processes(bpe: Tokenizer) -> None:
         sys.stdout.write(train_bpe(texts, {BPE_VOCAB}).sha256())
     """)
     env = {**os.environ, "PYTHONHASHSEED": "12345", "RAYON_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env,
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == bpe.sha256()
 

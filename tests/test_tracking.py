@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import free_port
-from tests.tiny_run import write_configs
+from tests.support.moto import free_port
+from tests.support.tiny_run import write_configs
 from training.components.progress import mfu
 from training.flops import device_peak_flops, matmul_dtype, peak_flops
 from training.metrics import read, scalars

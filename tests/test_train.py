@@ -17,33 +17,19 @@ import torch
 import yaml
 
 from core.protocol import EXIT_DIVERGED, EXIT_ERROR
-from tests.helpers import watch_latest
+from tests.support.factories import train_config
+from tests.support.helpers import ROOT, watch_latest
+from tests.support.net import TcpProxy
 from training import checkpoint as ckpt
 from training.config import parse_train_config
 from training.faults import Faults
 from training.metrics import read
 from training.train import Trainer, main
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
-
-
-@pytest.fixture(scope="module")
-def dataset(train_dataset: str) -> str:
-    return train_dataset
-
-
-def cfg(dataset: str, run_dir: Path, **over) -> dict:
-    c = {"dataset": dataset, "run_dir": str(run_dir), "steps": 6, "micro_batch": 4,
-         "eval_every": 3, "log_every": 1, "model": dict(TINY),
-         "checkpoint": {"every": 3, "keep_last": 2}, "schedule": {"warmup_steps": 2}}
-    for k, v in over.items():
-        c[k] = {**c[k], **v} if isinstance(c.get(k), dict) and isinstance(v, dict) else v
-    return c
-
 
 def train(dataset: str, run_dir: Path, faults: Faults | None = None, **over) -> int:
-    return Trainer(parse_train_config(cfg(dataset, run_dir, **over)), faults).run()
+    return Trainer(parse_train_config(train_config(dataset, run_dir, log_every=1, **over)),
+                   faults).run()
 
 
 @pytest.mark.parametrize("over", [
@@ -126,7 +112,7 @@ def test_rollback_budget_exhausted_exits_3(dataset, tmp_path):
 
 def test_bad_config_and_tampered_dataset_exit_1(dataset, tmp_path, capsys):
     p = tmp_path / "c.yaml"
-    p.write_text(yaml.safe_dump({**cfg(dataset, tmp_path), "modle": {}}))
+    p.write_text(yaml.safe_dump({**train_config(dataset, tmp_path, log_every=1), "modle": {}}))
     assert main(["--config", str(p)]) == EXIT_ERROR
     assert "modle: unknown key" in capsys.readouterr().err
     import shutil
@@ -135,7 +121,7 @@ def test_bad_config_and_tampered_dataset_exit_1(dataset, tmp_path, capsys):
     shutil.copytree(dataset, copy)
     arrow = sorted((copy / "v0001" / "train").glob("*.arrow"))[0]
     arrow.write_bytes(arrow.read_bytes()[:-10] + b"0123456789")
-    p.write_text(yaml.safe_dump(cfg(str(copy), tmp_path)))
+    p.write_text(yaml.safe_dump(train_config(str(copy), tmp_path, log_every=1)))
     assert main(["--config", str(p)]) == EXIT_ERROR
     assert "does not match its manifest" in capsys.readouterr().err
 
@@ -148,8 +134,8 @@ def test_sigkill_resume_is_bitwise_exact(dataset, tmp_path):
     """Killed three times at arbitrary moments, the run ends with the same parameters,
     optimizer state and metrics as a run that never stopped."""
     steps = 60
-    c = cfg(dataset, tmp_path / "ref", steps=steps, eval_every=20,
-            checkpoint={"every": 7, "keep_last": 2})
+    c = train_config(dataset, tmp_path / "ref", log_every=1, steps=steps, eval_every=20,
+                     checkpoint={"every": 7, "keep_last": 2})
     ref_cfg = tmp_path / "ref.yaml"
     ref_cfg.write_text(yaml.safe_dump(c))
     cmd = [sys.executable, "-m", "training.train", "--config"]
@@ -261,7 +247,7 @@ def test_remote_prefix_of_another_config_exits_1(dataset, tmp_path):
     before = _tree(prefix)
     assert "RUN.json" in before and "latest" in before
 
-    c = cfg(dataset, tmp_path / "b" / "run", model={"d_model": 64}, **over)
+    c = train_config(dataset, tmp_path / "b" / "run", log_every=1, model={"d_model": 64}, **over)
     p = tmp_path / "b.yaml"
     p.write_text(yaml.safe_dump(c))
     proc = subprocess.run([sys.executable, "-m", "training.train", "--config", str(p)],
@@ -270,7 +256,7 @@ def test_remote_prefix_of_another_config_exits_1(dataset, tmp_path):
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, proc.stderr
-    theirs = parse_train_config(cfg(dataset, tmp_path / "a" / "run", **over))
+    theirs = parse_train_config(train_config(dataset, tmp_path / "a" / "run", log_every=1, **over))
     ours = parse_train_config(c)
     assert theirs.checkpoint_fingerprint() != ours.checkpoint_fingerprint()
     for part in (str(prefix.resolve()), "'run'", theirs.checkpoint_fingerprint(),
@@ -286,8 +272,6 @@ def test_storage_outage_during_training(dataset, tmp_path, s3_bucket, s3_client,
     training keeps going, uploads are retried and catch up, and `latest` never names a
     partial checkpoint."""
     import threading
-
-    from tests.test_remote import TcpProxy
 
     proxy = TcpProxy("127.0.0.1", int(moto_endpoint.rsplit(":", 1)[1]))
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)

@@ -18,15 +18,14 @@ import torch
 import yaml
 
 from core.protocol import EVENT_PREFIX, EXIT_DIVERGED, EXIT_ERROR, EXIT_OK
-from tests.test_train import cfg, dataset  # noqa: F401  (the module-scoped dataset fixture)
+from tests.support.factories import train_config
+from tests.support.helpers import ROOT
 from training import checkpoint as ckpt
 from training.config import TrainConfigError, parse_train_config
 from training.console import is_narrative
 from training.faults import Faults
 from training.metrics import read
 from training.trainer import Trainer
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def train(config: dict[str, Any], faults: Faults | None = None) -> int:
@@ -77,7 +76,7 @@ def six_steps(ds: str, run_dir: Path, **over: Any) -> dict[str, Any]:
     """Checkpoints at 0, 3 and 6 (a constant schedule: a resume to 9 changes no LR)."""
     base = {"steps": 6, "eval_every": 100, "eval_batches": 1,
             "checkpoint": {"every": 3, "keep_last": 3}, "schedule": {"kind": "constant"}}
-    return cfg(ds, run_dir, **{**base, **over})
+    return train_config(ds, run_dir, log_every=1, **{**base, **over})
 
 
 # -- 1. a corrupt or partial newest checkpoint -------------------------------------------------
@@ -85,7 +84,7 @@ def six_steps(ds: str, run_dir: Path, **over: Any) -> dict[str, Any]:
 
 @pytest.mark.parametrize("how", ["flipped_byte", "no_meta", "garbled_meta"])
 def test_corrupt_newest_checkpoint_is_set_aside_and_the_previous_one_used(
-        dataset, tmp_path, how):  # noqa: F811
+        dataset, tmp_path, how):
     run = tmp_path / "run"
     c = six_steps(dataset, run)
     assert train(c) == EXIT_OK
@@ -115,7 +114,7 @@ def test_corrupt_newest_checkpoint_is_set_aside_and_the_previous_one_used(
 
 
 def test_corrupt_checkpoint_through_the_pod_entrypoint_is_not_a_crash(
-        dataset, tmp_path):  # noqa: F811
+        dataset, tmp_path):
     """What Kubernetes and the supervisor see: exit 0 after the fallback, not 2."""
     run = tmp_path / "run"
     c = six_steps(dataset, run, steps=3)
@@ -129,7 +128,7 @@ def test_corrupt_checkpoint_through_the_pod_entrypoint_is_not_a_crash(
     assert events(run, "resume")[0]["checkpoint"] == ckpt.step_name(0)
 
 
-def test_garbled_latest_pointer_uses_the_newest_valid_checkpoint(dataset, tmp_path):  # noqa: F811
+def test_garbled_latest_pointer_uses_the_newest_valid_checkpoint(dataset, tmp_path):
     run = tmp_path / "run"
     c = six_steps(dataset, run, steps=3)
     assert train(c) == EXIT_OK
@@ -140,7 +139,7 @@ def test_garbled_latest_pointer_uses_the_newest_valid_checkpoint(dataset, tmp_pa
     assert ckpt.latest_step(run / "checkpoints") == 4
 
 
-def test_no_valid_checkpoint_anywhere_exits_1_with_one_line(dataset, tmp_path):  # noqa: F811
+def test_no_valid_checkpoint_anywhere_exits_1_with_one_line(dataset, tmp_path):
     run = tmp_path / "run"
     c = six_steps(dataset, run, steps=3)
     assert train(c) == EXIT_OK
@@ -167,7 +166,7 @@ def test_no_valid_checkpoint_anywhere_exits_1_with_one_line(dataset, tmp_path): 
 
 
 def test_corrupt_local_checkpoint_is_fetched_again_from_object_storage(
-        dataset, tmp_path):  # noqa: F811
+        dataset, tmp_path):
     run = tmp_path / "run"
     store = tmp_path / "store"
     c = six_steps(dataset, run, checkpoint={"every": 3, "keep_last": 3, "remote": str(store)})
@@ -191,7 +190,7 @@ def test_corrupt_local_checkpoint_is_fetched_again_from_object_storage(
     assert ckpt.latest_step(root) == 7
 
 
-def test_rollback_skips_a_corrupt_checkpoint(dataset, tmp_path):  # noqa: F811
+def test_rollback_skips_a_corrupt_checkpoint(dataset, tmp_path):
     """A rollback target that fails verification is set aside; the rollback goes to the
     newest valid checkpoint before it, and the run completes."""
 
@@ -235,9 +234,9 @@ def test_non_finite_config_values_are_rejected_naming_the_key(key, value):
         parse_train_config({"dataset": "d", key[0]: {key[1]: value}})
 
 
-def test_infinite_lr_in_yaml_exits_1(dataset, tmp_path):  # noqa: F811
+def test_infinite_lr_in_yaml_exits_1(dataset, tmp_path):
     p = tmp_path / "c.yaml"
-    p.write_text(yaml.safe_dump(cfg(dataset, tmp_path / "run")).replace(
+    p.write_text(yaml.safe_dump(train_config(dataset, tmp_path / "run", log_every=1)).replace(
         "schedule:", "optim:\n  lr: .inf\nschedule:"))
     r = subprocess.run([sys.executable, "-m", "training.train", "--config", str(p)], cwd=ROOT,
                        capture_output=True, text=True, timeout=300)
@@ -249,10 +248,10 @@ def test_infinite_lr_in_yaml_exits_1(dataset, tmp_path):  # noqa: F811
 
 def nan_run(ds: str, run: Path, **over: Any) -> dict[str, Any]:
     """lr 2e3 (a typo for 2e-3): the weights are NaN by step ~6."""
-    return cfg(ds, run, optim={"lr": 2.0e3}, **over)
+    return train_config(ds, run, log_every=1, optim={"lr": 2.0e3}, **over)
 
 
-def test_nonfinite_steps_in_a_row_roll_back_then_exit_3(dataset, tmp_path):  # noqa: F811
+def test_nonfinite_steps_in_a_row_roll_back_then_exit_3(dataset, tmp_path):
     run = tmp_path / "run"
     c = nan_run(dataset, run, steps=40, eval_every=100, checkpoint={"every": 100},
                 guards={"max_rollbacks": 1})
@@ -267,7 +266,7 @@ def test_nonfinite_steps_in_a_row_roll_back_then_exit_3(dataset, tmp_path):  # n
     assert (run / "DIVERGED").is_file() and not (run / "final.json").exists()
 
 
-def test_nan_validation_loss_is_a_divergence_not_done(dataset, tmp_path):  # noqa: F811
+def test_nan_validation_loss_is_a_divergence_not_done(dataset, tmp_path):
     run = tmp_path / "run"
     # The loss is NaN from step 6: at the evaluation after step 7, two non-finite steps in a
     # row are not yet a divergence by themselves (max_nonfinite_steps: 5).
@@ -282,14 +281,15 @@ def test_nan_validation_loss_is_a_divergence_not_done(dataset, tmp_path):  # noq
     assert not (run / "final.json").exists()
 
 
-def test_nan_weights_are_never_checkpointed(dataset, tmp_path):  # noqa: F811
+def test_nan_weights_are_never_checkpointed(dataset, tmp_path):
     """lr x weight_decay = 1e40 (finite, absurd): AdamW's decoupled decay multiplies the
     weights by 1 - 1e40, so the first update makes them inf/NaN. (The guards never apply an
     update from a non-finite step, so with a merely huge LR the weights stay finite and the
     loss is what turns NaN: see the tests above.)"""
     run = tmp_path / "run"
-    c = cfg(dataset, run, steps=6, eval_every=100, optim={"lr": 1.0e37, "weight_decay": 1e3},
-            checkpoint={"every": 3, "keep_last": 5}, guards={"max_rollbacks": 0})
+    c = train_config(dataset, run, log_every=1, steps=6, eval_every=100,
+                     optim={"lr": 1.0e37, "weight_decay": 1e3},
+                     checkpoint={"every": 3, "keep_last": 5}, guards={"max_rollbacks": 0})
     r = run_cli(c, tmp_path)
     assert r.returncode == EXIT_DIVERGED, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
@@ -301,7 +301,7 @@ def test_nan_weights_are_never_checkpointed(dataset, tmp_path):  # noqa: F811
         assert all(torch.isfinite(t).all() for t in ckpt.load(root, s)["model"].values())
 
 
-def test_fp16_nan_weights_are_not_taken_for_loss_scale_overflows(dataset, tmp_path):  # noqa: F811
+def test_fp16_nan_weights_are_not_taken_for_loss_scale_overflows(dataset, tmp_path):
     """With fp16 loss scaling a non-finite gradient norm is routine (the scaler skips the
     step), but a non-finite loss is not: NaN weights end in a divergence, not in "done"."""
     run = tmp_path / "run"
@@ -315,7 +315,7 @@ def test_fp16_nan_weights_are_not_taken_for_loss_scale_overflows(dataset, tmp_pa
 # -- 3. what a kill during a checkpoint write leaves -------------------------------------------
 
 
-def test_stale_checkpoint_temporaries_are_cleaned_on_start(dataset, tmp_path):  # noqa: F811
+def test_stale_checkpoint_temporaries_are_cleaned_on_start(dataset, tmp_path):
     run = tmp_path / "run"
     c = six_steps(dataset, run, steps=3)
     assert train(c) == EXIT_OK

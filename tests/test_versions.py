@@ -19,7 +19,7 @@ from core.dataset import resolve, verify
 from prep.config import parse_config
 from prep.inputs import InputsChanged
 from prep.pipeline import run_prep
-from tests.test_inputs import (
+from tests.support.inputs import (
     build,
     cfg_dict,
     cli,

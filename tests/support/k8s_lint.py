@@ -1,8 +1,9 @@
 """Our own lint for Kubernetes manifests: what the official JSON schemas (kubernetes-validate)
 let through but the API server, the Job controller or a GPU node would reject or get wrong
-(test-only: tests/test_k8s_manifests.py runs it over k8s/ and the rendered attempts):
+(test-only: tests/unit/infra/test_k8s_manifests.py runs it over k8s/ and the rendered
+attempts):
 
-    python -m tests.k8s_lint k8s/            # files or directories of YAML; exit 1 on findings
+    python -m tests.support.k8s_lint k8s/    # files or directories of YAML; exit 1 on findings
 
 Rules (ids in RULES): a Job's pods restart Never/OnFailure, and Never with a
 podFailurePolicy; podFailurePolicy actions, rule shape and onExitCodes operators are ones the
@@ -329,7 +330,7 @@ def load_yaml_files(paths: Iterable[Path]) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.k8s_lint", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m tests.support.k8s_lint", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="+", type=Path, help="YAML files or directories")
     args = ap.parse_args(argv)

@@ -10,8 +10,7 @@ from pathlib import Path
 import yaml
 
 from prep.stdlib_corpus import topics
-
-TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
+from tests.support.factories import train_config
 
 
 def write_configs(tmp: Path, steps: int = 30, *, train_name: str = "train.yaml",
@@ -28,10 +27,7 @@ def write_configs(tmp: Path, steps: int = 30, *, train_name: str = "train.yaml",
         "pack": {"seq_len": 64}, "dataset": {"validation_fraction": 0.05},
     }))
     train = tmp / train_name
-    train.write_text(yaml.safe_dump({
-        "dataset": str(tmp / "prep-out" / "dataset"), "run_dir": str(tmp / "run"),
-        "steps": steps, "micro_batch": 4, "eval_every": eval_every, "eval_batches": 2,
-        "model": TINY, "checkpoint": {"every": checkpoint_every, "keep_last": 2},
-        "schedule": {"warmup_steps": 3},
-    }))
+    train.write_text(yaml.safe_dump(train_config(
+        str(tmp / "prep-out" / "dataset"), tmp / "run", steps=steps, eval_every=eval_every,
+        eval_batches=2, checkpoint={"every": checkpoint_every}, schedule={"warmup_steps": 3})))
     return prep, train

@@ -1,4 +1,5 @@
-"""Shared test helpers: where the shared corpora are, and planted-duplicate makers."""
+"""Shared test helpers: where the repository, the shared corpora and the test fixtures are,
+JSONL files, planted-duplicate makers, the CLI in a subprocess and its one-line errors."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from typing import Any
 
 import pytest
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# The repository; ../shared/data beside it (corpora the tests read, skipped when absent);
+# tests/fixtures (recorded data kept with the tests).
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = ROOT.parent / "shared" / "data"
+FIXTURES = ROOT / "tests" / "fixtures"
 
 
 def shared_file(name: str) -> Path:
@@ -73,9 +78,6 @@ def watch_latest(s3_client: Any, bucket: str, prefix: str, seen: list[str],
     t = threading.Thread(target=watch, daemon=True)
     t.start()
     return t
-
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli_env() -> dict[str, str]:
