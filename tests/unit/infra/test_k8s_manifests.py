@@ -1,5 +1,5 @@
 """The Kubernetes manifests: infra/k8s_manifests.py render(), the generated k8s/ files, the
-kustomize output, our lint (tests/k8s_lint.py), the official schemas (kubernetes-validate,
+kustomize output, our lint (tests/support/k8s_lint.py), the official schemas (kubernetes-validate,
 strict), the JobSet CRD's top level (a schema vendored under tests/fixtures/jobset/), the
 Prefect work pool template, the Dockerfile and, where checkov is installed, the scan."""
 

@@ -1,7 +1,7 @@
 """The supervisor driving the real KubernetesBackend (the real `kubernetes` client over
 HTTP) against a loopback API that answers with recorded Job and pod objects: each attempt
 the supervisor creates is "played" by one recorded ending, so the restart decisions run on
-the objects a cluster would return. (No cluster can run here; tests/test_supervisor.py
+the objects a cluster would return. (No cluster can run here; tests/e2e/test_supervisor.py
 runs the same supervisor for real with the local backend.)"""
 
 from __future__ import annotations

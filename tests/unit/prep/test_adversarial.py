@@ -1,4 +1,4 @@
-"""A real prep over the adversarial corpus (tests/adversarial.py): it runs to the end, every
+"""A real prep over the adversarial corpus (tests/support/adversarial.py): it runs to the end, every
 quarantine reason the readers have shows up with exactly its expected count, every record
 is accounted for, and what reaches the shards is standard JSON. Plus ingest's own
 accounting and metadata: the whole size of a quarantined record, a user's `location`

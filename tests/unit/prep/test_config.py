@@ -112,7 +112,7 @@ def test_remote_checkpoint_uri_is_the_root_plus_the_run_name():
     # The default name is the run_dir's last part, sanitised; a trailing '/' changes nothing.
     odd = parse_train_config({**_train(remote="s3://b"), "run_dir": "/x/my run:2/"})
     assert odd.run_name() == "my-run-2" and odd.remote_checkpoint_uri() == "s3://b/my-run-2"
-    # The demo keeps its location (k8s/base/train.yaml: tests/test_k8s_manifests.py).
+    # The demo keeps its location (k8s/base/train.yaml: tests/unit/infra/test_k8s_manifests.py).
     from training.config import load_train_config
 
     root = ROOT

@@ -87,7 +87,7 @@ def test_word_split_covers_every_non_space_character_once():
         tokens = WORD_RE.findall(text)
         assert sum(map(len, tokens)) == len("".join(text.split())), text
         assert split_words_regex(text) == tokens, text
-        # English text is split by spacy_en (tests/test_spacy_en.py), which also cuts
+        # English text is split by spacy_en (test_spacy_en.py), which also cuts
         # chunks without losing or repeating a character.
         assert "".join(split_words(text)) == "".join(text.split()), text
 
