@@ -10,7 +10,7 @@ CHECKOV_VENV ?= .venv-checkov
 CHECKOV    := $(CHECKOV_VENV)/bin/checkov
 SHARED     ?= ../shared/data
 
-.PHONY: install demo test scan lint bench ui-check docs clean
+.PHONY: install demo test test-fast scan lint bench ui-check docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -72,6 +72,11 @@ test: $(STAMP) $(CHECKOV)
 	# fixtures are built once; conftest gives each process one compute thread. `.ci/run` on
 	# a fresh clone: 9.7 min, of which pytest 7.7 min (2026-11-25).
 	CHECKOV_VENV=$(CHECKOV_VENV) $(VENV)/bin/pytest -q -n 2 --dist loadfile
+
+# The loop to run while working: tests/unit only (fast, in-process; the whole runs, servers
+# and subprocesses are in tests/e2e, which `make test` adds), about a minute on two cores.
+test-fast: $(STAMP)
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile tests/unit
 
 # docs/config.md from the config models' Field(description=...) (cli/config_docs.py).
 docs: $(STAMP)

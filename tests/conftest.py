@@ -32,6 +32,25 @@ if "torch" in sys.modules:  # imported before this file (a plugin): set its pool
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+_TESTS = Path(__file__).resolve().parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "unit: a test under tests/unit (set here): in-process and "
+                            "fast, what make test-fast runs")
+    config.addinivalue_line("markers", "e2e: a test under tests/e2e (set here): whole runs, "
+                            "processes and servers")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test under tests/unit/ is marked `unit`, under tests/e2e/ `e2e`: `-m unit` selects
+    what `make test-fast` runs (tests/unit), `-m "not e2e"` leaves out the slow ones."""
+    for item in items:
+        top = item.path.resolve().relative_to(_TESTS).parts[0]
+        if top in ("unit", "e2e"):
+            item.add_marker(top)
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of a real `moto_server` subprocess on 127.0.0.1, shared by the session."""
