@@ -14,10 +14,9 @@ from pathlib import Path
 import yaml
 
 from core.protocol import parse_event
+from tests.support.factories import TINY
+from tests.support.helpers import ROOT
 from training.console import event_line, is_narrative
-
-ROOT = Path(__file__).resolve().parents[1]
-TINY = {"d_model": 32, "n_layer": 2, "n_head": 2}
 
 
 def run(dataset: str, run_dir: Path, tmp_path: Path, **env: str
