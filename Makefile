@@ -58,7 +58,7 @@ demo: $(STAMP)
 	  DATASET=runs/demo/dataset; \
 	else \
 	  echo "demo: $(SHARED) not found; using text that ships with Python (pydoc topics, docstrings)"; \
-	  $(PY) -m prep.stdlib_corpus runs/stdlib-corpus; \
+	  $(PY) -m dataprep.stdlib_corpus runs/stdlib-corpus; \
 	  $(VENV)/bin/ballast prep configs/demo-stdlib.yaml; \
 	  DATASET=runs/demo-stdlib/dataset; \
 	fi; \

@@ -57,8 +57,8 @@ from typing import Any
 import yaml
 
 from benchmarks.common import RESULTS, ROOT, SHARED, has_dataset, write_json
-from prep.quality import DEFAULT_RULES, filter_documents, parse_rules
-from prep.quality.train_classifier import (
+from dataprep.quality import DEFAULT_RULES, filter_documents, parse_rules
+from dataprep.quality.train_classifier import (
     TrainConfig,
     choose_threshold,
     fit,
@@ -254,7 +254,7 @@ def methods_bench(args: argparse.Namespace) -> int:
                 "extra_good_pages": len(owt), "fold_thresholds": r["thresholds"],
                 "seconds": round(time.perf_counter() - t0, 1)}
     if not args.skip_perplexity:
-        from prep.quality.perplexity import perplexities
+        from dataprep.quality.perplexity import perplexities
 
         model_dir = build_model(Path(args.workdir), args.steps)
         ppl = [float("inf") if p is None else p
@@ -285,7 +285,7 @@ def perplexity_bench(args: argparse.Namespace) -> int:
     if not (REFERENCE.exists() and LABELLED.exists()):
         print(f"skipped: {SHARED} does not hold the reference and labelled files")
         return 0
-    from prep.quality.perplexity import load, perplexities
+    from dataprep.quality.perplexity import load, perplexities
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)

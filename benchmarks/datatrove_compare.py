@@ -115,7 +115,7 @@ def split_corpus(path: Path, out: Path, n: int) -> list[Path]:
 
 
 def train_tokenizer(folder: Path, out: Path) -> Path:
-    """A GPT-2 style byte-level BPE exactly as ours trains it (prep/tokenizer.py train_bpe):
+    """A GPT-2 style byte-level BPE exactly as ours trains it (dataprep/tokenizer.py train_bpe):
     specials <|endoftext|>, <|pad|> first, all 256 byte symbols, min_frequency 2, on up to
     50k documents spread over the quality-passed files."""
     import orjson

@@ -64,7 +64,7 @@ def signature_rates(docs: list[str], n: int = 5) -> dict[str, float]:
     ballast's vectorised MinHash, datasketch, and rensa when it is installed."""
     from datasketch import MinHash
 
-    from prep import minhash
+    from dataprep import minhash
 
     sample = docs[:5000]
     rates = {}

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import ENGLISH, LOCALE, RESULTS, english, messages, write_json
-from prep.quality import DEFAULT_RULES, filter_document, parse_rules
-from prep.quality.language import identify
+from dataprep.quality import DEFAULT_RULES, filter_document, parse_rules
+from dataprep.quality.language import identify
 
 # Catalog directory -> the language's lid.176 code (CLD2 uses the same ISO 639-1 codes).
 LANGS: dict[str, str] = {

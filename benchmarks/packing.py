@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import RESULTS, SHARED, write_json
-from prep.pack import Rows, efficiency, pack_bfd, pack_concat
+from dataprep.pack import Rows, efficiency, pack_bfd, pack_concat
 
 CORPUS = "web_openwebtext_1k.jsonl"
 EOS, PAD = 256, 257

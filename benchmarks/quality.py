@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import RESULTS, ROOT, SHARED, write_json
-from prep.quality import DEFAULT_RULES, filter_document, parse_rules
-from prep.quality.text import (
+from dataprep.quality import DEFAULT_RULES, filter_document, parse_rules
+from dataprep.quality.text import (
     count_sentences,
     split_words,
     use_english_splitter,
@@ -86,7 +86,7 @@ def classifier_model(path: Path | None, tmp: Path) -> Path | None:
         return path
     if not LABELLED.is_file():
         return None
-    from prep.quality.train_classifier import TrainConfig, load_examples, train
+    from dataprep.quality.train_classifier import TrainConfig, load_examples, train
 
     texts, labels = load_examples(labelled=[str(LABELLED)])
     out = tmp / "quality.bin"
@@ -99,7 +99,7 @@ def rule_configs(model: Path | None, tmp: Path) -> dict[str, Any]:
     without (decontaminate: an evaluation set, here 200 C4 fixture documents;
     classifier: a model; char_ratios: a threshold, all five at 0.5). perplexity is left
     out: it needs a trained LM directory (`benchmarks.classifier perplexity` times it)."""
-    from prep.quality import RULES
+    from dataprep.quality import RULES
 
     evalset = tmp / "eval.jsonl"
     if (DATA / "web_c4_olmo_fixtures.jsonl").is_file():
@@ -137,7 +137,7 @@ def rules_and_chains(corpora: dict[str, list[str]], model: Path | None, tmp: Pat
     """docs/s and MB/s of every rule alone (on the web corpora; `code` on the code
     corpora) and of the default chains: web, web with language ID, web with language ID
     and the classifier, code."""
-    from prep.quality import CODE_DEFAULT_RULES
+    from dataprep.quality import CODE_DEFAULT_RULES
 
     web = [t for n in WEB if n in corpora for t in corpora[n]]
     code = [t for n in CODE if n in corpora for t in corpora[n]]

@@ -1,6 +1,6 @@
 """Words in Chinese, Japanese and Thai: what the Gopher quality rule sees with the English
 tokenizer (whitespace-separated chunks) and with ICU word segmentation
-(prep/quality/segment.py), and how fast ICU segments.
+(dataprep/quality/segment.py), and how fast ICU segments.
 
     python -m benchmarks.segment [--per-lang 60] [--seed 0] [--out benchmarks/results/segment.json]
 
@@ -25,9 +25,9 @@ from importlib.metadata import version
 from typing import Any
 
 from benchmarks.common import LOCALE, RESULTS, english, messages, write_json
-from prep.quality import Doc, parse_rules, segment
-from prep.quality.base import Drop
-from prep.quality.text import SYMBOLS, split_words_regex
+from dataprep.quality import Doc, parse_rules, segment
+from dataprep.quality.base import Drop
+from dataprep.quality.text import SYMBOLS, split_words_regex
 
 CATALOGS = {"zh": ["zh_CN", "zh_TW"], "ja": ["ja"], "th": ["th"], "ko": ["ko"]}
 DOC_CHARS = (1500, 3000)

@@ -10,7 +10,7 @@ own, never in .venv. Two commands:
     .venv-spacy/bin/python -m benchmarks.spacy_reference export-rules [--out PATH]
     .venv-spacy/bin/python -m benchmarks.spacy_reference fixture [--out PATH]
 
-(defaults: runs/spacy-reference/reference.json, prep/quality/spacy_en_rules.py and
+(defaults: runs/spacy-reference/reference.json, dataprep/quality/spacy_en_rules.py and
 tests/fixtures/spacy_en_cases.json)
 
 `dump` writes, for the shared web corpora, every document's tokens as datatrove 0.10's
@@ -23,7 +23,7 @@ Nothing is downloaded: `blank("en")` needs no model.
 
 `export-rules` writes spaCy's English tokenizer rules (prefix, suffix and infix patterns,
 URL pattern, special cases, the sentencizer's characters) as a Python module, which
-prep/quality/spacy_en.py runs without spaCy. spaCy is MIT-licensed (Explosion AI).
+dataprep/quality/spacy_en.py runs without spaCy. spaCy is MIT-licensed (Explosion AI).
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def export_rules(out: Path) -> int:
     lines = [
         f'"""spaCy {version("spacy")}\'s English tokenizer rules (`spacy.blank("en")`{dt}),',
         "exported by `benchmarks/spacy_reference.py export-rules`; do not edit by hand.",
-        'spaCy is MIT-licensed, (c) Explosion AI. prep/quality/spacy_en.py runs them."""',
+        'spaCy is MIT-licensed, (c) Explosion AI. dataprep/quality/spacy_en.py runs them."""',
         "",
         f'SPACY_VERSION = "{version("spacy")}"',
         "",
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                    default=ROOT / "runs" / "spacy-reference" / "reference.json")  # fmt: skip
     d.add_argument("--repeat", type=int, default=3, help="timed passes of spaCy")
     e = sub.add_parser("export-rules", help="spaCy's English rules as a Python module")
-    e.add_argument("--out", type=Path, default=ROOT / "prep" / "quality" / "spacy_en_rules.py")
+    e.add_argument("--out", type=Path, default=ROOT / "dataprep" / "quality" / "spacy_en_rules.py")
     f = sub.add_parser("fixture", help="spaCy's answers on tricky strings, for the tests")
     f.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures" / "spacy_en_cases.json")
     args = ap.parse_args(argv)

@@ -125,8 +125,8 @@ CLASSIC_ARCH = {"norm": "layernorm", "position": "learned", "mlp": "gelu", "bias
 
 def ballast_run(text: str, split: int, iters: int, work: Path, lr: float,
                 arch: dict | None = None, fused: bool = False) -> dict:
-    from prep.config import parse_config
-    from prep.pipeline import run_prep
+    from dataprep.config import parse_config
+    from dataprep.pipeline import run_prep
     from training.config import parse_train_config
     from training.metrics import read
     from training.train import Trainer

@@ -261,13 +261,13 @@ One YAML file per run. Unknown keys are errors, and every error names its key pa
 (`.inf`, `.nan`) are errors too. Relative source paths are resolved from the config file's
 directory; `output` is resolved from the working directory.
 
-- [Prep config](#prep-config): `ballast prep CONFIG`, the `prep` flow (prep/config.py)
+- [Prep config](#prep-config): `ballast prep CONFIG`, the `prep` flow (dataprep/config.py)
 - [Training config](#training-config): `ballast train CONFIG`, the `train` flow
   (training/config.py)
 - [Launch](#launch): the training config's `launch:` section (infra/launch.py)
 - [Hyperparameter search](#hyperparameter-search): `ballast hpo run CONFIG` (flows/tuning/config.py)
 - [Quality rule parameters](#quality-rule-parameters): `{rule: {param: value}}` in a
-  `quality:` list (prep/quality/)
+  `quality:` list (dataprep/quality/)
 
 What the stages do with these keys: [prep.md](prep.md); the trainer: [training.md](training.md).
 """
@@ -287,9 +287,9 @@ PARTS: list[tuple[str, str, str]] = [
 
 
 def models() -> dict[str, type]:
+    from dataprep.config import PrepConfig
     from flows.hpo import HpoConfig
     from infra.launch import LaunchConfig
-    from prep.config import PrepConfig
     from training.config import TrainConfig
 
     return {"prep": PrepConfig, "train": TrainConfig, "launch": LaunchConfig,
@@ -297,7 +297,7 @@ def models() -> dict[str, type]:
 
 
 def rules() -> dict[str, type]:
-    from prep.quality import RULES
+    from dataprep.quality import RULES
 
     return dict(RULES)
 

@@ -1,6 +1,6 @@
 """Provenance of a prepared dataset: which documents (and which of their tokens) each packed
 row holds, and for each document its id, source, input location and what the quality rules
-measured when they kept it. Prep writes it beside the rows (prep/stages/dataset.py); this
+measured when they kept it. Prep writes it beside the rows (dataprep/stages/dataset.py); this
 module is its contract and its reader, for `ballast blame` and the trainer's guard events.
 
 Layout inside a dataset directory (every file is in manifest.json's `files`, with its

@@ -15,11 +15,11 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
+from dataprep.arguments import add_output
 from flows.prep import prep
 from flows.runs import run_name
 from flows.train import train
 from infra.launch import add_launch_arguments, launch_overrides
-from prep.arguments import add_output
 from training.arguments import add_train_overrides
 
 

@@ -1,12 +1,12 @@
-"""The `prep` flow: the prep driver (prep/driver.py) on PrefectRunner, which makes every
-step of the stage graph (prep/graph.py) a Prefect task mapped over the step's items, and
-each of the driver's bookkeeping steps a named task; the work lives in prep/stages/.
+"""The `prep` flow: the prep driver (dataprep/driver.py) on PrefectRunner, which makes every
+step of the stage graph (dataprep/graph.py) a Prefect task mapped over the step's items, and
+each of the driver's bookkeeping steps a named task; the work lives in dataprep/stages/.
 
     python -m flows.prep CONFIG [--runner local|dask] [--workers N] [--dask ADDRESS]
 
 The flow's tasks run on its task runner: Prefect's default thread pool, or prefect-dask's
 DaskTaskRunner (dask_task_runner) on a Dask cluster, the route onto Dask for flows
-(prep/cluster.py names both routes). On an existing cluster (the `dask_address`
+(dataprep/cluster.py names both routes). On an existing cluster (the `dask_address`
 parameter, else the environment's DASK_SCHEDULER_ADDRESS) the flow runs itself again as a
 subflow on DaskTaskRunner(address=...): every step's items are then Dask tasks on the
 cluster's workers, which report their states to the Prefect API (they need
@@ -28,15 +28,15 @@ from prefect import Flow, Task, flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CachePolicy
 
+from dataprep.arguments import add_prep_arguments
+from dataprep.cluster import ClusterError, check_workers, cluster_address, connect, tune_malloc
+from dataprep.config import PrepConfig, load_config
+from dataprep.driver import StepWork, prepare_output, run_stages, save_report
+from dataprep.graph import STAGE_NAMES, STAGES, TEXT_STAGES, Step, item_name, write_dataset
+from dataprep.layout import RUN_KEY, output_store
+from dataprep.report import build as build_report
+from dataprep.versions import Prepared, finish_version
 from flows.runs import run_name
-from prep.arguments import add_prep_arguments
-from prep.cluster import ClusterError, check_workers, cluster_address, connect, tune_malloc
-from prep.config import PrepConfig, load_config
-from prep.driver import StepWork, prepare_output, run_stages, save_report
-from prep.graph import STAGE_NAMES, STAGES, TEXT_STAGES, Step, item_name, write_dataset
-from prep.layout import RUN_KEY, output_store
-from prep.report import build as build_report
-from prep.versions import Prepared, finish_version
 
 T = TypeVar("T")
 
@@ -84,7 +84,7 @@ def _run_name(name: str, parameters: dict[str, Any]) -> str:
 def step_task(step: Step) -> Task:
     """The Prefect task of one step: runs `item` unless the output already has it."""
     def run_step(cfg: PrepConfig, args: tuple[Any, ...], item: Any) -> None:
-        tune_malloc()  # on a Dask worker (prep/cluster.py says why)
+        tune_malloc()  # on a Dask worker (dataprep/cluster.py says why)
         if not step.is_done(cfg, item):
             step.fn(cfg, *args, item)
 

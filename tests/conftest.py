@@ -111,8 +111,8 @@ def s3_bucket(s3_client: Any, aws_env: None) -> str:
 @pytest.fixture(scope="session")
 def train_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Byte-level tinyshakespeare excerpt, paragraphs as documents, packed to 64."""
-    from prep.config import parse_config
-    from prep.pipeline import run_prep
+    from dataprep.config import parse_config
+    from dataprep.pipeline import run_prep
     from tests.support.helpers import shared_file
 
     root = tmp_path_factory.mktemp("train-data")

@@ -288,7 +288,7 @@ def hf_tokenizer(tokenizer_json: str, special: Special, seq_len: int) -> Any:
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    # Ballast's byte tokenizer file is its own small JSON, marked as such (prep/tokenizer).
+    # Ballast's byte tokenizer file is its own small JSON, marked as such (dataprep/tokenizer).
     try:
         is_bytes = "ballast_tokenizer" in json.loads(tokenizer_json)
         text = _byte_tokenizer_json(tokenizer_json) if is_bytes else tokenizer_json

@@ -548,7 +548,7 @@ class GPT(nn.Module):
 
         position_ids: (B, T), restarting at 0 per document; default: derived from
         segment_ids if given, else 0..T-1. segment_ids: (B, T), 1, 2, ... per document and
-        0 on padding (see prep/pack.py); None = one document per row. single_segment:
+        0 on padding (see dataprep/pack.py); None = one document per row. single_segment:
         what is_single_segment(segment_ids) would say, if the caller knows it already.
         """
         B, T = input_ids.shape

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 
 from core.protocol import EXIT_OK
-from prep.arguments import add_output
+from dataprep.arguments import add_output
 from training.arguments import add_train_overrides
 
 

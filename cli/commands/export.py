@@ -1,5 +1,5 @@
 """`ballast export hf`: a checkpoint as a Hugging Face transformers model directory;
-`ballast export dataset`: a prepared dataset in another trainer's format (prep/export/)."""
+`ballast export dataset`: a prepared dataset in another trainer's format (dataprep/export/)."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def run_dataset(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from core.store import StorageError
-    from prep.export import ExportError, check, export_dataset
+    from dataprep.export import ExportError, check, export_dataset
 
     splits = tuple(args.splits.split(","))
     try:

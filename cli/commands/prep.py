@@ -12,7 +12,7 @@ from rich.table import Table
 from cli.console import print_error, stderr_console
 from core.os_errors import os_error_message
 from core.protocol import EXIT_ERROR, EXIT_OK
-from prep.arguments import add_prep_arguments
+from dataprep.arguments import add_prep_arguments
 
 
 def add_parser(subparsers: Any) -> None:
@@ -28,15 +28,15 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures.process import BrokenProcessPool
 
     from core.store import StorageError
-    from prep.cluster import ClusterError, DaskRunner, cluster_address
-    from prep.config import ConfigError, load_config
-    from prep.driver import OutputConflict, Runner
-    from prep.graph import TEXT_STAGES
-    from prep.inputs import InputsChanged
-    from prep.layout import version_uri
-    from prep.pipeline import STEP_NOTE, run_prep
-    from prep.readers import IngestError
-    from prep.report import AccountingError
+    from dataprep.cluster import ClusterError, DaskRunner, cluster_address
+    from dataprep.config import ConfigError, load_config
+    from dataprep.driver import OutputConflict, Runner
+    from dataprep.graph import TEXT_STAGES
+    from dataprep.inputs import InputsChanged
+    from dataprep.layout import version_uri
+    from dataprep.pipeline import STEP_NOTE, run_prep
+    from dataprep.readers import IngestError
+    from dataprep.report import AccountingError
 
     err = stderr_console()
     out = Console()

@@ -42,7 +42,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from prep.quality.train_classifier import TrainConfig, TrainError, load_calibrated, train
+    from dataprep.quality.train_classifier import TrainConfig, TrainError, load_calibrated, train
 
     if not (args.positive or args.negative or args.labelled):
         print_error("give --positive and --negative files, or --labelled")

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 import yaml
 
-from prep.cluster import WORKER_FAILPOINT_ENV
-from prep.config import parse_config
-from prep.pipeline import run_prep
+from dataprep.cluster import WORKER_FAILPOINT_ENV
+from dataprep.config import parse_config
+from dataprep.pipeline import run_prep
 from tests.support.corpus import make_corpus
 from tests.support.factories import prep_config
 from tests.support.moto import FAKE_ACCESS_KEY_ID, FAKE_SECRET_ACCESS_KEY, free_port

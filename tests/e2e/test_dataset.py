@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.dataset import verify
-from prep.config import parse_config
-from prep.pipeline import run_prep
+from dataprep.config import parse_config
+from dataprep.pipeline import run_prep
 from tests.support.helpers import read_jsonl, shared_file, write_jsonl
 
 
@@ -195,7 +195,7 @@ def test_partitions_follow_the_token_count(data, tmp_path, monkeypatch):
     PARTITION_TOKENS; every planned token still reaches the dataset exactly once."""
     from datasets import load_from_disk
 
-    from prep.stages import mixture
+    from dataprep.stages import mixture
 
     monkeypatch.setattr(mixture, "PARTITION_TOKENS", 20_000)
     out = tmp_path / "run"

@@ -19,13 +19,13 @@ import pytest
 from core.dataset import MANIFEST, arrow_stats, row_schema, verify
 from core.files import sha256_file
 from core.store import LocalStore, Store
-from prep.config import parse_config
-from prep.pipeline import run_prep
-from prep.records import table_to_parquet_bytes
-from prep.stages import dataset
-from prep.stages.mixture import read_plan, train_partitions, validation_partitions
-from prep.stages.pack import packed_done_key, packed_key
-from prep.stages.tokenize import TOKENIZER_KEY
+from dataprep.config import parse_config
+from dataprep.pipeline import run_prep
+from dataprep.records import table_to_parquet_bytes
+from dataprep.stages import dataset
+from dataprep.stages.mixture import read_plan, train_partitions, validation_partitions
+from dataprep.stages.pack import packed_done_key, packed_key
+from dataprep.stages.tokenize import TOKENIZER_KEY
 from tests.support.helpers import ROOT, read_jsonl, shared_file, write_jsonl
 
 

@@ -133,8 +133,9 @@ def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
         outputs.append(worker.stdout[-3000:] + worker.stderr[-3000:])
         states.append(asyncio.run(_final_state(run.id)))
         assert states[-1] == "COMPLETED", f"night {night}:\n{outputs[-1]}"
-        assert re.fullmatch(r"pipeline-prep-\d{4}-\d\d-\d\d-\d{4}",
-                            asyncio.run(_flow_run_name(run.id)))
+        # The second night's form set steps: the name says so (issue 29, item 3).
+        assert re.fullmatch(rf"pipeline-prep-{'60steps-' if night else ''}"
+                            r"\d{4}-\d\d-\d\d-\d{4}", asyncio.run(_flow_run_name(run.id)))
         rows = asyncio.run(_artifact("train-attempts"))
         assert rows[-1]["ending"] == "done", rows
         if night == 0:
@@ -263,8 +264,8 @@ def test_cancelling_the_flow_run_cancels_the_job(prefect_api, tmp_path):
 
     prep, train = write_configs(tmp_path, steps=100_000)
     # A dataset first (the train-only deployment trains on an existing one).
-    from prep.config import load_config
-    from prep.pipeline import run_prep
+    from dataprep.config import load_config
+    from dataprep.pipeline import run_prep
 
     run_prep(load_config(str(prep)), progress=False)
     deploy_all(str(prep), str(train), pool_type="process", pool="ballast-cancel", cron=None,

@@ -15,17 +15,17 @@ import numpy as np
 import pytest
 
 from core.store import StorageOptions
-from prep.export import ExportError, export_dataset, llmc, megatron
-from prep.export.mds import import_streaming
-from prep.export.rows import Rows, sequences
+from dataprep.export import ExportError, export_dataset, llmc, megatron
+from dataprep.export.mds import import_streaming
+from dataprep.export.rows import Rows, sequences
 from tests.support.helpers import assert_one_line_error, run_cli, shared_file
 
 SEQ_LEN = 64
 
 
 def _prep(root: Path, strategy: str) -> str:
-    from prep.config import parse_config
-    from prep.pipeline import run_prep
+    from dataprep.config import parse_config
+    from dataprep.pipeline import run_prep
 
     text = shared_file("tinyshakespeare.txt").read_text(encoding="utf-8")[:60_000]
     (root / "s.txt").write_text(text, encoding="utf-8")
@@ -246,7 +246,7 @@ def test_wide_vocabularies(tmp_path: Path) -> None:
         warnings.simplefilter("ignore")
         from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    from prep.export.rows import Sequences
+    from dataprep.export.rows import Sequences
 
     toks = np.array([70_000, 5, 1, 100_000, 2, 1])
     seqs = [Sequences(toks, np.array([3, 3]), 0)]
@@ -302,7 +302,7 @@ def test_documents_join_pieces_in_offset_order() -> None:
     """A document whose remainder comes before its first chunk (bfd can place it so) is
     joined in offset order once all of it has come; a document whose pieces never add up
     comes out at the end as pieces, counted as cut."""
-    from prep.export.rows import Spans, documents
+    from dataprep.export.rows import Spans, documents
 
     eos = 9
     # Row 0: doc 7's remainder (offsets 4..6, ends with EOS), doc 1 whole. Row 1: doc 7's

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from prep.config import parse_config
-from prep.pipeline import run_prep
+from dataprep.config import parse_config
+from dataprep.pipeline import run_prep
 from tests.support.corpus import make_corpus
 from tests.support.factories import prep_config
 

@@ -25,10 +25,10 @@ import pytest
 from core.dataset import verify
 from core.s3 import S3Store
 from core.store import LocalStore, StorageOptions, Store
-from prep.config import parse_config
-from prep.driver import RUN_KEY
-from prep.pipeline import run_prep
-from prep.stages import dataset
+from dataprep.config import parse_config
+from dataprep.driver import RUN_KEY
+from dataprep.pipeline import run_prep
+from dataprep.stages import dataset
 from tests.support.helpers import ROOT, read_jsonl, shared_file, write_jsonl
 
 
@@ -53,7 +53,7 @@ def _claimer(seed: int, jobs: Any, results: Any, barrier: Any) -> None:
     """One racer: for each output URI it is sent, open the store, wait for the other racer,
     then claim the output with its own config (seed differs per racer)."""
     from core.store import open_store
-    from prep.driver import OutputConflict, claim_output
+    from dataprep.driver import OutputConflict, claim_output
 
     while (uri := jobs.get()) is not None:
         cfg = parse_config(_claim_cfg(uri, seed))

@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from core.dataset import verify
-from prep.config import parse_config
-from prep.driver import OutputConflict
-from prep.pipeline import run_prep
-from prep.readers import IngestError
-from prep.stages.ingest import plan_units
+from dataprep.config import parse_config
+from dataprep.driver import OutputConflict
+from dataprep.pipeline import run_prep
+from dataprep.readers import IngestError
+from dataprep.stages.ingest import plan_units
 from tests.support.corpus import make_corpus
 from tests.support.factories import prep_config
 from tests.support.helpers import ROOT

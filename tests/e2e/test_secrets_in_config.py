@@ -27,7 +27,7 @@ def test_the_training_config_refuses_userinfo(url):
 
 
 def test_the_prep_config_refuses_userinfo():
-    from prep.config import parse_config
+    from dataprep.config import parse_config
 
     with pytest.raises(ConfigError) as e:
         parse_config({"output": "o", "sources": [{"name": "a", "paths": ["x"]}],

@@ -127,7 +127,7 @@ def test_pipeline_run_is_one_mlflow_run_with_prep_and_training(prefect_api, tmp_
     assert json.loads(got.read_text()) == manifest
 
     # TensorBoard: the same numbers at the same steps (stored as float32).
-    tb = tensorboard_scalars(run_dir / "tensorboard")
+    tb = tensorboard_scalars(run_dir / "tensorboard" / run_dir.name)  # a dir per run
     assert set(tb) == set(want)
     for name, points in want.items():
         assert [s for s, _ in tb[name]] == [s for s, _ in points], name
@@ -140,8 +140,8 @@ def test_guard_events_reach_both_writers(tmp_path, capsys):
     from mlflow.tracking import MlflowClient
 
     from cli.main import main as cli
-    from prep.config import load_config
-    from prep.pipeline import run_prep
+    from dataprep.config import load_config
+    from dataprep.pipeline import run_prep
     from training.train import main as train_main
 
     prep_cfg, train_cfg = write_configs(tmp_path, steps=8, eval_every=1000,
@@ -157,7 +157,7 @@ def test_guard_events_reach_both_writers(tmp_path, capsys):
     skips = [e for e in events if e["event"] == "skip"]
     assert [e["step"] for e in skips] == [6], events
 
-    tb = tensorboard_scalars(run_dir / "tensorboard")
+    tb = tensorboard_scalars(run_dir / "tensorboard" / run_dir.name)  # a dir per run
     assert tb["events/skip"] == [(6, 1.0)]
 
     capsys.readouterr()
@@ -194,8 +194,8 @@ def test_unusable_store_is_one_line_before_training(tmp_path, capsys):
 
 
 def test_tracking_switched_off_writes_nothing(tmp_path):
-    from prep.config import load_config
-    from prep.pipeline import run_prep
+    from dataprep.config import load_config
+    from dataprep.pipeline import run_prep
     from training.train import main as train_main
 
     prep_cfg, train_cfg = write_configs(tmp_path, steps=2, checkpoint_every=2)

@@ -26,10 +26,10 @@ import zstandard
 
 SOURCE = "adv"
 MAX_DOC_BYTES = 4096
-# prep.formats.jsonl.line_limit(MAX_DOC_BYTES): a longer jsonl line is quarantined unparsed.
+# dataprep.formats.jsonl.line_limit(MAX_DOC_BYTES): a longer jsonl line is quarantined unparsed.
 LINE_LIMIT = 6 * MAX_DOC_BYTES + (1 << 20)
 DEEP = 100_000  # far beyond Python's recursion limit (1000 by default)
-# Where ingest keeps a document's location in its meta (prep.records.LOCATION_KEY); a
+# Where ingest keeps a document's location in its meta (dataprep.records.LOCATION_KEY); a
 # record of its own with that field is refused.
 LOCATION_KEY = "_ballast_location"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from prep.stdlib_corpus import topics
+from dataprep.stdlib_corpus import topics
 from tests.support.factories import train_config
 
 

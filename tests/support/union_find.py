@@ -1,6 +1,6 @@
 """Union-find whose root is always the smallest index: the plain clustering the tests of
 near dedup compute their expected clusters with (an oracle independent of prep's own
-clustering, which lives in prep/stages/near.py)."""
+clustering, which lives in dataprep/stages/near.py)."""
 
 from __future__ import annotations
 

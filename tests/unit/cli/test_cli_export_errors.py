@@ -14,7 +14,7 @@ import pytest
 
 import cli
 from cli.main import main
-from prep.export import llmc
+from dataprep.export import llmc
 
 ROOT = Path(cli.__file__).resolve().parents[1]
 

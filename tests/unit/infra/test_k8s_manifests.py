@@ -367,7 +367,7 @@ def test_kustomize_output_contains_the_launchers_objects(overlay: str) -> None:
     train = yaml.safe_load(cms[KubeOptions().config_map]["data"][CONFIG_KEY])
     parse_train_config(train, "k8s/base/train.yaml")
     # The prep config the kubernetes work pool's flow runs read (prefect.yaml) is there too.
-    from prep.config import parse_config
+    from dataprep.config import parse_config
 
     prep = parse_config(yaml.safe_load(cms[KubeOptions().config_map]["data"]["prep.yaml"]))
     assert train["dataset"] == f"{prep.output}/dataset"

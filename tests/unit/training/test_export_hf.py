@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("transformers")
 
 from cli.main import main as cli_main
-from prep.tokenizer import byte_tokenizer, train_bpe
+from dataprep.tokenizer import byte_tokenizer, train_bpe
 from tests.support.helpers import shared_file
 from training import checkpoint as ckpt
 from training.config import ModelConfig, TrainConfig
@@ -151,7 +151,7 @@ def test_tokenizer_round_trip(datasets, text, tmp_path):
     """The exported tokenizer gives the dataset tokenizer's ids, and EOS/pad are set."""
     from transformers import AutoTokenizer
 
-    from prep.tokenizer import load_tokenizer
+    from dataprep.tokenizer import load_tokenizer
 
     sample = text[:5000] + " ünïcödé ✓"
     for kind, dataset in datasets.items():

@@ -1,0 +1,142 @@
+"""Packing: each partition of the training order (and the validation split) is sorted by
+its order keys and packed into fixed-length rows, with what the trainer needs to keep
+attention inside documents (position ids that restart per document, segment ids) and a
+loss mask for padding. Beside the rows, each partition's provenance: the document pieces
+every row holds (core/provenance.py's spans, by global document index)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from core.dataset import COLUMNS, row_schema
+from core.provenance import ROW_GROUP as SPANS_ROW_GROUP
+from core.provenance import SPANS_SCHEMA
+from dataprep.config import PrepConfig
+from dataprep.layout import version_store
+from dataprep.pack import Rows, pack_bfd, pack_concat
+from dataprep.records import PARQUET_OPTIONS
+from dataprep.stages.mixture import part_key, train_partitions, validation_partitions
+from dataprep.stages.tokenize import load_run_tokenizer
+
+STAGE = "pack"
+ROW_GROUP = 1024  # packed rows per Parquet row group (one packer batch)
+
+
+def packed_key(part: str) -> str:
+    return f"packed/{part}.parquet"
+
+
+def spans_key(part: str) -> str:
+    return f"packed-spans/{part}.parquet"
+
+
+def packed_done_key(part: str) -> str:
+    return f"_done/pack/{part.replace('/', '-')}.json"
+
+
+def _docs(table: pa.Table) -> Iterator[np.ndarray]:
+    tokens = table.column("tokens").combine_chunks()
+    if len(tokens) == 0:
+        return
+    offsets = tokens.offsets.to_numpy()
+    values = tokens.values.to_numpy()
+    for i in range(len(tokens)):
+        yield values[offsets[i] : offsets[i + 1]]
+
+
+def _fixed(a: np.ndarray, dtype: pa.DataType, seq_len: int) -> pa.Array:
+    return pa.FixedSizeListArray.from_arrays(pa.array(a.reshape(-1), dtype), seq_len)
+
+
+def rows_batch(rows: Rows, seq_len: int) -> pa.RecordBatch:
+    cols = [_fixed(getattr(rows, name).astype(np.int8 if name == "loss_mask" else np.int32),
+                   dtype, seq_len)
+            for name, dtype in zip(COLUMNS, (pa.int32(), pa.int32(), pa.int32(), pa.int8()),
+                                   strict=True)]
+    return pa.RecordBatch.from_arrays(cols, schema=row_schema(seq_len))
+
+
+def spans_batch(rows: Rows, doc_index: np.ndarray) -> pa.RecordBatch:
+    """The provenance of a batch of rows: per row, the global index of each piece's
+    document (`doc_index`: by position in the packer's input) and its token offsets."""
+    sp = rows.spans
+    assert sp is not None
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(np.bincount(sp.row, minlength=len(rows)), out=offsets[1:])
+    off = pa.array(offsets)
+    cols = [pa.ListArray.from_arrays(off, pa.array(doc_index[sp.doc], pa.int64())),
+            pa.ListArray.from_arrays(off, pa.array(sp.start.astype(np.int32))),
+            pa.ListArray.from_arrays(off, pa.array(sp.end.astype(np.int32)))]
+    return pa.RecordBatch.from_arrays(cols, schema=SPANS_SCHEMA)
+
+
+def pack_partition(cfg: PrepConfig, shards: list[str], part: str) -> dict:
+    """Gather a partition's documents from every token shard, order them by key, pack.
+    Rows are written as they are packed: memory holds the partition's documents (bounded
+    by the mixture's PARTITION_TOKENS) and one batch of rows, never all its rows."""
+    store = version_store(cfg)
+    tables = [pq.read_table(pa.BufferReader(store.get(part_key(part, s)))) for s in shards]
+    table = (pa.concat_tables(tables) if tables else
+             pa.table({"key": pa.array([], pa.uint64()), "doc": pa.array([], pa.int64()),
+                       "tokens": pa.array([], pa.list_(pa.int32()))}))
+    del tables
+    table = table.take(pc.sort_indices(table, sort_keys=[("key", "ascending")]))
+    doc_index = table.column("doc").to_numpy()
+    tok = load_run_tokenizer(cfg)
+    seq_len = cfg.pack.seq_len
+    if cfg.pack.strategy == "bfd":
+        batches = pack_bfd(_docs(table), seq_len, tok.pad_id, cfg.pack.window)
+    else:
+        batches = pack_concat(_docs(table), seq_len, tok.pad_id)
+    stats = {"part": part, "rows": 0, "docs": table.num_rows, "real_tokens": 0,
+             "pad_tokens": 0, "split_docs": 0}
+    with tempfile.TemporaryDirectory(prefix="ballast-pack-") as tmp:
+        path = os.path.join(tmp, "rows.parquet")
+        spath = os.path.join(tmp, "spans.parquet")
+        with pq.ParquetWriter(path, row_schema(seq_len), **PARQUET_OPTIONS) as writer, \
+                pq.ParquetWriter(spath, SPANS_SCHEMA, **PARQUET_OPTIONS) as swriter:
+            for b in batches:
+                writer.write_batch(rows_batch(b, seq_len), row_group_size=ROW_GROUP)
+                swriter.write_batch(spans_batch(b, doc_index), row_group_size=SPANS_ROW_GROUP)
+                stats["rows"] += len(b)
+                stats["real_tokens"] += b.n_real
+                stats["pad_tokens"] += b.n_pad
+                stats["split_docs"] += b.n_split_docs
+        store.put_file(packed_key(part), path)
+        store.put_file(spans_key(part), spath)
+    store.put(packed_done_key(part), json.dumps(stats, sort_keys=True).encode())
+    return stats
+
+
+def packing_summary(parts: list[dict]) -> dict:
+    real = sum(p["real_tokens"] for p in parts)
+    pad = sum(p["pad_tokens"] for p in parts)
+    return {"rows": sum(p["rows"] for p in parts), "docs": sum(p["docs"] for p in parts),
+            "real_tokens": real, "pad_tokens": pad,
+            "split_docs": sum(p["split_docs"] for p in parts),
+            "efficiency": real / (real + pad) if real + pad else 1.0}
+
+
+def partitions(cfg: PrepConfig, plan: dict) -> list[str]:
+    """Every partition to pack: the training order's, then the validation split's."""
+    return [*train_partitions(cfg, plan), *validation_partitions(plan)]
+
+
+def summary(cfg: PrepConfig, plan: dict) -> dict:
+    """The packing of the whole run (every partition packed), for the report."""
+    store = version_store(cfg)
+
+    def stats(parts: list[str]) -> list[dict]:
+        return [json.loads(store.get(packed_done_key(p))) for p in parts]
+
+    return {"strategy": cfg.pack.strategy, "seq_len": cfg.pack.seq_len,
+            "train": packing_summary(stats(train_partitions(cfg, plan))),
+            "validation": packing_summary(stats(validation_partitions(plan)))}
