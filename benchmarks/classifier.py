@@ -59,7 +59,7 @@ import yaml
 from benchmarks.common import RESULTS, ROOT, SHARED, has_dataset, write_json
 from dataprep.quality import DEFAULT_RULES, filter_documents, parse_rules
 from dataprep.quality.train_classifier import (
-    TrainConfig,
+    ClassifierTrainConfig,
     choose_threshold,
     fit,
     out_of_fold_scores,
@@ -151,7 +151,7 @@ def percentile(ref: list[float], x: float) -> float:
 
 
 def classifier_cv(texts: list[str], labels: list[int], folds: list[list[int]],
-                  cfg: TrainConfig, work: Path, chain_keep: list[bool],
+                  cfg: ClassifierTrainConfig, work: Path, chain_keep: list[bool],
                   extra_good: list[str] | None = None) -> dict[str, Any]:
     """Held-out scores and keep decisions of the `classifier` rule, fold by fold, plus the
     out-of-fold training scores each fold's threshold came from (for the combination).
@@ -229,7 +229,7 @@ def methods_bench(args: argparse.Namespace) -> int:
     clf: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ballast-clf-") as work:
         for features in ("text", "text+stats"):
-            cfg = TrainConfig(features=features)
+            cfg = ClassifierTrainConfig(features=features)
             t0 = time.perf_counter()
             clf[features] = r = classifier_cv(texts, labels, folds, cfg, Path(work), chain)
             good = [s for s, y in zip(r["scores"], labels, strict=True) if y == 1]
@@ -243,7 +243,7 @@ def methods_bench(args: argparse.Namespace) -> int:
             methods[f"heuristics -> classifier[{features}]"] = rates(r["chained"], labels)
         if OWT.is_file():  # reference pages as extra positives
             owt = [json.loads(line)["text"] for line in OWT.read_text().splitlines()]
-            cfg = TrainConfig(features="text+stats")
+            cfg = ClassifierTrainConfig(features="text+stats")
             t0 = time.perf_counter()
             r = classifier_cv(texts, labels, folds, cfg, Path(work), chain, extra_good=owt)
             good = [s for s, y in zip(r["scores"], labels, strict=True) if y == 1]

@@ -86,11 +86,11 @@ def classifier_model(path: Path | None, tmp: Path) -> Path | None:
         return path
     if not LABELLED.is_file():
         return None
-    from dataprep.quality.train_classifier import TrainConfig, load_examples, train
+    from dataprep.quality.train_classifier import ClassifierTrainConfig, load_examples, train
 
     texts, labels = load_examples(labelled=[str(LABELLED)])
     out = tmp / "quality.bin"
-    train(texts, labels, out, TrainConfig())
+    train(texts, labels, out, ClassifierTrainConfig())
     return out
 
 

@@ -112,7 +112,7 @@ class Runner(Protocol):
 
 
 @dataclass
-class Outcome:
+class PrepResult:
     """What a run made: its report, the version it built (prepared.cfg.version) and the
     last stage whose documents it accounted for."""
 
@@ -127,7 +127,7 @@ class Outcome:
 
 
 def run_stages(cfg: PrepConfig, runner: Runner, until: str | None = None,
-               from_scratch: bool = False) -> Outcome:
+               from_scratch: bool = False) -> PrepResult:
     """Run the enabled stages up to `until` on `runner`; the report is also in
     report.json, in the version's store. On an existing output, only the data that arrived
     since its last version is read, into a new version (dataprep/versions.py)."""
@@ -167,7 +167,7 @@ def run_stages(cfg: PrepConfig, runner: Runner, until: str | None = None,
         runner.record(save_report, cfg, report)
     if until is None:
         runner.record(finish_version, prepared, run.shards, packed)
-    return Outcome(report, prepared, run.prev)
+    return PrepResult(report, prepared, run.prev)
 
 
 def save_report(cfg: PrepConfig, report: dict[str, Any]) -> None:

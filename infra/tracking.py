@@ -97,13 +97,13 @@ def _one_line(e: BaseException) -> str:
 
 
 @dataclass(frozen=True)
-class Store:
+class MlflowStore:
     client: Any  # mlflow.tracking.MlflowClient
     uri: str
     experiment_id: str
 
 
-def open_tracking(cfg: TrainConfig) -> Store:
+def open_tracking(cfg: TrainConfig) -> MlflowStore:
     """The run's MLflow store and experiment (created if new), or TrackingError with one
     line: no server answers, the SQLite file cannot be made, MLflow refuses the store."""
     assert cfg.tracking is not None
@@ -140,7 +140,7 @@ def open_tracking(cfg: TrainConfig) -> Store:
                 exp_id = exp.experiment_id
     except Exception as e:  # MLflow's, SQLAlchemy's, requests': one line whatever it is
         raise TrackingError(f"{key}: MLflow store {uri}: {_one_line(e)}") from None
-    return Store(client, uri, exp_id)
+    return MlflowStore(client, uri, exp_id)
 
 
 def check_tracking(cfg: TrainConfig) -> None:
@@ -282,7 +282,7 @@ def log_run(cfg: TrainConfig, ok: bool, ending: str,
     return {"run_id": run_id, "uri": st.uri, "experiment": cfg.tracking.experiment}
 
 
-def _log(st: Store, cfg: TrainConfig, rd: Path, ok: bool, ending: str,
+def _log(st: MlflowStore, cfg: TrainConfig, rd: Path, ok: bool, ending: str,
          tags: dict[str, str]) -> str:
     from mlflow.entities import Metric, Param
 

@@ -181,7 +181,7 @@ def input_path(inputs: list[dict[str, Any]], source: str, location: str) -> str:
 
 
 @dataclass
-class Run:
+class BlameRun:
     """What blame needs from a run directory: its config, timeline, dataset provenance."""
 
     run_dir: Path
@@ -287,7 +287,7 @@ def run_world_size(run_dir: Path) -> int | None:
 
 
 def open_run(run_dir: str | Path, config: str | None = None, dataset: str | None = None,
-             world_size: int | None = None) -> Run:
+             world_size: int | None = None) -> BlameRun:
     """`world_size`: None takes the run's own (final.json), else 1."""
     rd = Path(run_dir)
     if not rd.is_dir():
@@ -307,11 +307,11 @@ def open_run(run_dir: str | Path, config: str | None = None, dataset: str | None
     except ProvenanceError as e:
         raise BlameError(str(e)) from None
     timeline = Timeline.from_records(read_metrics(rd / "metrics.jsonl"), cfg.micro_batch)
-    return Run(rd, cfg, timeline, prov, int(manifest["splits"]["train"]["rows"]), world_size,
+    return BlameRun(rd, cfg, timeline, prov, int(manifest["splits"]["train"]["rows"]), world_size,
                list(manifest.get("inputs", [])))
 
 
-def step_report(run: Run, step: int) -> dict[str, Any]:
+def step_report(run: BlameRun, step: int) -> dict[str, Any]:
     """`--step N`: the batch step N trained on (the final timeline's), and any batches the
     same step number had on timelines a rollback abandoned."""
     if step < 0:
@@ -321,7 +321,7 @@ def step_report(run: Run, step: int) -> dict[str, Any]:
     return out
 
 
-def events_report(run: Run) -> list[dict[str, Any]]:
+def events_report(run: BlameRun) -> list[dict[str, Any]]:
     """`--event`: every guard event with the batches it concerns."""
     return [{"event": e.record, "batches": [run.describe(b) for b in e.batches]}
             for e in run.timeline.events]

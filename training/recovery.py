@@ -170,7 +170,7 @@ class CheckpointChoice:
         self.events.clear()
 
 
-class Run(Protocol):
+class Recoverable(Protocol):
     """What rollbacks and recovery act on (the trainer)."""
 
     cfg: TrainConfig
@@ -193,7 +193,7 @@ class Run(Protocol):
     def record(self, log: MetricsLog, event: dict[str, Any]) -> None: ...
 
 
-def diverge(t: Run, d: Decision, log: MetricsLog, samples: int) -> bool:
+def diverge(t: Recoverable, d: Decision, log: MetricsLog, samples: int) -> bool:
     """Act on a divergence decision: roll back (False: train on), or, with the budget
     spent, record the abort, leave the DIVERGED marker and return True (exit 3).
     `samples`: those of the current step, not yet counted in the state."""
@@ -211,7 +211,7 @@ def diverge(t: Run, d: Decision, log: MetricsLog, samples: int) -> bool:
     return True
 
 
-def rollback(t: Run, d: Decision, log: MetricsLog) -> None:
+def rollback(t: Recoverable, d: Decision, log: MetricsLog) -> None:
     """Back to the newest checkpoint before the trouble began; the data window in
     between is skipped (the sampler position is kept), and the LR optionally scaled."""
     s = t.state
@@ -240,7 +240,7 @@ def rollback(t: Run, d: Decision, log: MetricsLog) -> None:
                                f"of the training order are not replayed"})
 
 
-def recover(t: Run, r: Recovery, log: MetricsLog) -> None:
+def recover(t: Recoverable, r: Recovery, log: MetricsLog) -> None:
     """The supervisor's restart after a divergence beyond the rollback budget: like a
     rollback, but across processes, with a fresh budget (see Recovery)."""
     s = t.state

@@ -58,13 +58,13 @@ def run_dataset(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from core.store import StorageError
-    from dataprep.export import ExportError, check, export_dataset
+    from dataprep.export import DatasetExportError, check, export_dataset
 
     splits = tuple(args.splits.split(","))
     try:
         manifest = check(args.dataset, args.format, args.out, splits,
                          shard_tokens=args.shard_tokens)[3]
-    except (ExportError, StorageError) as e:
+    except (DatasetExportError, StorageError) as e:
         print_error(str(e))
         return EXIT_ERROR
     with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
@@ -78,7 +78,7 @@ def run_dataset(args: argparse.Namespace) -> int:
         try:
             rec = export_dataset(args.dataset, args.format, args.out, splits,
                                  shard_tokens=args.shard_tokens, progress=advance)
-        except (ExportError, StorageError) as e:
+        except (DatasetExportError, StorageError) as e:
             print_error(str(e))
             return EXIT_ERROR
     out = Console(soft_wrap=True)

@@ -42,7 +42,12 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from dataprep.quality.train_classifier import TrainConfig, TrainError, load_calibrated, train
+    from dataprep.quality.train_classifier import (
+        ClassifierTrainConfig,
+        TrainError,
+        load_calibrated,
+        train,
+    )
 
     if not (args.positive or args.negative or args.labelled):
         print_error("give --positive and --negative files, or --labelled")
@@ -51,7 +56,7 @@ def run_train(args: argparse.Namespace) -> int:
         texts, labels, calibrate = load_calibrated(args.positive, args.negative,
                                                    args.labelled, args.label_field,
                                                    args.text_field)
-        cfg = TrainConfig(features=args.features, epoch=args.epoch, lr=args.lr,
+        cfg = ClassifierTrainConfig(features=args.features, epoch=args.epoch, lr=args.lr,
                           word_ngrams=args.word_ngrams, holdout=args.holdout,
                           keep_good=args.keep_good, seed=args.seed, threads=args.threads)
         r = train(texts, labels, args.out, cfg, sources={

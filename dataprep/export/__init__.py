@@ -35,37 +35,37 @@ _CARRIED = ("format", "config_fingerprint", "seed", "seq_len", "tokenizer", "spl
             "packing", "mixture", "accounting", "version", "inputs", "files")
 
 
-class ExportError(ValueError):
+class DatasetExportError(ValueError):
     """The dataset cannot be exported as asked (one line, exit 1)."""
 
 
 def check(dataset: str, fmt: str, out: str, splits: tuple[str, ...],
           options: StorageOptions | None = None, shard_tokens: int = llmc.SHARD_TOKENS,
           ) -> tuple[str, Store, bytes, dict[str, Any], Store]:
-    """What export_dataset checks before it writes anything (ExportError, one line): the
+    """What export_dataset checks before it writes anything (DatasetExportError, one line): the
     format, the dataset and its splits, an empty output. Returns the dataset's newest
     version, its store, manifest bytes and manifest, and the output's store."""
     if fmt not in FORMATS:
-        raise ExportError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
+        raise DatasetExportError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     if not 0 < shard_tokens <= llmc.MAX_SHARD_TOKENS:
-        raise ExportError(f"--shard-tokens must be in 1..{llmc.MAX_SHARD_TOKENS} (llm.c's "
+        raise DatasetExportError(f"--shard-tokens must be in 1..{llmc.MAX_SHARD_TOKENS} (llm.c's "
                           f"header counts tokens in an int32), got {shard_tokens}")
     uri = resolve(dataset, options)
     src = open_store(uri, options)
     try:
         raw = src.get(MANIFEST)
     except NotFound:
-        raise ExportError(f"{uri}: no {MANIFEST} (not a ballast dataset)") from None
+        raise DatasetExportError(f"{uri}: no {MANIFEST} (not a ballast dataset)") from None
     try:
         manifest = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise ExportError(f"{uri}/{MANIFEST} is not valid JSON: {e}") from None
+        raise DatasetExportError(f"{uri}/{MANIFEST} is not valid JSON: {e}") from None
     if manifest.get("format") != FORMAT:
-        raise ExportError(f"{uri}/{MANIFEST}: format {manifest.get('format')!r}, expected "
+        raise DatasetExportError(f"{uri}/{MANIFEST}: format {manifest.get('format')!r}, expected "
                           f"{FORMAT!r}")
     unknown = [s for s in splits if s not in manifest["splits"]]
     if unknown:
-        raise ExportError(f"split {unknown[0]!r} is not in the dataset (it has "
+        raise DatasetExportError(f"split {unknown[0]!r} is not in the dataset (it has "
                           f"{', '.join(manifest['splits'])})")
     dst = open_store(out, options)
     _check_output(out, dst)
@@ -73,7 +73,7 @@ def check(dataset: str, fmt: str, out: str, splits: tuple[str, ...],
 
 
 def _check_output(out: str, dst: Store) -> None:
-    """Refuse an output the export cannot become (ExportError naming what is in the way),
+    """Refuse an output the export cannot become (DatasetExportError naming what is in the way),
     before anything is written: keys under it, in any store. A local export ends with a
     rename onto `out`, which also fails on what holds no key: a file at `out` or above it,
     a directory holding only directories or temporary files; those are refused here too,
@@ -81,7 +81,7 @@ def _check_output(out: str, dst: Store) -> None:
     the way (an object named like the prefix is not under it)."""
     present = dst.list()
     if present:
-        raise ExportError(f"{out} is not empty ({len(present)} files, e.g. {present[0]}): "
+        raise DatasetExportError(f"{out} is not empty ({len(present)} files, e.g. {present[0]}): "
                           "export into a new directory")
     local = dst.local_path("")
     if local is None:
@@ -91,14 +91,14 @@ def _check_output(out: str, dst: Store) -> None:
             break
         if p.exists():
             what = "it is a file" if p == local else f"{p} is a file"
-            raise ExportError(f"{out}: {what}, not a directory: export into a new "
+            raise DatasetExportError(f"{out}: {what}, not a directory: export into a new "
                               "directory")
     if local.is_dir():
         with os.scandir(local) as entries:
             held = sorted(e.name + "/" * e.is_dir() for e in entries)
         if held:
             more = f" and {len(held) - 1} more" if len(held) > 1 else ""
-            raise ExportError(f"{out} is not empty (it holds {held[0]}{more}): export into "
+            raise DatasetExportError(f"{out} is not empty (it holds {held[0]}{more}): export into "
                               "a new directory")
 
 
@@ -151,7 +151,7 @@ def export_dataset(dataset: str, fmt: str, out: str,
                     written[split] = llmc.write_split(root, split, seqs, vocab, eos,
                                                       shard_tokens)
             except ValueError as e:  # rows and provenance disagree: a damaged dataset
-                raise ExportError(f"{uri}, split {split}: {e} (`ballast verify {uri}` "
+                raise DatasetExportError(f"{uri}, split {split}: {e} (`ballast verify {uri}` "
                                   "checks the files against the manifest)") from None
         tok_file = tok.get("file")
         if tok_file:  # the tokenizer, for the trainer that reads these ids

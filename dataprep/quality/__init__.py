@@ -33,7 +33,7 @@ __all__ = [
     "DEFAULT_RULES",
     "RULES",
     "Doc",
-    "Outcome",
+    "FilterResult",
     "Rule",
     "RuleParams",
     "batched",
@@ -89,7 +89,7 @@ CODE_DEFAULT_RULES: tuple[str | dict[str, Any], ...] = (
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class FilterResult:
     text: str | None  # the text to keep (C4 may have edited it); None when dropped
     reason: str | None  # "<rule>:<check>", e.g. "gopher_quality:min_doc_words"; None if kept
     detail: str  # the measured value against the threshold; "" when kept
@@ -107,7 +107,7 @@ class Outcome:
 
 def filter_document(
     rules: list[Rule[Any]], text: str, meta: str | Mapping[str, Any] | None = None
-) -> Outcome:
+) -> FilterResult:
     """Run `rules` in order: the first drop wins, and an edit feeds the next rule.
     `meta` is the record's metadata (a JSON object string or a mapping) for rules that
     read more than the text, such as `url`."""
@@ -117,22 +117,22 @@ def filter_document(
         if verdict is None:
             continue
         if isinstance(verdict, Drop):
-            return Outcome(None, f"{rule.name}:{verdict.check}", verdict.detail)
+            return FilterResult(None, f"{rule.name}:{verdict.check}", verdict.detail)
         # Edited text: views of the old text no longer apply; replacement counts and
         # annotations carry on.
         doc = Doc(verdict, meta, doc.redacted, doc.annotations, doc.stats)
-    return Outcome(doc.text, None, "", doc.redacted, doc.annotations, doc.stats)
+    return FilterResult(doc.text, None, "", doc.redacted, doc.annotations, doc.stats)
 
 
 def filter_documents(
     rules: list[Rule[Any]], texts: list[str], metas: list[str | None]
-) -> list[Outcome]:
+) -> list[FilterResult]:
     """filter_document over many documents, rule by rule, so that a rule with
     `apply_batch` (a model that scores a batch at once: `perplexity`) sees every document
     still kept at that point in one call. Each document meets the rules in the same order
     as in filter_document, so the outcomes are the same."""
     docs = [Doc(t, m) for t, m in zip(texts, metas, strict=True)]
-    outcomes: list[Outcome | None] = [None] * len(docs)
+    outcomes: list[FilterResult | None] = [None] * len(docs)
     alive = list(range(len(docs)))
     for rule in rules:
         if not alive:
@@ -143,7 +143,7 @@ def filter_documents(
         still = []
         for i, verdict in zip(alive, verdicts, strict=True):
             if isinstance(verdict, Drop):
-                outcomes[i] = Outcome(None, f"{rule.name}:{verdict.check}", verdict.detail)
+                outcomes[i] = FilterResult(None, f"{rule.name}:{verdict.check}", verdict.detail)
                 continue
             if verdict is not None:
                 d = docs[i]
@@ -152,7 +152,7 @@ def filter_documents(
         alive = still
     for i in alive:
         d = docs[i]
-        outcomes[i] = Outcome(d.text, None, "", d.redacted, d.annotations, d.stats)
+        outcomes[i] = FilterResult(d.text, None, "", d.redacted, d.annotations, d.stats)
     return [o for o in outcomes if o is not None]
 
 

@@ -52,7 +52,7 @@ class TrainError(ValueError):
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class ClassifierTrainConfig:
     features: Literal["text", "text+stats"] = "text+stats"
     word_ngrams: int = 2
     epoch: int = 25
@@ -143,7 +143,7 @@ def load_calibrated(positive: Sequence[str] = (), negative: Sequence[str] = (),
 
 # ---------------------------------------------------------------- training and scoring
 
-def feature_spec(texts: Sequence[str], cfg: TrainConfig) -> dict[str, Any]:
+def feature_spec(texts: Sequence[str], cfg: ClassifierTrainConfig) -> dict[str, Any]:
     """What fasttext_line needs to turn a text into the model's input: the normalisation,
     and for `text+stats` the decile edges of each statistic over the training pages."""
     spec: dict[str, Any] = {"kind": cfg.features, "normalise": "lowercase, words and "
@@ -164,7 +164,7 @@ def _quantiles(xs: list[float]) -> list[float]:
     return edges
 
 
-def fit(texts: Sequence[str], labels: Sequence[int], cfg: TrainConfig,
+def fit(texts: Sequence[str], labels: Sequence[int], cfg: ClassifierTrainConfig,
         spec: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
     """(fastText model, feature spec) trained on the pages given."""
     import fasttext
@@ -215,7 +215,7 @@ def _stratified_among(labels: Sequence[int], k: int, seed: int,
 
 
 def out_of_fold_scores(texts: Sequence[str], labels: Sequence[int],
-                       cfg: TrainConfig, calibrate: Sequence[bool] | None = None
+                       cfg: ClassifierTrainConfig, calibrate: Sequence[bool] | None = None
                        ) -> list[float]:
     """Each calibration page's score from a model trained on every page outside its fold
     (extra pages are in every fold's training set; their scores stay 0.0)."""
@@ -254,7 +254,7 @@ def metrics(scores_: Sequence[float], labels: Sequence[int], threshold: float
     }
 
 
-def train_model(texts: Sequence[str], labels: Sequence[int], cfg: TrainConfig,
+def train_model(texts: Sequence[str], labels: Sequence[int], cfg: ClassifierTrainConfig,
                 calibrate: Sequence[bool] | None = None
                 ) -> tuple[Any, dict[str, Any], float, list[float]]:
     """(model, spec, threshold, out-of-fold scores) from all the pages given: the
@@ -271,15 +271,15 @@ def train_model(texts: Sequence[str], labels: Sequence[int], cfg: TrainConfig,
 
 
 def train(texts: Sequence[str], labels: Sequence[int], out: str | Path,
-          cfg: TrainConfig | None = None, sources: dict[str, Any] | None = None,
+          cfg: ClassifierTrainConfig | None = None, sources: dict[str, Any] | None = None,
           calibrate: Sequence[bool] | None = None) -> dict[str, Any]:
     """Train on all but a held-out split, write OUT (.bin) and OUT.report.json, and
     return the report. `calibrate` (see load_calibrated): the pages the held-out split and
     the threshold are drawn from; the others are trained on only."""
-    return _train(texts, labels, out, cfg or TrainConfig(), sources, calibrate)
+    return _train(texts, labels, out, cfg or ClassifierTrainConfig(), sources, calibrate)
 
 
-def _train(texts: Sequence[str], labels: Sequence[int], out: str | Path, cfg: TrainConfig,
+def _train(texts: Sequence[str], labels: Sequence[int], out: str | Path, cfg: ClassifierTrainConfig,
            sources: dict[str, Any] | None, calibrate: Sequence[bool] | None
            ) -> dict[str, Any]:
     if not 0 < cfg.holdout < 1:

@@ -20,7 +20,7 @@ from dataprep.layout import (
     read_docs,
     write_shard,
 )
-from dataprep.quality import Outcome, batched, filter_document, filter_documents, parse_rules
+from dataprep.quality import FilterResult, batched, filter_document, filter_documents, parse_rules
 from dataprep.records import DOC_SCHEMA, table_to_parquet_bytes
 
 STAGE = "quality"
@@ -68,10 +68,10 @@ BATCH_DOCS = 1024
 
 
 def batch_outcomes(rules: Mapping[str, list], texts: list[str], sources: list[str],
-                   metas: list[str | None]) -> dict[int, Outcome]:
+                   metas: list[str | None]) -> dict[int, FilterResult]:
     """The outcomes of the documents whose source's chain scores in batches (a model
     rule), by row, BATCH_DOCS at a time; other sources' documents go one by one."""
-    out: dict[int, Outcome] = {}
+    out: dict[int, FilterResult] = {}
     for src, chain in rules.items():
         if not batched(chain):
             continue
@@ -101,7 +101,7 @@ class ProvenanceRows:
         self.base: dict[str, list[str]] = {"id": [], "source": [], "location": []}
         self.stats: dict[str, list[float | None]] = {}
 
-    def add(self, id: str, source: str, location: str, out: Outcome) -> None:
+    def add(self, id: str, source: str, location: str, out: FilterResult) -> None:
         n = len(self.base["id"])
         self.base["id"].append(id)
         self.base["source"].append(source)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from core.store import StorageOptions
-from dataprep.export import ExportError, export_dataset, llmc, megatron
+from dataprep.export import DatasetExportError, export_dataset, llmc, megatron
 from dataprep.export.mds import import_streaming
 from dataprep.export.rows import Rows, sequences
 from tests.support.helpers import assert_one_line_error, run_cli, shared_file
@@ -278,7 +278,7 @@ def test_bad_requests_are_one_line(train_dataset: str, tmp_path: Path) -> None:
     assert r.returncode == 1
     assert_one_line_error(r, "'test'")
     assert not (tmp_path / "o").exists()
-    with pytest.raises(ExportError, match="--format"):
+    with pytest.raises(DatasetExportError, match="--format"):
         export_dataset(train_dataset, "parquet", str(tmp_path / "o"))
 
 
@@ -294,7 +294,7 @@ def test_s3_output(train_dataset: str, s3_bucket: str, moto_endpoint: str,
     for rel, f in rec["files"].items():
         body = s3.get_object(Bucket=s3_bucket, Key=f"exp/{rel}")["Body"].read()
         assert hashlib.sha256(body).hexdigest() == f["sha256"]
-    with pytest.raises(ExportError, match="not empty"):
+    with pytest.raises(DatasetExportError, match="not empty"):
         export_dataset(train_dataset, "megatron", f"s3://{s3_bucket}/exp", options=opts)
 
 

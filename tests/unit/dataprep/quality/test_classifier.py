@@ -12,12 +12,17 @@ import pytest
 from cli.main import main
 from dataprep.quality import filter_document, filter_documents, parse_rules
 from dataprep.quality.classifier import report_path
-from dataprep.quality.train_classifier import TrainConfig, TrainError, load_examples, train
+from dataprep.quality.train_classifier import (
+    ClassifierTrainConfig,
+    TrainError,
+    load_examples,
+    train,
+)
 from tests.support.helpers import SHARED
 
 LABELLED = SHARED / "web_dclm_quality_labels_train.jsonl"
 # Small and fast: the mechanism, not the accuracy, is under test here.
-FAST = TrainConfig(dim=16, bucket=20_000, epoch=10, folds=3, holdout=0.25)
+FAST = ClassifierTrainConfig(dim=16, bucket=20_000, epoch=10, folds=3, holdout=0.25)
 
 _PROSE = ("The committee met on Tuesday to discuss the new budget, and most members agreed "
           "that the proposal was sensible. It will be published next week.")

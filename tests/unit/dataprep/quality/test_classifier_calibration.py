@@ -9,10 +9,10 @@ import json
 from pathlib import Path
 
 from cli.main import main
-from dataprep.quality.train_classifier import TrainConfig, load_calibrated, train
+from dataprep.quality.train_classifier import ClassifierTrainConfig, load_calibrated, train
 from tests.support.helpers import shared_file
 
-FAST = TrainConfig(dim=16, bucket=20_000, epoch=10, folds=3, holdout=0.25)
+FAST = ClassifierTrainConfig(dim=16, bucket=20_000, epoch=10, folds=3, holdout=0.25)
 
 
 def _write(path: Path, rows: list[dict[str, object]]) -> Path:

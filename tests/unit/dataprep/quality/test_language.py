@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from dataprep.quality import Outcome, filter_document, parse_rules
+from dataprep.quality import FilterResult, filter_document, parse_rules
 from dataprep.quality.language import LANGUAGES, model
 from tests.support.helpers import read_jsonl, shared_file
 
 
-def run(spec: list[Any], text: str) -> Outcome:
+def run(spec: list[Any], text: str) -> FilterResult:
     return filter_document(parse_rules(spec), text)
 
 

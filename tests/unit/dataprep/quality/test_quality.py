@@ -14,7 +14,7 @@ import pytest
 from dataprep.quality import (
     DEFAULT_RULES,
     RULES,
-    Outcome,
+    FilterResult,
     Rule,
     filter_document,
     filter_documents,
@@ -24,7 +24,7 @@ from dataprep.quality.text import WORD_RE, Doc, split_words, split_words_regex
 from tests.support.helpers import SHARED
 
 
-def run(spec: list[Any], text: str) -> Outcome:
+def run(spec: list[Any], text: str) -> FilterResult:
     return filter_document(parse_rules(spec), text)
 
 
@@ -96,7 +96,7 @@ def test_word_split_covers_every_non_space_character_once():
 
 
 def test_gopher_quality_keeps_prose():
-    assert run(["gopher_quality"], PROSE) == Outcome(PROSE, None, "")
+    assert run(["gopher_quality"], PROSE) == FilterResult(PROSE, None, "")
 
 
 @pytest.mark.parametrize(
@@ -332,7 +332,7 @@ GOOD_LINES = [
 ]
 
 
-def c4(text: str, **params: Any) -> Outcome:
+def c4(text: str, **params: Any) -> FilterResult:
     return run([{"c4": params}] if params else ["c4"], text)
 
 
@@ -512,7 +512,7 @@ def test_length_checks(spec: list[Any], text: str, expected: str | None):
 
 def test_first_drop_wins_and_names_rule_and_check():
     out = run(["length", "gopher_quality"], "")
-    assert out == Outcome(None, "length:min_chars", "chars=0 < 1")
+    assert out == FilterResult(None, "length:min_chars", "chars=0 < 1")
 
 
 def test_an_edit_feeds_the_next_rule():

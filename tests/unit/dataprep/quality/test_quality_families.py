@@ -19,7 +19,7 @@ from dataprep.quality import (
     CODE_DEFAULT_RULES,
     DEFAULT_RULES,
     RULES,
-    Outcome,
+    FilterResult,
     filter_document,
     parse_rules,
 )
@@ -31,7 +31,7 @@ from dataprep.quality.simple import CharRepetition, Length
 from tests.support.helpers import read_jsonl, shared_file
 
 
-def run(spec: list[Any], text: str, meta: Any = None) -> Outcome:
+def run(spec: list[Any], text: str, meta: Any = None) -> FilterResult:
     return filter_document(parse_rules(spec), text, meta)
 
 
@@ -120,7 +120,7 @@ HTML_SHELL = (
 
 
 def test_code_keeps_ordinary_code():
-    assert run(["code"], GOOD_CODE) == Outcome(GOOD_CODE, None, "")
+    assert run(["code"], GOOD_CODE) == FilterResult(GOOD_CODE, None, "")
 
 
 @pytest.mark.parametrize(

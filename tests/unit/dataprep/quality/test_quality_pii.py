@@ -14,12 +14,12 @@ import pytest
 
 from core.errors import ConfigError
 from dataprep.config import parse_config
-from dataprep.quality import Outcome, filter_document, parse_rules
+from dataprep.quality import FilterResult, filter_document, parse_rules
 from dataprep.quality.decontam import normalise
 from tests.support.helpers import read_jsonl, shared_file
 
 
-def run(spec: list[Any], text: str) -> Outcome:
+def run(spec: list[Any], text: str) -> FilterResult:
     return filter_document(parse_rules(spec), text)
 
 
