@@ -66,6 +66,7 @@ demo: $(STAMP)
 
 test: $(STAMP) $(CHECKOV)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m cli.config_docs check
 	# Two workers (this machine has two cores), a test file per worker so that a file's

@@ -32,15 +32,13 @@ def build_state() -> tuple[dict, int]:
 
     torch.manual_seed(0)
     # GPT-2 small's shape (124M parameters with a 50304 vocabulary).
-    model = GPT(ModelConfig(d_model=768, n_layer=12, n_head=12), vocab_size=50304,
-                max_seq_len=1024)
+    model = GPT(ModelConfig(d_model=768, n_layer=12, n_head=12), vocab_size=50304, max_seq_len=1024)
     opt = build_optimizer(model, OptimConfig())
     x = torch.randint(0, 50304, (1, 32))
     model(x).float().mean().backward()  # one step, so AdamW has its two moments
     opt.step()
     n = sum(p.numel() for p in model.parameters())
-    return {"model": model.state_dict(), "optimizer": opt.state_dict(),
-            "trainer": {"step": 1}}, n
+    return {"model": model.state_dict(), "optimizer": opt.state_dict(), "trainer": {"step": 1}}, n
 
 
 def state_bytes(tree: object) -> int:
@@ -61,12 +59,18 @@ def upload_throughput(root: Path, step: int) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    moto = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    moto = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
-                          AWS_DEFAULT_REGION="us-east-1",
-                          AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+        os.environ.update(
+            AWS_ACCESS_KEY_ID="bench",
+            AWS_SECRET_ACCESS_KEY="bench",
+            AWS_DEFAULT_REGION="us-east-1",
+            AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+        )
         import boto3
 
         for _ in range(100):
@@ -87,10 +91,13 @@ def upload_throughput(root: Path, step: int) -> dict:
         remote.restore_latest(restore_dir)
         rsecs = time.perf_counter() - t0
         remote.close()
-        return {"bytes": size, "upload_seconds": round(secs, 2),
-                "upload_mb_per_s": round(size / 1e6 / secs, 1),
-                "restore_seconds": round(rsecs, 2),
-                "restore_mb_per_s": round(size / 1e6 / rsecs, 1)}
+        return {
+            "bytes": size,
+            "upload_seconds": round(secs, 2),
+            "upload_mb_per_s": round(size / 1e6 / secs, 1),
+            "restore_seconds": round(rsecs, 2),
+            "restore_mb_per_s": round(size / 1e6 / rsecs, 1),
+        }
     finally:
         moto.terminate()
         moto.wait()
@@ -122,7 +129,8 @@ def main() -> None:
     upload = upload_throughput(work / "async", args.repeats - 1)
     result = {
         "machine": machine(),
-        "params": n_params, "state_bytes": state_bytes(state),
+        "params": n_params,
+        "state_bytes": state_bytes(state),
         "sync_save_seconds": [round(x, 3) for x in sync],
         "async_stall_seconds": [round(x, 3) for x in stall],
         "async_total_seconds": [round(x, 3) for x in bg_total],

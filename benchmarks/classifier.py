@@ -81,18 +81,36 @@ def run(cmd: list[str]) -> None:
 
 def build_model(work: Path, steps: int) -> Path:
     prep = work / "prep.yaml"
-    prep.write_text(yaml.safe_dump({
-        "output": str(work / "ref"), "workers": 2, "seed": 0,
-        "sources": [{"name": "owt", "paths": [str(REFERENCE)], "id_field": "id"}],
-        "quality": [], "pack": {"seq_len": 256},
-        "dataset": {"validation_fraction": 0.05}}))
+    prep.write_text(
+        yaml.safe_dump(
+            {
+                "output": str(work / "ref"),
+                "workers": 2,
+                "seed": 0,
+                "sources": [{"name": "owt", "paths": [str(REFERENCE)], "id_field": "id"}],
+                "quality": [],
+                "pack": {"seq_len": 256},
+                "dataset": {"validation_fraction": 0.05},
+            }
+        )
+    )
     train = work / "train.yaml"
-    train.write_text(yaml.safe_dump({
-        "dataset": str(work / "ref" / "dataset"), "run_dir": str(work / "train"),
-        "steps": steps, "micro_batch": 16, "eval_every": steps, "eval_batches": 4,
-        "model": {"d_model": 192, "n_layer": 4, "n_head": 6},
-        "optim": {"lr": 3e-3}, "schedule": {"kind": "cosine", "warmup_steps": 30},
-        "checkpoint": {"every": steps, "keep_last": 1}}))
+    train.write_text(
+        yaml.safe_dump(
+            {
+                "dataset": str(work / "ref" / "dataset"),
+                "run_dir": str(work / "train"),
+                "steps": steps,
+                "micro_batch": 16,
+                "eval_every": steps,
+                "eval_batches": 4,
+                "model": {"d_model": 192, "n_layer": 4, "n_head": 6},
+                "optim": {"lr": 3e-3},
+                "schedule": {"kind": "cosine", "warmup_steps": 30},
+                "checkpoint": {"every": steps, "keep_last": 1},
+            }
+        )
+    )
     ballast = str(Path(sys.executable).with_name("ballast"))
     if not has_dataset(work / "ref" / "dataset"):
         run([ballast, "prep", str(prep)])
@@ -108,8 +126,9 @@ def auc(scores_good: list[float], scores_bad: list[float]) -> float:
     return wins / (len(scores_good) * len(scores_bad))
 
 
-def cross_validate(ppl: list[float], labels: list[int], folds: int = 5,
-                   seed: int = 0) -> dict[str, float]:
+def cross_validate(
+    ppl: list[float], labels: list[int], folds: int = 5, seed: int = 0
+) -> dict[str, float]:
     """Keep rates on held-out folds, the cut chosen on the other folds only."""
     idx = list(range(len(ppl)))
     random.Random(seed).shuffle(idx)
@@ -136,8 +155,7 @@ def folds_of(n: int, folds: int, seed: int = 0) -> list[list[int]]:
 def rates(kept: list[bool], labels: list[int]) -> dict[str, float]:
     good = [k for k, y in zip(kept, labels, strict=True) if y == 1]
     bad = [k for k, y in zip(kept, labels, strict=True) if y == 0]
-    return {"good_kept": round(sum(good) / len(good), 4),
-            "bad_kept": round(sum(bad) / len(bad), 4)}
+    return {"good_kept": round(sum(good) / len(good), 4), "bad_kept": round(sum(bad) / len(bad), 4)}
 
 
 def heuristics(texts: list[str]) -> list[bool]:
@@ -150,9 +168,15 @@ def percentile(ref: list[float], x: float) -> float:
     return (bisect_left(ref, x) + bisect_right(ref, x)) / (2 * len(ref))
 
 
-def classifier_cv(texts: list[str], labels: list[int], folds: list[list[int]],
-                  cfg: ClassifierTrainConfig, work: Path, chain_keep: list[bool],
-                  extra_good: list[str] | None = None) -> dict[str, Any]:
+def classifier_cv(
+    texts: list[str],
+    labels: list[int],
+    folds: list[list[int]],
+    cfg: ClassifierTrainConfig,
+    work: Path,
+    chain_keep: list[bool],
+    extra_good: list[str] | None = None,
+) -> dict[str, Any]:
     """Held-out scores and keep decisions of the `classifier` rule, fold by fold, plus the
     out-of-fold training scores each fold's threshold came from (for the combination).
     `extra_good`: reference pages added to every fold's training set as good (DCLM trains
@@ -170,44 +194,53 @@ def classifier_cv(texts: list[str], labels: list[int], folds: list[list[int]],
         if extra_good:
             tt = [texts[i] for i in tr] + extra_good
             tl = [labels[i] for i in tr] + [1] * len(extra_good)
-            oof = out_of_fold_scores(tt, tl, cfg)[:len(tr)]
+            oof = out_of_fold_scores(tt, tl, cfg)[: len(tr)]
             threshold = choose_threshold(oof, [labels[i] for i in tr], cfg.keep_good)
             model, spec = fit(tt, tl, cfg)
         else:
-            model, spec, threshold, oof = train_model([texts[i] for i in tr],
-                                                      [labels[i] for i in tr], cfg)
+            model, spec, threshold, oof = train_model(
+                [texts[i] for i in tr], [labels[i] for i in tr], cfg
+            )
         thresholds.append(round(threshold, 4))
         train_oof.append(dict(zip(tr, oof, strict=True)))
         path = work / "fold.bin"
         model.save_model(str(path))
-        (work / "fold.report.json").write_text(json.dumps(
-            {"threshold": threshold, "features": spec}))
+        (work / "fold.report.json").write_text(
+            json.dumps({"threshold": threshold, "features": spec})
+        )
         # Through the rule, as a pipeline applies it; the rule reads the fold's report.
         rule = parse_rules([{"classifier": {"model": str(path)}}])
-        for i, o in zip(fold, filter_documents(rule, [texts[i] for i in fold],
-                                               [None] * len(fold)), strict=True):
+        for i, o in zip(
+            fold, filter_documents(rule, [texts[i] for i in fold], [None] * len(fold)), strict=True
+        ):
             kept[i] = o.reason is None
             chained[i] = kept[i] and chain_keep[i]
         for i, s in zip(fold, scores(model, spec, [texts[i] for i in fold]), strict=True):
             held_scores[i] = s
-    return {"kept": kept, "chained": chained, "scores": held_scores,
-            "train_oof": train_oof, "thresholds": thresholds}
+    return {
+        "kept": kept,
+        "chained": chained,
+        "scores": held_scores,
+        "train_oof": train_oof,
+        "thresholds": thresholds,
+    }
 
 
-def combined(labels: list[int], folds: list[list[int]], clf: dict[str, Any],
-             ppl: list[float]) -> list[bool]:
+def combined(
+    labels: list[int], folds: list[list[int]], clf: dict[str, Any], ppl: list[float]
+) -> list[bool]:
     kept = [False] * len(labels)
     for fold, oof in zip(folds, clf["train_oof"], strict=True):
         tr = sorted(oof)
         ref_c = sorted(oof[i] for i in tr)
         ref_p = sorted(-ppl[i] for i in tr)
 
-        def score(i: int, c: float, ref_c: list[float] = ref_c,
-                  ref_p: list[float] = ref_p) -> float:
+        def score(
+            i: int, c: float, ref_c: list[float] = ref_c, ref_p: list[float] = ref_p
+        ) -> float:
             return (percentile(ref_c, c) + percentile(ref_p, -ppl[i])) / 2
 
-        cut = choose_threshold([score(i, oof[i]) for i in tr], [labels[i] for i in tr],
-                               GOOD_KEEP)
+        cut = choose_threshold([score(i, oof[i]) for i in tr], [labels[i] for i in tr], GOOD_KEEP)
         for i in fold:
             kept[i] = score(i, clf["scores"][i]) >= cut
     return kept
@@ -224,8 +257,10 @@ def methods_bench(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     chain = heuristics(texts)
     methods["heuristics"] = rates(chain, labels) | {
-        "rules": list(DEFAULT_RULES), "note": "fixed published thresholds, no training",
-        "seconds": round(time.perf_counter() - t0, 2)}
+        "rules": list(DEFAULT_RULES),
+        "note": "fixed published thresholds, no training",
+        "seconds": round(time.perf_counter() - t0, 2),
+    }
     clf: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="ballast-clf-") as work:
         for features in ("text", "text+stats"):
@@ -237,9 +272,12 @@ def methods_bench(args: argparse.Namespace) -> int:
             methods[f"classifier[{features}]"] = rates(r["kept"], labels) | {
                 "auc_good_above_bad": round(auc(good, bad), 4),
                 "fold_thresholds": r["thresholds"],
-                "config": {k: getattr(cfg, k) for k in ("features", "word_ngrams", "epoch",
-                                                        "lr", "dim", "folds", "keep_good")},
-                "seconds": round(time.perf_counter() - t0, 1)}
+                "config": {
+                    k: getattr(cfg, k)
+                    for k in ("features", "word_ngrams", "epoch", "lr", "dim", "folds", "keep_good")
+                },
+                "seconds": round(time.perf_counter() - t0, 1),
+            }
             methods[f"heuristics -> classifier[{features}]"] = rates(r["chained"], labels)
         if OWT.is_file():  # reference pages as extra positives
             owt = [json.loads(line)["text"] for line in OWT.read_text().splitlines()]
@@ -248,33 +286,42 @@ def methods_bench(args: argparse.Namespace) -> int:
             r = classifier_cv(texts, labels, folds, cfg, Path(work), chain, extra_good=owt)
             good = [s for s, y in zip(r["scores"], labels, strict=True) if y == 1]
             bad = [s for s, y in zip(r["scores"], labels, strict=True) if y == 0]
-            methods["classifier[text+stats] + OpenWebText as good"] = rates(
-                r["kept"], labels) | {
+            methods["classifier[text+stats] + OpenWebText as good"] = rates(r["kept"], labels) | {
                 "auc_good_above_bad": round(auc(good, bad), 4),
-                "extra_good_pages": len(owt), "fold_thresholds": r["thresholds"],
-                "seconds": round(time.perf_counter() - t0, 1)}
+                "extra_good_pages": len(owt),
+                "fold_thresholds": r["thresholds"],
+                "seconds": round(time.perf_counter() - t0, 1),
+            }
     if not args.skip_perplexity:
         from dataprep.quality.perplexity import perplexities
 
         model_dir = build_model(Path(args.workdir), args.steps)
-        ppl = [float("inf") if p is None else p
-               for p in perplexities(texts, str(model_dir), device="cpu")]
+        ppl = [
+            float("inf") if p is None else p
+            for p in perplexities(texts, str(model_dir), device="cpu")
+        ]
         good = [-s for s, y in zip(ppl, labels, strict=True) if y == 1]
         bad = [-s for s, y in zip(ppl, labels, strict=True) if y == 0]
         methods["perplexity"] = cross_validate(ppl, labels, args.folds) | {
-            "auc_good_above_bad": round(auc(good, bad), 4), "model": str(model_dir)}
+            "auc_good_above_bad": round(auc(good, bad), 4),
+            "model": str(model_dir),
+        }
         for features in ("text", "text+stats"):
             methods[f"classifier[{features}] + perplexity"] = rates(
-                combined(labels, folds, clf[features], ppl), labels)
+                combined(labels, folds, clf[features], ppl), labels
+            )
     result = {
         "labelled": LABELLED.name,
         "pages": {"good": labels.count(1), "bad": labels.count(0)},
-        "folds": args.folds, "target": {"good_kept_min": GOOD_KEEP, "bad_kept_max": 0.15},
+        "folds": args.folds,
+        "target": {"good_kept_min": GOOD_KEEP, "bad_kept_max": 0.15},
         "methods": methods,
     }
     for name, m in methods.items():
-        print(f"{name:42s} good kept {m['good_kept']:6.1%}   bad kept {m['bad_kept']:6.1%}"
-              + (f"   AUC {m['auc_good_above_bad']:.3f}" if "auc_good_above_bad" in m else ""))
+        print(
+            f"{name:42s} good kept {m['good_kept']:6.1%}   bad kept {m['bad_kept']:6.1%}"
+            + (f"   AUC {m['auc_good_above_bad']:.3f}" if "auc_good_above_bad" in m else "")
+        )
     out = write_json(args.out, result)
     print(f"wrote {out}")
     return 0
@@ -303,21 +350,30 @@ def perplexity_bench(args: argparse.Namespace) -> int:
     scores = [float("inf") if p is None else p for p in ppl]
     good = [-s for s, y in zip(scores, labels, strict=True) if y == 1]
     bad = [-s for s, y in zip(scores, labels, strict=True) if y == 0]
-    metrics = json.loads(next(iter((work / "train").glob("metrics*.jsonl"))).read_text()
-                         .splitlines()[-1]) if list((work / "train").glob("metrics*.jsonl")) \
+    metrics = (
+        json.loads(next(iter((work / "train").glob("metrics*.jsonl"))).read_text().splitlines()[-1])
+        if list((work / "train").glob("metrics*.jsonl"))
         else {}
+    )
     result = {
-        "reference": REFERENCE.name, "labelled": LABELLED.name, "steps": args.steps,
+        "reference": REFERENCE.name,
+        "labelled": LABELLED.name,
+        "steps": args.steps,
         "model": {"d_model": 192, "n_layer": 4, "context": 256},
         "build_seconds": round(build_s, 1),
         "last_metrics_record": metrics,
         "pages": {"good": len(good), "bad": len(bad)},
-        "median_perplexity": {"good": sorted(-g for g in good)[len(good) // 2],
-                              "bad": sorted(-b for b in bad)[len(bad) // 2]},
+        "median_perplexity": {
+            "good": sorted(-g for g in good)[len(good) // 2],
+            "bad": sorted(-b for b in bad)[len(bad) // 2],
+        },
         "auc_good_above_bad": round(auc(good, bad), 4),
         "cv_keep_rates": cross_validate(scores, labels),
-        "scoring": {"docs_per_s": round(len(texts) / score_s, 1),
-                    "tokens_per_s": round(n_tokens / score_s), "device": "cpu"},
+        "scoring": {
+            "docs_per_s": round(len(texts) / score_s, 1),
+            "tokens_per_s": round(n_tokens / score_s),
+            "device": "cpu",
+        },
     }
     print(json.dumps(result, indent=2))
     out = write_json(args.out, result)
@@ -332,8 +388,11 @@ def main() -> int:
     m.add_argument("--folds", type=int, default=5)
     m.add_argument("--steps", type=int, default=600, help="perplexity model's training steps")
     m.add_argument("--workdir", default=str(ROOT / "runs" / "bench-ppl"))
-    m.add_argument("--skip-perplexity", action="store_true",
-                   help="leave out the methods that need the reference model (~6 min on CPU)")
+    m.add_argument(
+        "--skip-perplexity",
+        action="store_true",
+        help="leave out the methods that need the reference model (~6 min on CPU)",
+    )
     m.add_argument("--out", default=str(RESULTS / "classifier.json"))
     p = sub.add_parser("perplexity", help="the perplexity rule's reference model, made here")
     p.add_argument("--steps", type=int, default=600)

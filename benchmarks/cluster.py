@@ -37,7 +37,9 @@ VOLATILE = {"_run.json", "report.json", "v0001.json"}
 
 def prep_config(corpus: Path, out: Path, workers: int) -> dict:
     return {
-        "output": str(out), "workers": workers, "seed": 0,
+        "output": str(out),
+        "workers": workers,
+        "seed": 0,
         "sources": [{"name": "web", "paths": [str(corpus)], "id_field": "id"}],
         "ingest": {"shard_docs": 50_000},
         "dedup": {"exact": True, "near": {"threshold": THRESHOLD}},
@@ -53,19 +55,27 @@ def start_cluster(work: Path, workers: int) -> tuple[subprocess.Popen[bytes], st
     sched = work / "scheduler.json"
     sched.unlink(missing_ok=True)
     dask = BIN / "dask"
-    lines = [f"{dask} scheduler --host 127.0.0.1 --port 0 --no-dashboard "
-             f"--scheduler-file {sched} &"]
+    lines = [
+        f"{dask} scheduler --host 127.0.0.1 --port 0 --no-dashboard --scheduler-file {sched} &"
+    ]
     lines += ["while [ ! -s " + str(sched) + " ]; do sleep 0.1; done"]
     for i in range(workers):
         scratch = work / f"worker{i}"
         scratch.mkdir(parents=True, exist_ok=True)
-        lines.append(f"TMPDIR={scratch} {dask} worker --scheduler-file {sched} "
-                     f"--host 127.0.0.1 --nthreads 1 --no-dashboard --name w{i} "
-                     f"--local-directory {scratch} &")
+        lines.append(
+            f"TMPDIR={scratch} {dask} worker --scheduler-file {sched} "
+            f"--host 127.0.0.1 --nthreads 1 --no-dashboard --name w{i} "
+            f"--local-directory {scratch} &"
+        )
     lines.append("wait")
     log = (work / "cluster.log").open("wb")
-    proc = subprocess.Popen(["bash", "-c", "\n".join(lines)], cwd=ROOT, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", "\n".join(lines)],
+        cwd=ROOT,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     from distributed import Client
 
     deadline = time.monotonic() + 120
@@ -82,8 +92,13 @@ def start_cluster(work: Path, workers: int) -> tuple[subprocess.Popen[bytes], st
     return proc, address
 
 
-def run(cfg: dict, work: Path, name: str, extra: list[str],
-        cluster: subprocess.Popen[bytes] | None = None) -> dict:
+def run(
+    cfg: dict,
+    work: Path,
+    name: str,
+    extra: list[str],
+    cluster: subprocess.Popen[bytes] | None = None,
+) -> dict:
     import yaml
 
     out = Path(cfg["output"])
@@ -107,12 +122,17 @@ def run(cfg: dict, work: Path, name: str, extra: list[str],
     # The peak of the sum over time of both trees, sampled at about the same instants.
     peak = client_rss.peak
     if cluster is not None:
-        both = [a + b for (_, a), (_, b) in zip(client_rss.samples, cluster_rss.samples,
-                                                 strict=False)]
+        both = [
+            a + b for (_, a), (_, b) in zip(client_rss.samples, cluster_rss.samples, strict=False)
+        ]
         peak = max(both or [client_rss.peak + cluster_rss.peak])
-    return {"wall_seconds": round(wall, 1), "mb_in": round(mb, 1),
-            "mb_per_s": round(mb / wall, 2), "peak_rss_mb": round(peak / 2**20),
-            "step_seconds": report["step_seconds"]}
+    return {
+        "wall_seconds": round(wall, 1),
+        "mb_in": round(mb, 1),
+        "mb_per_s": round(mb / wall, 2),
+        "peak_rss_mb": round(peak / 2**20),
+        "step_seconds": report["step_seconds"],
+    }
 
 
 def same_output(a: Path, b: Path) -> tuple[bool, list[str]]:
@@ -120,8 +140,11 @@ def same_output(a: Path, b: Path) -> tuple[bool, list[str]]:
     other = sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
     if files != other:
         return False, sorted(set(files) ^ set(other))[:10]
-    differ = [f for f in files if Path(f).name not in VOLATILE
-              and not filecmp.cmp(a / f, b / f, shallow=False)]
+    differ = [
+        f
+        for f in files
+        if Path(f).name not in VOLATILE and not filecmp.cmp(a / f, b / f, shallow=False)
+    ]
     return not differ, differ[:10]
 
 
@@ -137,8 +160,9 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
-    corpus = build_scale_corpus(args.docs, args.seed, Path(args.corpora),
-                                max(1, os.cpu_count() or 1))
+    corpus = build_scale_corpus(
+        args.docs, args.seed, Path(args.corpora), max(1, os.cpu_count() or 1)
+    )
 
     # The two in turn, A B B A ... (drift in the machine's speed cancels out). The cluster
     # runs only during the dask runs: idle, it would still take CPU from the pool's.
@@ -158,24 +182,41 @@ def main() -> None:
                     os.killpg(cluster.pid, 15)
                     cluster.wait(timeout=30)
             runs[mode].append(res)
-            print(f"round {r + 1} {mode}: {res['wall_seconds']} s, {res['mb_per_s']} MB/s, "
-                  f"peak {res['peak_rss_mb']} MiB", flush=True)
+            print(
+                f"round {r + 1} {mode}: {res['wall_seconds']} s, {res['mb_per_s']} MB/s, "
+                f"peak {res['peak_rss_mb']} MiB",
+                flush=True,
+            )
         if r == 0:
             identical, differ = same_output(work / "out-pool", work / "out-dask")
     pool_s = statistics.median(x["wall_seconds"] for x in runs["pool"])
     dask_s = statistics.median(x["wall_seconds"] for x in runs["dask"])
-    ratios = [round(d["wall_seconds"] / p["wall_seconds"], 4)
-              for p, d in zip(runs["pool"], runs["dask"], strict=True)]
+    ratios = [
+        round(d["wall_seconds"] / p["wall_seconds"], 4)
+        for p, d in zip(runs["pool"], runs["dask"], strict=True)
+    ]
     overhead = dask_s / pool_s - 1
-    result = {"docs": args.docs, "workers": args.workers, "machine": f"{os.cpu_count()} cores",
-              "rounds": args.rounds, "pool_median_seconds": pool_s,
-              "dask_median_seconds": dask_s, "ratio_per_round": ratios,
-              "pool": runs["pool"], "dask": runs["dask"], "overhead": round(overhead, 4),
-              "target_overhead": 0.15, "met": overhead <= 0.15,
-              "byte_identical": identical, "differing_files": differ}
-    print(f"overhead of the cluster path (medians): {100 * overhead:+.1f}% (target <= +15%): "
-          f"{'met' if result['met'] else 'MISSED'}; per round {ratios}; outputs "
-          f"byte-identical: {identical}")
+    result = {
+        "docs": args.docs,
+        "workers": args.workers,
+        "machine": f"{os.cpu_count()} cores",
+        "rounds": args.rounds,
+        "pool_median_seconds": pool_s,
+        "dask_median_seconds": dask_s,
+        "ratio_per_round": ratios,
+        "pool": runs["pool"],
+        "dask": runs["dask"],
+        "overhead": round(overhead, 4),
+        "target_overhead": 0.15,
+        "met": overhead <= 0.15,
+        "byte_identical": identical,
+        "differing_files": differ,
+    }
+    print(
+        f"overhead of the cluster path (medians): {100 * overhead:+.1f}% (target <= +15%): "
+        f"{'met' if result['met'] else 'MISSED'}; per round {ratios}; outputs "
+        f"byte-identical: {identical}"
+    )
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     for d in ("out-pool", "out-dask"):
         shutil.rmtree(work / d, ignore_errors=True)

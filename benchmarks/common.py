@@ -30,9 +30,14 @@ SHARED = ROOT.parent / "shared" / "data"
 RESULTS = ROOT / "benchmarks" / "results"
 
 # The shared web and code corpora (dedup's, the prep benchmarks' and the scale corpus's base).
-CORPORA = ["web_openwebtext_1k.jsonl", "web_c4_olmo_fixtures.jsonl", "web_dolma_cc_fixtures.jsonl",
-           "code_python_cosqa_dev.jsonl", "code_humanevalx.jsonl",
-           "code_java_methods_codexglue_flat.jsonl"]
+CORPORA = [
+    "web_openwebtext_1k.jsonl",
+    "web_c4_olmo_fixtures.jsonl",
+    "web_dolma_cc_fixtures.jsonl",
+    "code_python_cosqa_dev.jsonl",
+    "code_humanevalx.jsonl",
+    "code_java_methods_codexglue_flat.jsonl",
+]
 WORD = re.compile(r"[A-Za-z0-9_\x80-\U0010ffff]+")
 
 
@@ -47,13 +52,15 @@ def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "load_avg": os.getloadavg()}
 
 
-def write_json(path: str | Path, obj: Any, *, indent: int = 2, end: str = "\n",
-               ensure_ascii: bool = True) -> Path:
+def write_json(
+    path: str | Path, obj: Any, *, indent: int = 2, end: str = "\n", ensure_ascii: bool = True
+) -> Path:
     """`obj` as JSON at `path` (its folder made if missing); returns the path."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(obj, indent=indent, ensure_ascii=ensure_ascii) + end,
-                   encoding="utf-8")
+    out.write_text(
+        json.dumps(obj, indent=indent, ensure_ascii=ensure_ascii) + end, encoding="utf-8"
+    )
     return out
 
 
@@ -119,8 +126,15 @@ def run_prep_process(cfg: dict, workdir: Path, until: str | None = None) -> dict
     cfg_path = workdir / f"config-{out.name}.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg))
     shutil.rmtree(out, ignore_errors=True)
-    cmd = [sys.executable, "-m", "cli.main", "prep", str(cfg_path),
-           "--no-progress", *(["--until", until] if until else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "prep",
+        str(cfg_path),
+        "--no-progress",
+        *(["--until", until] if until else []),
+    ]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
     with TreeRSS(proc.pid) as rss:
@@ -128,8 +142,13 @@ def run_prep_process(cfg: dict, workdir: Path, until: str | None = None) -> dict
             raise SystemExit(f"ballast prep failed with exit code {proc.returncode}")
     wall = time.perf_counter() - t0
     report = prep_report(out)
-    return {"report": report, "wall": wall, "peak_rss": rss.peak, "samples": rss.samples,
-            "out": out}
+    return {
+        "report": report,
+        "wall": wall,
+        "peak_rss": rss.peak,
+        "samples": rss.samples,
+        "out": out,
+    }
 
 
 def prep_report(out: Path) -> dict[str, Any]:
@@ -228,8 +247,9 @@ class ScaleCorpus:
             if name.startswith("web_"):
                 with open(SHARED / name, encoding="utf-8") as f:
                     self.base += [json.loads(line)["text"] for line in f]
-        self.lines = [ls for ls in ([x for x in t.split("\n") if x.strip()] for t in self.base)
-                      if ls]
+        self.lines = [
+            ls for ls in ([x for x in t.split("\n") if x.strip()] for t in self.base) if ls
+        ]
         self.vocab = [w for t in self.base for w in t.split() if w.isalpha()]
 
     def _rng(self, i: int) -> random.Random:
@@ -263,9 +283,12 @@ class ScaleCorpus:
                 ls = self.lines[rng.randrange(len(self.lines))]
                 k = rng.randrange(len(ls))
                 for line in ls[k : k + rng.randint(1, 2)]:
-                    parts.append(" ".join(
-                        vocab[int(rand() * n_vocab)] if w.isalpha() and rand() < 0.4 else w
-                        for w in line.split(" ")))
+                    parts.append(
+                        " ".join(
+                            vocab[int(rand() * n_vocab)] if w.isalpha() and rand() < 0.4 else w
+                            for w in line.split(" ")
+                        )
+                    )
             return "\n".join(parts)
         src = self.text(j)
         if kind == "exact":
@@ -294,8 +317,10 @@ def build_scale_corpus(n_docs: int, seed: int, workdir: Path, procs: int) -> Pat
         return path
     workdir.mkdir(parents=True, exist_ok=True)
     step = 200_000
-    jobs = [(seed, lo, min(lo + step, n_docs), str(workdir / f".part-{lo:012d}"))
-            for lo in range(0, n_docs, step)]
+    jobs = [
+        (seed, lo, min(lo + step, n_docs), str(workdir / f".part-{lo:012d}"))
+        for lo in range(0, n_docs, step)
+    ]
     t0 = time.perf_counter()
     with mp.get_context("spawn").Pool(procs) as pool:
         pool.map(_write_part, jobs, chunksize=1)
@@ -304,8 +329,16 @@ def build_scale_corpus(n_docs: int, seed: int, workdir: Path, procs: int) -> Pat
             with open(p, "rb") as f:
                 shutil.copyfileobj(f, out, 16 << 20)
             os.unlink(p)
-    done.write_text(json.dumps({"docs": n_docs, "seed": seed, "bytes": path.stat().st_size,
-                                "seconds": round(time.perf_counter() - t0, 1)}))
+    done.write_text(
+        json.dumps(
+            {
+                "docs": n_docs,
+                "seed": seed,
+                "bytes": path.stat().st_size,
+                "seconds": round(time.perf_counter() - t0, 1),
+            }
+        )
+    )
     return path
 
 

@@ -135,9 +135,13 @@ def train_tokenizer(folder: Path, out: Path) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB, min_frequency=2, show_progress=False,
-                                  special_tokens=[EOS, PAD],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        min_frequency=2,
+        show_progress=False,
+        special_tokens=[EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts(), trainer=trainer)
     tok.save(str(out))
     return out
@@ -152,8 +156,11 @@ def step_stats(stats_json: Path) -> list[dict]:
     for s in json.loads(stats_json.read_text()):
         name = " ".join(re.sub(r"[^\x20-\x7e]", " ", s["name"]).split())
         t = s.get("time_stats")
-        counters = {k: v.get("total") if isinstance(v, dict) else v
-                    for k, v in s.get("stats", {}).items() if k != "XXXXX.jsonl"}
+        counters = {
+            k: v.get("total") if isinstance(v, dict) else v
+            for k, v in s.get("stats", {}).items()
+            if k != "XXXXX.jsonl"
+        }
         secs = t.get("total", 0.0) if isinstance(t, dict) else t
         out.append({"step": name, "seconds": round(float(secs or 0.0), 2), **counters})
     return out
@@ -164,8 +171,12 @@ def main() -> None:
     ap.add_argument("--corpus", required=True, help="a JSONL file with 'id' and 'text'")
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-datatrove"))
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--splits", type=int, default=None,
-                    help="input files (= tasks of the per-document stages); default --workers")
+    ap.add_argument(
+        "--splits",
+        type=int,
+        default=None,
+        help="input files (= tasks of the per-document stages); default --workers",
+    )
     ap.add_argument("--out", default=str(RESULTS / "datatrove_compare.json"))
     ap.add_argument("--keep", action="store_true", help="keep the stage outputs")
     args = ap.parse_args()
@@ -195,16 +206,31 @@ def main() -> None:
     corpus = Path(args.corpus).resolve()
     work = Path(args.workdir).resolve()
     splits = args.splits or args.workers
-    for sub in ("input", "sigs", "buckets", "remove", "deduped", "quality", "tokenized",
-                "merged", "logs", "tokenizer.json"):
+    for sub in (
+        "input",
+        "sigs",
+        "buckets",
+        "remove",
+        "deduped",
+        "quality",
+        "tokenized",
+        "merged",
+        "logs",
+        "tokenizer.json",
+    ):
         p = work / sub
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     work.mkdir(parents=True, exist_ok=True)
     n_docs, text_bytes = count_corpus(corpus)
     file_bytes = corpus.stat().st_size
 
-    cfg = MinhashConfig(n_grams=5, num_buckets=25, hashes_per_bucket=5, seed=1,
-                        hash_config=HashConfig(precision=64, hash_fc="xxhash"))
+    cfg = MinhashConfig(
+        n_grams=5,
+        num_buckets=25,
+        hashes_per_bucket=5,
+        seed=1,
+        hash_config=HashConfig(precision=64, hash_fc="xxhash"),
+    )
 
     def reader(folder: Path) -> JsonlReader:
         return JsonlReader(str(folder), text_key="text", id_key="id", glob_pattern="*.jsonl")
@@ -213,49 +239,116 @@ def main() -> None:
         return JsonlWriter(str(folder), output_filename="${rank}.jsonl", compression=None)
 
     def executor(name: str, pipeline: list, tasks: int) -> LocalPipelineExecutor:
-        return LocalPipelineExecutor(pipeline=pipeline, tasks=tasks,
-                                     workers=min(args.workers, tasks),
-                                     logging_dir=str(work / "logs" / name), skip_completed=False)
+        return LocalPipelineExecutor(
+            pipeline=pipeline,
+            tasks=tasks,
+            workers=min(args.workers, tasks),
+            logging_dir=str(work / "logs" / name),
+            skip_completed=False,
+        )
 
     tok_path = work / "tokenizer.json"
     stages = [
         ("split", lambda: split_corpus(corpus, work / "input", splits)),
-        ("minhash_sigs", lambda: executor("minhash_sigs", [
-            reader(work / "input"),
-            MinhashDedupSignature(output_folder=str(work / "sigs"), config=cfg),
-        ], splits).run()),
-        ("minhash_buckets", lambda: executor("minhash_buckets", [
-            MinhashDedupBuckets(input_folder=str(work / "sigs"),
-                                output_folder=str(work / "buckets"), config=cfg),
-        ], cfg.num_buckets).run()),
-        ("minhash_cluster", lambda: executor("minhash_cluster", [
-            MinhashDedupCluster(input_folder=str(work / "buckets"),
-                                output_folder=str(work / "remove"), config=cfg),
-        ], 1).run()),
-        ("minhash_filter", lambda: executor("minhash_filter", [
-            reader(work / "input"),
-            MinhashDedupFilter(input_folder=str(work / "remove")),
-            writer(work / "deduped"),
-        ], splits).run()),
-        ("quality", lambda: executor("quality", [
-            reader(work / "deduped"),
-            GopherRepetitionFilter(),
-            GopherQualityFilter(),
-            C4QualityFilter(),
-            FineWebQualityFilter(),
-            writer(work / "quality"),
-        ], splits).run()),
+        (
+            "minhash_sigs",
+            lambda: executor(
+                "minhash_sigs",
+                [
+                    reader(work / "input"),
+                    MinhashDedupSignature(output_folder=str(work / "sigs"), config=cfg),
+                ],
+                splits,
+            ).run(),
+        ),
+        (
+            "minhash_buckets",
+            lambda: executor(
+                "minhash_buckets",
+                [
+                    MinhashDedupBuckets(
+                        input_folder=str(work / "sigs"),
+                        output_folder=str(work / "buckets"),
+                        config=cfg,
+                    ),
+                ],
+                cfg.num_buckets,
+            ).run(),
+        ),
+        (
+            "minhash_cluster",
+            lambda: executor(
+                "minhash_cluster",
+                [
+                    MinhashDedupCluster(
+                        input_folder=str(work / "buckets"),
+                        output_folder=str(work / "remove"),
+                        config=cfg,
+                    ),
+                ],
+                1,
+            ).run(),
+        ),
+        (
+            "minhash_filter",
+            lambda: executor(
+                "minhash_filter",
+                [
+                    reader(work / "input"),
+                    MinhashDedupFilter(input_folder=str(work / "remove")),
+                    writer(work / "deduped"),
+                ],
+                splits,
+            ).run(),
+        ),
+        (
+            "quality",
+            lambda: executor(
+                "quality",
+                [
+                    reader(work / "deduped"),
+                    GopherRepetitionFilter(),
+                    GopherQualityFilter(),
+                    C4QualityFilter(),
+                    FineWebQualityFilter(),
+                    writer(work / "quality"),
+                ],
+                splits,
+            ).run(),
+        ),
         ("tokenizer_train", lambda: train_tokenizer(work / "quality", tok_path)),
-        ("tokenize", lambda: executor("tokenize", [
-            reader(work / "quality"),
-            DocumentTokenizer(output_folder=str(work / "tokenized"),
-                              tokenizer_name_or_path=str(tok_path), eos_token=EOS, seed=0),
-        ], splits).run()),
-        ("merge", lambda: executor("merge", [
-            DocumentTokenizerMerger(input_folder=str(work / "tokenized"),
-                                    output_folder=str(work / "merged"), save_filename="train",
-                                    seed=0, progress=False),
-        ], 1).run()),
+        (
+            "tokenize",
+            lambda: executor(
+                "tokenize",
+                [
+                    reader(work / "quality"),
+                    DocumentTokenizer(
+                        output_folder=str(work / "tokenized"),
+                        tokenizer_name_or_path=str(tok_path),
+                        eos_token=EOS,
+                        seed=0,
+                    ),
+                ],
+                splits,
+            ).run(),
+        ),
+        (
+            "merge",
+            lambda: executor(
+                "merge",
+                [
+                    DocumentTokenizerMerger(
+                        input_folder=str(work / "tokenized"),
+                        output_folder=str(work / "merged"),
+                        save_filename="train",
+                        seed=0,
+                        progress=False,
+                    ),
+                ],
+                1,
+            ).run(),
+        ),
     ]
 
     stage_seconds, stage_window, dt_steps = {}, {}, {}
@@ -268,8 +361,9 @@ def main() -> None:
             stage_window[name] = (e0, time.time())
             if (work / "logs" / name).is_dir():
                 dt_steps[name] = step_stats(work / "logs" / name / "stats.json")
-            print(f"[datatrove_compare] {name}: {stage_seconds[name]} s", file=sys.stderr,
-                  flush=True)
+            print(
+                f"[datatrove_compare] {name}: {stage_seconds[name]} s", file=sys.stderr, flush=True
+            )
     wall = time.perf_counter() - t_start
 
     def docs_in(folder: Path) -> int:
@@ -290,22 +384,36 @@ def main() -> None:
     mb = text_bytes / 1e6
     result = {
         "tool": "datatrove",
-        "versions": {p: version(p) for p in ("datatrove", "spacy", "tokenizers", "xxhash",
-                                             "numpy")},
+        "versions": {
+            p: version(p) for p in ("datatrove", "spacy", "tokenizers", "xxhash", "numpy")
+        },
         "machine": {"cpus": os.cpu_count(), "load_avg": [round(x, 2) for x in os.getloadavg()]},
-        "corpus": str(corpus), "docs": n_docs, "workers": args.workers, "splits": splits,
-        "mb_in": round(mb, 1), "file_mb": round(file_bytes / 1e6, 1),
+        "corpus": str(corpus),
+        "docs": n_docs,
+        "workers": args.workers,
+        "splits": splits,
+        "mb_in": round(mb, 1),
+        "file_mb": round(file_bytes / 1e6, 1),
         "wall_seconds": round(wall, 1),
-        "mb_per_s": round(mb / wall, 2), "file_mb_per_s": round(file_bytes / 1e6 / wall, 2),
+        "mb_per_s": round(mb / wall, 2),
+        "file_mb_per_s": round(file_bytes / 1e6 / wall, 2),
         "docs_per_s": round(n_docs / wall),
         "peak_rss_mb": round(rss.peak / 2**20),
-        "stage_seconds": stage_seconds, "stage_peak_rss_mb": stage_rss,
-        "kept_docs": {"input": n_docs, "minhash": docs_in(work / "deduped"),
-                      "quality": docs_in(work / "quality")},
+        "stage_seconds": stage_seconds,
+        "stage_peak_rss_mb": stage_rss,
+        "kept_docs": {
+            "input": n_docs,
+            "minhash": docs_in(work / "deduped"),
+            "quality": docs_in(work / "quality"),
+        },
         "train_tokens": tokens,
-        "minhash": {"n_grams": cfg.n_grams, "buckets": cfg.num_buckets,
-                    "hashes_per_bucket": cfg.hashes_per_bucket, "hash": str(cfg.hash_config),
-                    "exact_jaccard_check": False},
+        "minhash": {
+            "n_grams": cfg.n_grams,
+            "buckets": cfg.num_buckets,
+            "hashes_per_bucket": cfg.hashes_per_bucket,
+            "hash": str(cfg.hash_config),
+            "exact_jaccard_check": False,
+        },
         "quality": ["gopher_repetition", "gopher_quality", "c4_quality", "fineweb_quality"],
         "tokenizer": {"kind": "byte-level bpe", "vocab_size": VOCAB, "train_docs": TRAIN_DOCS},
         "intermediate_disk_mb": round((du(work) - du(work / "merged")) / 1e6),
@@ -317,8 +425,16 @@ def main() -> None:
     out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     if not args.keep:
-        for sub in ("input", "sigs", "buckets", "remove", "deduped", "quality", "tokenized",
-                    "merged"):
+        for sub in (
+            "input",
+            "sigs",
+            "buckets",
+            "remove",
+            "deduped",
+            "quality",
+            "tokenized",
+            "merged",
+        ):
             shutil.rmtree(work / sub, ignore_errors=True)
 
 

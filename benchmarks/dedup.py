@@ -93,13 +93,18 @@ def signature_rates(docs: list[str], n: int = 5) -> dict[str, float]:
 
 
 def run_ballast(corpus: Path, workdir: Path, workers: int, threshold: float) -> dict:
-    return run_prep_process({
-        "output": str(workdir / "out"), "workers": workers,
-        "sources": [{"name": "bench", "paths": [str(corpus)], "id_field": "id"}],
-        "ingest": {"shard_docs": 10_000},
-        "dedup": {"exact": True, "near": {"threshold": threshold}},
-        "quality": [],
-    }, workdir, until="near")
+    return run_prep_process(
+        {
+            "output": str(workdir / "out"),
+            "workers": workers,
+            "sources": [{"name": "bench", "paths": [str(corpus)], "id_field": "id"}],
+            "ingest": {"shard_docs": 10_000},
+            "dedup": {"exact": True, "near": {"threshold": threshold}},
+            "quality": [],
+        },
+        workdir,
+        until="near",
+    )
 
 
 def removed_map(out: Path) -> dict[int, int]:
@@ -115,8 +120,9 @@ def removed_map(out: Path) -> dict[int, int]:
     return kept
 
 
-def quality_metrics(docs: list[str], gt: set, removed: dict[int, int], threshold: float,
-                    n: int) -> dict:
+def quality_metrics(
+    docs: list[str], gt: set, removed: dict[int, int], threshold: float, n: int
+) -> dict:
     def root(i: int) -> int:
         while i in removed:
             i = removed[i]
@@ -143,7 +149,9 @@ def quality_metrics(docs: list[str], gt: set, removed: dict[int, int], threshold
         inter = len(a & b)
         strict += inter / max(1, len(a) + len(b) - inter) >= threshold
     return {
-        "ground_truth_pairs": len(gt), "pairs_found": found, "recall": recall,
+        "ground_truth_pairs": len(gt),
+        "pairs_found": found,
+        "recall": recall,
         "removed": len(removed),
         "precision": ok_any / len(removed) if removed else 1.0,
         "precision_vs_kept_doc": strict / len(removed) if removed else 1.0,
@@ -162,8 +170,12 @@ def main() -> None:
     if not have_shared(*CORPORA):
         print(f"skip: shared corpora not found under {SHARED}")
         return
-    result: dict = {"machine": machine(),
-                    "workers": args.workers, "threshold": args.threshold, "runs": []}
+    result: dict = {
+        "machine": machine(),
+        "workers": args.workers,
+        "threshold": args.threshold,
+        "runs": [],
+    }
     for n_docs in [args.docs] + ([args.scale] if args.scale else []):
         docs, planted = build_corpus(n_docs, seed=0)
         mb = sum(len(d.encode()) for d in docs) / 1e6
@@ -175,11 +187,16 @@ def main() -> None:
         secs = r["report"]["stage_seconds"]
         dedup_secs = secs.get("exact", 0) + secs.get("near", 0)
         run = {
-            "docs": n_docs, "mb": round(mb, 2), "planted": planted,
-            "stage_seconds": secs, "step_seconds": r["report"]["step_seconds"],
+            "docs": n_docs,
+            "mb": round(mb, 2),
+            "planted": planted,
+            "stage_seconds": secs,
+            "step_seconds": r["report"]["step_seconds"],
             "dedup_seconds": round(dedup_secs, 2),
-            "docs_per_s": round(n_docs / dedup_secs), "mb_per_s": round(mb / dedup_secs, 2),
-            "peak_rss_mb": round(r["peak_rss"] / 2**20), "near": r["report"].get("near"),
+            "docs_per_s": round(n_docs / dedup_secs),
+            "mb_per_s": round(mb / dedup_secs, 2),
+            "peak_rss_mb": round(r["peak_rss"] / 2**20),
+            "near": r["report"].get("near"),
             "removed_exact": sum(r["report"]["stages"]["exact"]["total"]["dropped"].values()),
             "removed_near": sum(r["report"]["stages"]["near"]["total"]["dropped"].values()),
         }
@@ -192,8 +209,12 @@ def main() -> None:
             run.update(quality_metrics(docs, gt, removed_map(r["out"]), args.threshold, 5))
         print(json.dumps(run, indent=2))
         result["runs"].append(run)
-    result["targets"] = {"recall": 0.99, "precision": 0.99, "docs_per_s": 9000,
-                         "datatrove_4_stage_docs_per_s_reference": 920}
+    result["targets"] = {
+        "recall": 0.99,
+        "precision": 0.99,
+        "docs_per_s": 9000,
+        "datatrove_4_stage_docs_per_s_reference": 920,
+    }
     write_json(args.out, result, end="")
     print(f"wrote {args.out}")
 

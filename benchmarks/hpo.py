@@ -42,8 +42,11 @@ def main() -> None:
 
     cfg = yaml.safe_load(Path(args.config).read_text())
     base = Path(cfg["base_config"])
-    cfg.update(base_config=str(base if base.is_absolute() else ROOT / base),
-               dataset=str(dataset), out=str(work / "search"))
+    cfg.update(
+        base_config=str(base if base.is_absolute() else ROOT / base),
+        dataset=str(dataset),
+        out=str(work / "search"),
+    )
     for key in ("n_trials", "parallel"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
@@ -59,14 +62,21 @@ def main() -> None:
     study = open_study(load_hpo_config(path), create=False)
     first = study.trials[0]
     result = {
-        "config": str(Path(args.config).relative_to(ROOT)), "dataset": "tinyshakespeare, "
-        "byte tokens, seq_len 64 (benchmarks/train_cpu.py prep)",
+        "config": str(Path(args.config).relative_to(ROOT)),
+        "dataset": "tinyshakespeare, byte tokens, seq_len 64 (benchmarks/train_cpu.py prep)",
         "machine": {"cpus": os.cpu_count(), "load_avg_at_end": os.getloadavg()},
-        "n_trials": r["trials"], "parallel": cfg["parallel"], "steps_per_trial": cfg["steps"],
-        "completed": r["completed"], "pruned": r["pruned"], "failed": r["failed"],
-        "wall_s": round(wall, 1), "s_per_trial": round(wall / max(r["trials"], 1), 1),
-        "demo_settings_loss": first.value, "demo_settings_state": first.state.name.lower(),
-        "best_loss": r["best_value"], "best_trial": r["best_trial"],
+        "n_trials": r["trials"],
+        "parallel": cfg["parallel"],
+        "steps_per_trial": cfg["steps"],
+        "completed": r["completed"],
+        "pruned": r["pruned"],
+        "failed": r["failed"],
+        "wall_s": round(wall, 1),
+        "s_per_trial": round(wall / max(r["trials"], 1), 1),
+        "demo_settings_loss": first.value,
+        "demo_settings_state": first.state.name.lower(),
+        "best_loss": r["best_value"],
+        "best_trial": r["best_trial"],
         "best_params": r["best_params"],
     }
     write_json(args.out, result)

@@ -38,10 +38,32 @@ from dataprep.quality.language import identify
 
 # Catalog directory -> the language's lid.176 code (CLD2 uses the same ISO 639-1 codes).
 LANGS: dict[str, str] = {
-    "de": "de", "fr": "fr", "es": "es", "it": "it", "pt": "pt", "pt_BR": "pt", "nl": "nl",
-    "sv": "sv", "da": "da", "fi": "fi", "pl": "pl", "cs": "cs", "ro": "ro", "hu": "hu",
-    "tr": "tr", "id": "id", "vi": "vi", "ru": "ru", "uk": "uk", "el": "el", "ja": "ja",
-    "ko": "ko", "zh_CN": "zh", "zh_TW": "zh", "ar": "ar", "he": "he",
+    "de": "de",
+    "fr": "fr",
+    "es": "es",
+    "it": "it",
+    "pt": "pt",
+    "pt_BR": "pt",
+    "nl": "nl",
+    "sv": "sv",
+    "da": "da",
+    "fi": "fi",
+    "pl": "pl",
+    "cs": "cs",
+    "ro": "ro",
+    "hu": "hu",
+    "tr": "tr",
+    "id": "id",
+    "vi": "vi",
+    "ru": "ru",
+    "uk": "uk",
+    "el": "el",
+    "ja": "ja",
+    "ko": "ko",
+    "zh_CN": "zh",
+    "zh_TW": "zh",
+    "ar": "ar",
+    "he": "he",
 }
 DOC_CHARS = (300, 600)
 MIN_SCORE = 0.65  # the rule's default threshold
@@ -109,12 +131,15 @@ def web_speed(detect: Callable[[str], Any], texts: list[str], repeat: int) -> di
         for t in texts:
             detect(t)
         best = min(best, time.perf_counter() - t0)
-    return {"docs_per_s": round(len(texts) / best),
-            "mb_per_s": round(sum(len(t.encode()) for t in texts) / best / 1e6, 1)}
+    return {
+        "docs_per_s": round(len(texts) / best),
+        "mb_per_s": round(sum(len(t.encode()) for t in texts) / best / 1e6, 1),
+    }
 
 
-def evaluate(detect: Callable[[str], tuple[str, float]], sample: list[tuple[str, str]],
-             repeat: int) -> dict[str, Any]:
+def evaluate(
+    detect: Callable[[str], tuple[str, float]], sample: list[tuple[str, str]], repeat: int
+) -> dict[str, Any]:
     preds = [detect(t) for _, t in sample]  # warm-up (loads the model) and the predictions
     times = []
     for _ in range(repeat):
@@ -153,12 +178,17 @@ def main() -> None:
 
     sample = build_sample(args.per_lang, args.seed)
     langs = Counter(g for g, _ in sample)
-    print(f"sample: {len(sample)} documents, {len(langs)} languages "
-          f"({', '.join(f'{g}={c}' for g, c in sorted(langs.items()))})")
+    print(
+        f"sample: {len(sample)} documents, {len(langs)} languages "
+        f"({', '.join(f'{g}={c}' for g, c in sorted(langs.items()))})"
+    )
     results: dict[str, Any] = {
-        "sample": {"documents": len(sample), "per_language": dict(sorted(langs.items())),
-                   "mean_chars": round(sum(len(t) for _, t in sample) / len(sample)),
-                   "seed": args.seed},
+        "sample": {
+            "documents": len(sample),
+            "per_language": dict(sorted(langs.items())),
+            "mean_chars": round(sum(len(t) for _, t in sample) / len(sample)),
+            "seed": args.seed,
+        },
         "machine": {"python": platform.python_version(), "cpu": platform.processor()},
     }
     detectors: dict[str, Callable[[str], tuple[str, float]] | None] = {
@@ -173,9 +203,11 @@ def main() -> None:
         r = evaluate(detect, sample, args.repeat)
         results[name] = r
         worst = sorted(r["per_language"].items(), key=lambda kv: kv[1])[:4]
-        print(f"{name}: accuracy {r['accuracy']:.1%}, correct with score >= {MIN_SCORE} "
-              f"{r[f'correct_and_score_ge_{MIN_SCORE}']:.1%}, {r['docs_per_s']:,} docs/s "
-              f"(one core); weakest: {', '.join(f'{g} {a:.0%}' for g, a in worst)}")
+        print(
+            f"{name}: accuracy {r['accuracy']:.1%}, correct with score >= {MIN_SCORE} "
+            f"{r[f'correct_and_score_ge_{MIN_SCORE}']:.1%}, {r['docs_per_s']:,} docs/s "
+            f"(one core); weakest: {', '.join(f'{g} {a:.0%}' for g, a in worst)}"
+        )
     with open(ENGLISH, encoding="utf-8") as f:
         web = [json.loads(line)["text"] for line in f if line.strip()]
     chain = parse_rules(list(DEFAULT_RULES))
@@ -188,8 +220,10 @@ def main() -> None:
         r = results["whole_web_documents"][name] = web_speed(detect, web, args.repeat)
         if name == "cld2":
             r["refused"] = (detect.errors - errors) // args.repeat  # type: ignore[attr-defined]
-        print(f"whole OpenWebText documents, {name}: {r['docs_per_s']:,} docs/s, "
-              f"{r['mb_per_s']} MB/s" + (f", refused {r['refused']}" if "refused" in r else ""))
+        print(
+            f"whole OpenWebText documents, {name}: {r['docs_per_s']:,} docs/s, "
+            f"{r['mb_per_s']} MB/s" + (f", refused {r['refused']}" if "refused" in r else "")
+        )
     write_json(args.out, results, ensure_ascii=False)
     print(f"wrote {args.out}")
 

@@ -44,19 +44,26 @@ GRID = (5e-4, 1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)  # transfer's: factor-2 steps
 def base_config(dataset: Path, steps: int, width: int, lr: float) -> dict:
     """transfer's training config (written to YAML, trained by `training.train`)."""
     return {
-        "dataset": str(dataset), "run_dir": "runs/unused", "seed": 0, "steps": steps,
-        "micro_batch": 16, "eval_every": steps, "eval_batches": 40, "log_every": 10,
-        "model": {"d_model": width, "n_layer": 2, "n_head": width // 32,
-                  "mup_base_d_model": 64},
+        "dataset": str(dataset),
+        "run_dir": "runs/unused",
+        "seed": 0,
+        "steps": steps,
+        "micro_batch": 16,
+        "eval_every": steps,
+        "eval_batches": 40,
+        "log_every": 10,
+        "model": {"d_model": width, "n_layer": 2, "n_head": width // 32, "mup_base_d_model": 64},
         "optim": {"lr": lr, "betas": [0.9, 0.95]},
         "schedule": {"kind": "cosine", "warmup_steps": steps // 10, "min_lr_ratio": 0.1},
-        "guards": {"enabled": False}, "checkpoint": {"every": steps, "keep_last": 1},
+        "guards": {"enabled": False},
+        "checkpoint": {"every": steps, "keep_last": 1},
     }
 
 
 # ---- sweep -----------------------------------------------------------------------------
-def final_loss(dataset: str, work: Path, width: int, lr: float, mup: bool, steps: int,
-               seed: int = 0) -> float:
+def final_loss(
+    dataset: str, work: Path, width: int, lr: float, mup: bool, steps: int, seed: int = 0
+) -> float:
     from training.config import parse_train_config
     from training.metrics import read
     from training.train import Trainer
@@ -66,13 +73,23 @@ def final_loss(dataset: str, work: Path, width: int, lr: float, mup: bool, steps
     model = {"d_model": width, "n_layer": 2, "n_head": width // 32}
     if mup:
         model["mup_base_d_model"] = WIDTHS[0]
-    cfg = parse_train_config({
-        "dataset": dataset, "run_dir": str(run), "seed": seed, "steps": steps, "micro_batch": 16,
-        "eval_every": steps, "eval_batches": 40, "log_every": 1, "model": model,
-        "optim": {"lr": lr, "betas": [0.9, 0.95]},
-        "schedule": {"kind": "cosine", "warmup_steps": steps // 10, "min_lr_ratio": 0.1},
-        "guards": {"enabled": False}, "checkpoint": {"every": steps, "keep_last": 1},
-    })
+    cfg = parse_train_config(
+        {
+            "dataset": dataset,
+            "run_dir": str(run),
+            "seed": seed,
+            "steps": steps,
+            "micro_batch": 16,
+            "eval_every": steps,
+            "eval_batches": 40,
+            "log_every": 1,
+            "model": model,
+            "optim": {"lr": lr, "betas": [0.9, 0.95]},
+            "schedule": {"kind": "cosine", "warmup_steps": steps // 10, "min_lr_ratio": 0.1},
+            "guards": {"enabled": False},
+            "checkpoint": {"every": steps, "keep_last": 1},
+        }
+    )
     Trainer(cfg).run()
     # Validation loss after a full warmup + cosine schedule: far less noisy than the
     # training loss at a constant learning rate.
@@ -89,21 +106,35 @@ def sweep(args: argparse.Namespace) -> None:
     work = Path(args.workdir)
     lrs = [float(x) for x in args.lrs.split(",")]
     widths = [int(x) for x in args.widths.split(",")]
-    result: dict = {"machine": machine(), "steps": args.steps, "widths": widths, "lrs": lrs,
-                    "seeds": args.seeds, "runs": {}}
+    result: dict = {
+        "machine": machine(),
+        "steps": args.steps,
+        "widths": widths,
+        "lrs": lrs,
+        "seeds": args.seeds,
+        "runs": {},
+    }
     for mode in ("sp", "mup"):
         table = {}
         for w in widths:
-            table[w] = {lr: sum(final_loss(str(dataset), work, w, lr, mode == "mup",
-                                           args.steps, seed) for seed in range(args.seeds))
-                        / args.seeds for lr in lrs}
+            table[w] = {
+                lr: sum(
+                    final_loss(str(dataset), work, w, lr, mode == "mup", args.steps, seed)
+                    for seed in range(args.seeds)
+                )
+                / args.seeds
+                for lr in lrs
+            }
             best = min(table[w], key=table[w].get)
-            print(f"{mode} width {w}: " + "  ".join(f"lr {lr:g}: {v:.3f}"
-                                                   for lr, v in table[w].items())
-                  + f"   best lr {best:g}")
+            print(
+                f"{mode} width {w}: "
+                + "  ".join(f"lr {lr:g}: {v:.3f}" for lr, v in table[w].items())
+                + f"   best lr {best:g}"
+            )
         result["runs"][mode] = {
-            "loss": {str(w): {f"{lr:g}": round(v, 4) for lr, v in t.items()}
-                     for w, t in table.items()},
+            "loss": {
+                str(w): {f"{lr:g}": round(v, 4) for lr, v in t.items()} for w, t in table.items()
+            },
             "best_lr": {str(w): min(t, key=t.get) for w, t in table.items()},
         }
     for mode in ("sp", "mup"):
@@ -120,9 +151,20 @@ def val_loss(config: Path, run_dir: Path) -> float:
     from training.metrics import read
 
     shutil.rmtree(run_dir, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "training.train", "--config", str(config),
-                    "--run-dir", str(run_dir)], cwd=ROOT, check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "training.train",
+            "--config",
+            str(config),
+            "--run-dir",
+            str(run_dir),
+        ],
+        cwd=ROOT,
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     v = [r["val_loss"] for r in read(run_dir / "metrics.jsonl") if r.get("kind") == "eval"][-1]
     return v if math.isfinite(v) else float("inf")
 
@@ -145,19 +187,31 @@ def transfer_bench(args: argparse.Namespace) -> None:
     base = work / "base-64.yaml"
     base.write_text(yaml.safe_dump(base_config(dataset, args.steps, 64, 1e-3)))
     search = work / "hpo.yaml"
-    search.write_text(yaml.safe_dump({
-        "base_config": str(base), "out": str(work / "search"), "n_trials": len(GRID),
-        "parallel": 2, "steps": args.steps, "eval_every": args.steps,
-        "space": {"optim.lr": {"type": "categorical", "choices": list(GRID)}},
-        "enqueue": [{"optim.lr": lr} for lr in GRID], "sampler": {"kind": "random"},
-        "pruner": {"kind": "none"}, "poll_s": 0.5}))
+    search.write_text(
+        yaml.safe_dump(
+            {
+                "base_config": str(base),
+                "out": str(work / "search"),
+                "n_trials": len(GRID),
+                "parallel": 2,
+                "steps": args.steps,
+                "eval_every": args.steps,
+                "space": {"optim.lr": {"type": "categorical", "choices": list(GRID)}},
+                "enqueue": [{"optim.lr": lr} for lr in GRID],
+                "sampler": {"kind": "random"},
+                "pruner": {"kind": "none"},
+                "poll_s": 0.5,
+            }
+        )
+    )
     from flows.hpo import hpo, load_hpo_config, open_study, transfer
 
     r = hpo(str(search))
     found = r["best_params"]["optim.lr"]
     study = open_study(load_hpo_config(search), create=False)
-    by_lr = {f"{t.params['optim.lr']:g}": round(t.value, 4) for t in study.trials
-             if t.value is not None}
+    by_lr = {
+        f"{t.params['optim.lr']:g}": round(t.value, 4) for t in study.trials if t.value is not None
+    }
 
     # 2. The direct sweep at width 256.
     wide: dict[float, float] = {}
@@ -174,9 +228,13 @@ def transfer_bench(args: argparse.Namespace) -> None:
     t_loss = val_loss(transferred, work / "transferred-256")
     d_loss = wide[1e-3]  # the base config's own lr: what an untuned run at 256 uses
     result = {
-        "steps": args.steps, "grid": list(GRID),
-        "search_at_64": {"val_loss_by_lr": by_lr, "best_lr": found,
-                         "best_val_loss": r["best_value"]},
+        "steps": args.steps,
+        "grid": list(GRID),
+        "search_at_64": {
+            "val_loss_by_lr": by_lr,
+            "best_lr": found,
+            "best_val_loss": r["best_value"],
+        },
         "sweep_at_256": {f"{lr:g}": round(v, 4) for lr, v in wide.items()},
         "best_lr_at_256": best_wide,
         "grid_steps_apart": abs(GRID.index(found) - GRID.index(best_wide)),
@@ -195,8 +253,9 @@ def main() -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sw = sub.add_parser("sweep", help="lr grid per width, standard parametrisation and muP")
     sw.add_argument("--steps", type=int, default=300)
-    sw.add_argument("--lrs", default=",".join(f"{x:g}" for x in LRS),
-                    help="comma-separated learning rates")
+    sw.add_argument(
+        "--lrs", default=",".join(f"{x:g}" for x in LRS), help="comma-separated learning rates"
+    )
     sw.add_argument("--widths", default=",".join(str(w) for w in WIDTHS))
     sw.add_argument("--seeds", type=int, default=1, help="runs per point; the mean is used")
     sw.add_argument("--out", default=str(RESULTS / "mup.json"))

@@ -66,12 +66,16 @@ def run(config: dict, workdir: Path) -> dict:
     mb = report["stages"]["ingest"]["total"]["bytes_in"] / 1e6
     pk = report["packing"]["train"]
     return {
-        "docs_in": report["stages"]["ingest"]["total"]["docs_in"], "mb_in": round(mb, 2),
-        "wall_seconds": round(wall, 2), "mb_per_s": round(mb / wall, 2),
+        "docs_in": report["stages"]["ingest"]["total"]["docs_in"],
+        "mb_in": round(mb, 2),
+        "wall_seconds": round(wall, 2),
+        "mb_per_s": round(mb / wall, 2),
         "docs_per_s": round(report["stages"]["ingest"]["total"]["docs_in"] / wall),
         "peak_rss_mb": round(r["peak_rss"] / 2**20),
-        "stage_seconds": report["stage_seconds"], "step_seconds": report["step_seconds"],
-        "train_tokens": pk["real_tokens"], "packing_efficiency": round(pk["efficiency"], 5),
+        "stage_seconds": report["stage_seconds"],
+        "step_seconds": report["step_seconds"],
+        "train_tokens": pk["real_tokens"],
+        "packing_efficiency": round(pk["efficiency"], 5),
         "tokens_per_s": round(pk["real_tokens"] / wall),
         "kept_docs": {k: v["total"]["kept"] for k, v in report["stages"].items()},
     }
@@ -85,8 +89,10 @@ def stages(args: argparse.Namespace) -> None:
     result: dict = {"machine": machine(), "workers": 2, "runs": {}}
 
     demo = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
-    demo["sources"] = [{**s, "paths": [str((ROOT / "configs" / p).resolve()) for p in s["paths"]]}
-                       for s in demo["sources"]]
+    demo["sources"] = [
+        {**s, "paths": [str((ROOT / "configs" / p).resolve()) for p in s["paths"]]}
+        for s in demo["sources"]
+    ]
     demo["output"] = str(work / "demo-out")
     result["runs"]["shared_corpora"] = run(demo, work / "demo")
     print(json.dumps({"shared_corpora": result["runs"]["shared_corpora"]}, indent=2))
@@ -95,7 +101,8 @@ def stages(args: argparse.Namespace) -> None:
     corpus = write_corpus(docs, work / "big")
     del docs
     big = {
-        "output": str(work / "big-out"), "workers": 2,
+        "output": str(work / "big-out"),
+        "workers": 2,
         "sources": [{"name": "mixed", "paths": [str(corpus)], "id_field": "id"}],
         "ingest": {"shard_docs": 10_000},
         # The remixed documents are prose and code spliced together: the character rule
@@ -140,8 +147,11 @@ def near_check(out: Path, corpus: ScaleCorpus, n_docs: int, sample: int = 1500) 
 
     rng = random.Random(0)
     prec_sample = rng.sample(near_removed, min(sample, len(near_removed)))
-    precision = (sum(jac(i, k) >= THRESHOLD for i, k in prec_sample) / len(prec_sample)
-                 if prec_sample else 1.0)
+    precision = (
+        sum(jac(i, k) >= THRESHOLD for i, k in prec_sample) / len(prec_sample)
+        if prec_sample
+        else 1.0
+    )
     pairs, tried = [], 0
     while len(pairs) < sample and tried < 50 * sample:
         i = rng.randrange(n_docs)
@@ -150,17 +160,24 @@ def near_check(out: Path, corpus: ScaleCorpus, n_docs: int, sample: int = 1500) 
         if kind.startswith("edit") and jac(i, j) >= THRESHOLD:
             pairs.append((i, j))
     recall = sum(root(i) == root(j) for i, j in pairs) / len(pairs) if pairs else 1.0
-    return {"precision_sample": len(prec_sample), "precision_vs_kept": round(precision, 4),
-            "recall_sample": len(pairs), "recall": round(recall, 4)}
+    return {
+        "precision_sample": len(prec_sample),
+        "precision_vs_kept": round(precision, 4),
+        "recall_sample": len(pairs),
+        "recall": round(recall, 4),
+    }
 
 
 def run_size(n_docs: int, args: argparse.Namespace) -> dict:
     work = Path(args.workdir)
-    corpus_path = build_scale_corpus(n_docs, args.seed, work / "corpora",
-                                     max(1, os.cpu_count() or 1))
+    corpus_path = build_scale_corpus(
+        n_docs, args.seed, work / "corpora", max(1, os.cpu_count() or 1)
+    )
     out = work / f"out-{n_docs}"
     cfg = {
-        "output": str(out), "workers": args.workers, "seed": 0,
+        "output": str(out),
+        "workers": args.workers,
+        "seed": 0,
         "sources": [{"name": "web", "paths": [str(corpus_path)], "id_field": "id"}],
         "ingest": {"shard_docs": args.shard_docs},
         "dedup": {"exact": True, "near": {"threshold": THRESHOLD}},
@@ -177,13 +194,17 @@ def run_size(n_docs: int, args: argparse.Namespace) -> dict:
         step_rss[step] = round(max(inside) / 2**20) if inside else None
     inter = du(out) - du(out / "dataset")
     result = {
-        "docs": n_docs, "mb_in": round(mb, 1), "wall_seconds": round(wall, 1),
-        "mb_per_s": round(mb / wall, 2), "docs_per_s": round(n_docs / wall),
+        "docs": n_docs,
+        "mb_in": round(mb, 1),
+        "wall_seconds": round(wall, 1),
+        "mb_per_s": round(mb / wall, 2),
+        "docs_per_s": round(n_docs / wall),
         "peak_rss_mb": round(r["peak_rss"] / 2**20),
-        "stage_seconds": report["stage_seconds"], "step_seconds": report["step_seconds"],
+        "stage_seconds": report["stage_seconds"],
+        "step_seconds": report["step_seconds"],
         "step_peak_rss_mb": step_rss,
-        "intermediate_disk_mb": round(inter / 1e6), "dataset_disk_mb": round(
-            du(out / "dataset") / 1e6),
+        "intermediate_disk_mb": round(inter / 1e6),
+        "dataset_disk_mb": round(du(out / "dataset") / 1e6),
         "kept_docs": {k: v["total"]["kept"] for k, v in report["stages"].items()},
         "train_tokens": report["packing"]["train"]["real_tokens"],
         "near": report.get("near"),

@@ -103,8 +103,9 @@ def rule_configs(model: Path | None, tmp: Path) -> dict[str, Any]:
 
     evalset = tmp / "eval.jsonl"
     if (DATA / "web_c4_olmo_fixtures.jsonl").is_file():
-        evalset.write_text("".join(json.dumps({"text": t}) + "\n"
-                                   for t in load("web_c4_olmo_fixtures")[:200]))
+        evalset.write_text(
+            "".join(json.dumps({"text": t}) + "\n" for t in load("web_c4_olmo_fixtures")[:200])
+        )
     out: dict[str, Any] = {}
     for name in RULES:
         if name == "perplexity":
@@ -116,9 +117,18 @@ def rule_configs(model: Path | None, tmp: Path) -> dict[str, Any]:
             if model is not None:
                 out[name] = {name: {"model": str(model)}}
         elif name == "char_ratios":  # every check on (it has no defaults), for the timing
-            out[name] = {name: {k: 0.5 for k in ("max_digit_frac", "max_punct_frac",
-                                                 "max_whitespace_frac", "max_bracket_frac",
-                                                 "max_non_alnum_frac")}}
+            out[name] = {
+                name: {
+                    k: 0.5
+                    for k in (
+                        "max_digit_frac",
+                        "max_punct_frac",
+                        "max_whitespace_frac",
+                        "max_bracket_frac",
+                        "max_non_alnum_frac",
+                    )
+                }
+            }
         else:
             out[name] = name
     return out
@@ -132,8 +142,9 @@ def timed(texts: list[str], rules: list[Any], repeat: int) -> tuple[float, list[
     return statistics.median(times), reasons
 
 
-def rules_and_chains(corpora: dict[str, list[str]], model: Path | None, tmp: Path,
-                     repeat: int) -> dict[str, Any]:
+def rules_and_chains(
+    corpora: dict[str, list[str]], model: Path | None, tmp: Path, repeat: int
+) -> dict[str, Any]:
     """docs/s and MB/s of every rule alone (on the web corpora; `code` on the code
     corpora) and of the default chains: web, web with language ID, web with language ID
     and the classifier, code."""
@@ -147,8 +158,11 @@ def rules_and_chains(corpora: dict[str, list[str]], model: Path | None, tmp: Pat
     def row(kind: str, spec: list[Any]) -> dict[str, Any]:
         seconds, reasons = timed(texts[kind], parse_rules(spec), repeat)
         kept = sum(r is None for r in reasons) / max(len(reasons), 1)
-        return {"on": kind, **rates(len(texts[kind]), sizes[kind], seconds),
-                "kept_fraction": round(kept, 4)}
+        return {
+            "on": kind,
+            **rates(len(texts[kind]), sizes[kind], seconds),
+            "kept_fraction": round(kept, 4),
+        }
 
     out: dict[str, Any] = {"per_rule": {}, "chains": {}}
     for name, spec in rule_configs(model, tmp).items():
@@ -159,7 +173,9 @@ def rules_and_chains(corpora: dict[str, list[str]], model: Path | None, tmp: Pat
     }
     if model is not None:
         chains["web + language + classifier"] = (
-            "web", ["language", *DEFAULT_RULES, {"classifier": {"model": str(model)}}])
+            "web",
+            ["language", *DEFAULT_RULES, {"classifier": {"model": str(model)}}],
+        )
     chains["code"] = ("code", list(CODE_DEFAULT_RULES))
     for name, (kind, spec) in chains.items():
         out["chains"][name] = {"rules": spec, **row(kind, spec)}
@@ -326,8 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="timed passes of our chain")
     ap.add_argument("--dt-repeat", type=int, default=1, help="timed passes of datatrove's")
     ap.add_argument("--no-datatrove", action="store_true", help="skip the datatrove baseline")
-    ap.add_argument("--classifier", type=Path, help="a fastText model for the classifier rule "
-                    "and chain (default: one trained on the labelled pages)")
+    ap.add_argument(
+        "--classifier",
+        type=Path,
+        help="a fastText model for the classifier rule "
+        "and chain (default: one trained on the labelled pages)",
+    )
     ap.add_argument("--rule-repeat", type=int, default=3, help="timed passes per rule / chain")
     ap.add_argument(
         "--reference",
@@ -447,8 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'rule / chain':34} {'on':>5} {'docs/s':>9} {'MB/s':>7} {'kept':>6}")
     for label, rows in (("", result["per_rule"]), ("chain: ", result["chains"])):
         for name, c in rows.items():
-            print(f"{label + name:34} {c['on']:>5} {c['docs_per_s']:>9.0f} {c['mb_per_s']:>7.2f} "
-                  f"{c['kept_fraction']:>6.1%}")
+            print(
+                f"{label + name:34} {c['on']:>5} {c['docs_per_s']:>9.0f} {c['mb_per_s']:>7.2f} "
+                f"{c['kept_fraction']:>6.1%}"
+            )
     print(f"{'corpus':34} {'docs':>6} {'MB':>7} {'s':>7} {'docs/s':>9} {'MB/s':>7} {'kept':>6}")
     for name, c in [*result["corpora"].items(), ("overall", overall)]:
         print(

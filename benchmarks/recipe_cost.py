@@ -64,12 +64,17 @@ def main() -> None:
     trainers = {}
     for name in args.variants:
         c: dict[str, Any] = {
-            "dataset": str(work / "prep" / "dataset"), "run_dir": str(work / f"run-{name}"),
-            "seed": 1337, "steps": 10**6, "micro_batch": 12, "eval_every": 10**6,
+            "dataset": str(work / "prep" / "dataset"),
+            "run_dir": str(work / f"run-{name}"),
+            "seed": 1337,
+            "steps": 10**6,
+            "micro_batch": 12,
+            "eval_every": 10**6,
             "model": {"d_model": 128, "n_layer": 4, "n_head": 4},
             "optim": {"name": "adamw", "lr": 2e-3, "betas": [0.9, 0.99], "weight_decay": 0.1},
             "schedule": {"kind": "cosine", "warmup_steps": 100, "min_lr_ratio": 0.1},
-            "checkpoint": {"every": 10**6, "keep_last": 1}}
+            "checkpoint": {"every": 10**6, "keep_last": 1},
+        }
         for k, v in VARIANTS[name].items():
             c[k] = {**c[k], **v} if isinstance(c.get(k), dict) else v
         trainers[name] = Trainer(parse_train_config(c))
@@ -88,9 +93,11 @@ def main() -> None:
         for t in trainers.values():
             t.loader.close()
             t.ckpts.close()
-    result = {"torch_threads": torch.get_num_threads(), "rounds": args.rounds,
-              "median_ms_per_step": {n: round(statistics.median(v), 2)
-                                     for n, v in times.items()}}
+    result = {
+        "torch_threads": torch.get_num_threads(),
+        "rounds": args.rounds,
+        "median_ms_per_step": {n: round(statistics.median(v), 2) for n, v in times.items()},
+    }
     print(json.dumps(result, indent=2))
     write_json(args.out, result, end="")
     print(f"wrote {args.out}")

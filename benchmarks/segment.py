@@ -43,7 +43,7 @@ def docs_of(pieces: list[str], n: int, rng: random.Random) -> list[str]:
         cur.append(p)
         size += len(p) + 1
         if size >= DOC_CHARS[0]:
-            out.append("\n".join(cur)[:DOC_CHARS[1]])
+            out.append("\n".join(cur)[: DOC_CHARS[1]])
             cur, size = [], 0
             if len(out) == n:
                 break
@@ -57,8 +57,10 @@ def content(words: list[str]) -> list[str]:
 def stats(docs: list[str], split: Any) -> dict[str, float]:
     n_words = [len(content(split(d))) for d in docs]
     lengths = [sum(map(len, c)) / len(c) for d in docs if (c := content(split(d)))]
-    return {"words_per_doc": round(sum(n_words) / len(docs), 1),
-            "mean_word_length": round(sum(lengths) / max(len(lengths), 1), 2)}
+    return {
+        "words_per_doc": round(sum(n_words) / len(docs), 1),
+        "mean_word_length": round(sum(lengths) / max(len(lengths), 1), 2),
+    }
 
 
 def keep_rate(docs: list[str], english_only: bool) -> dict[str, Any]:
@@ -86,8 +88,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "segment.json"))
     args = ap.parse_args()
     rng = random.Random(args.seed)
-    result: dict[str, Any] = {"python": platform.python_version(),
-                              "pyicu": version("pyicu-wheels"), "languages": {}}
+    result: dict[str, Any] = {
+        "python": platform.python_version(),
+        "pyicu": version("pyicu-wheels"),
+        "languages": {},
+    }
     samples = {"en": [" ".join(t.split()) for t in english(args.per_lang)]}
     for lang, dirs in CATALOGS.items():
         pieces = [m for d in dirs if (LOCALE / d).is_dir() for m in messages(LOCALE / d)]
@@ -97,10 +102,12 @@ def main() -> None:
             print(f"{lang}: no catalogs on this system, skipped")
             continue
         seg_lang = lang if lang in segment.NO_SPACE_LANGUAGES else None
-        row: dict[str, Any] = {"docs": len(docs), "chars": sum(map(len, docs)),
-                               "detected": sum(segment.script_language(d) == seg_lang
-                                               for d in docs) / len(docs),
-                               "english_tokens": stats(docs, split_words_regex)}
+        row: dict[str, Any] = {
+            "docs": len(docs),
+            "chars": sum(map(len, docs)),
+            "detected": sum(segment.script_language(d) == seg_lang for d in docs) / len(docs),
+            "english_tokens": stats(docs, split_words_regex),
+        }
         if seg_lang:
             row["icu_words"] = stats(docs, lambda d, lang=seg_lang: segment.words(d, lang))
             t = time.perf_counter()
@@ -111,14 +118,19 @@ def main() -> None:
         row["gopher_before"] = keep_rate(docs, english_only=True)
         row["gopher_after"] = keep_rate(docs, english_only=False)
         result["languages"][lang] = row
-        print(f"{lang}: {len(docs)} docs; words/doc {row['english_tokens']['words_per_doc']} "
-              f"-> {row.get('icu_words', row['english_tokens'])['words_per_doc']}, mean word "
-              f"length {row['english_tokens']['mean_word_length']} -> "
-              f"{row.get('icu_words', row['english_tokens'])['mean_word_length']}; gopher "
-              f"keeps {row['gopher_before']['kept']:.0%} -> {row['gopher_after']['kept']:.0%}"
-              f"; script detected {row['detected']:.0%}"
-              + (f"; ICU {row['icu_chars_per_s'] / 1e6:.2f} M chars/s"
-                 if "icu_chars_per_s" in row else ""))
+        print(
+            f"{lang}: {len(docs)} docs; words/doc {row['english_tokens']['words_per_doc']} "
+            f"-> {row.get('icu_words', row['english_tokens'])['words_per_doc']}, mean word "
+            f"length {row['english_tokens']['mean_word_length']} -> "
+            f"{row.get('icu_words', row['english_tokens'])['mean_word_length']}; gopher "
+            f"keeps {row['gopher_before']['kept']:.0%} -> {row['gopher_after']['kept']:.0%}"
+            f"; script detected {row['detected']:.0%}"
+            + (
+                f"; ICU {row['icu_chars_per_s'] / 1e6:.2f} M chars/s"
+                if "icu_chars_per_s" in row
+                else ""
+            )
+        )
     write_json(args.out, result, indent=1, end="")
     print(f"wrote {args.out}")
 

@@ -59,8 +59,11 @@ class ClassicGPT(nn.Module):
         self.wte.weight = self.lm_head.weight
         for name, p in self.named_parameters():
             if p.dim() >= 2:
-                std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("c_proj.weight",
-                                                                      "mlp_proj.weight")) else 0.02
+                std = (
+                    0.02 / math.sqrt(2 * n_layer)
+                    if name.endswith(("c_proj.weight", "mlp_proj.weight"))
+                    else 0.02
+                )
                 nn.init.normal_(p, 0.0, std)
             elif name.endswith("bias"):
                 nn.init.zeros_(p)
@@ -75,15 +78,19 @@ class ClassicGPT(nn.Module):
 def classic_run(data: np.ndarray, split: int, iters: int, seed: int = 1337) -> dict:
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    train, val = torch.from_numpy(data[:split].astype(np.int64)), torch.from_numpy(
-        data[split:].astype(np.int64))
+    train, val = (
+        torch.from_numpy(data[:split].astype(np.int64)),
+        torch.from_numpy(data[split:].astype(np.int64)),
+    )
     block, batch = 64, 12
     model = ClassicGPT(256, block)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=1e-3,
-                            betas=(0.9, 0.99))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=1e-3,
+        betas=(0.9, 0.99),
+    )
 
     def get_batch(src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ix = rng.integers(0, len(src) - block, batch)
@@ -110,11 +117,16 @@ def classic_run(data: np.ndarray, split: int, iters: int, seed: int = 1337) -> d
     secs = time.perf_counter() - t0
     model.eval()
     with torch.no_grad():  # nanoGPT's estimate_loss: 200 random validation batches
-        losses = [F.cross_entropy(model(x).view(-1, 256), y.view(-1)).item()
-                  for x, y in (get_batch(val) for _ in range(200))]
-    return {"val_loss": float(np.mean(losses)), "seconds": round(secs, 2),
-            "ms_per_iter": round(1000 * secs / iters, 2),
-            "tokens_per_s": round(iters * batch * block / secs)}
+        losses = [
+            F.cross_entropy(model(x).view(-1, 256), y.view(-1)).item()
+            for x, y in (get_batch(val) for _ in range(200))
+        ]
+    return {
+        "val_loss": float(np.mean(losses)),
+        "seconds": round(secs, 2),
+        "ms_per_iter": round(1000 * secs / iters, 2),
+        "tokens_per_s": round(iters * batch * block / secs),
+    }
 
 
 # ---- ballast --------------------------------------------------------------------------
@@ -123,8 +135,15 @@ def classic_run(data: np.ndarray, split: int, iters: int, seed: int = 1337) -> d
 CLASSIC_ARCH = {"norm": "layernorm", "position": "learned", "mlp": "gelu", "bias": True}
 
 
-def ballast_run(text: str, split: int, iters: int, work: Path, lr: float,
-                arch: dict | None = None, fused: bool = False) -> dict:
+def ballast_run(
+    text: str,
+    split: int,
+    iters: int,
+    work: Path,
+    lr: float,
+    arch: dict | None = None,
+    fused: bool = False,
+) -> dict:
     from dataprep.config import parse_config
     from dataprep.pipeline import run_prep
     from training.config import parse_train_config
@@ -136,29 +155,49 @@ def ballast_run(text: str, split: int, iters: int, work: Path, lr: float,
     (work / "val.txt").write_text(text[split:], encoding="utf-8")
     out = work / "prep"
     if not has_dataset(out / "dataset"):
-        run_prep(parse_config({
-            "output": str(out), "workers": 1,
-            "sources": [{"name": "train", "paths": [str(work / "train.txt")], "split": "train"},
-                        {"name": "val", "paths": [str(work / "val.txt")],
-                         "split": "validation"}],
-            "dedup": {"exact": False, "near": False}, "quality": [],
-            "mixture": {"max_epochs": 1.0},
-            "pack": {"seq_len": 64, "strategy": "bfd"},
-            "dataset": {"validation_fraction": 0.0, "pack_partitions": 1},
-        }), progress=False)
+        run_prep(
+            parse_config(
+                {
+                    "output": str(out),
+                    "workers": 1,
+                    "sources": [
+                        {"name": "train", "paths": [str(work / "train.txt")], "split": "train"},
+                        {"name": "val", "paths": [str(work / "val.txt")], "split": "validation"},
+                    ],
+                    "dedup": {"exact": False, "near": False},
+                    "quality": [],
+                    "mixture": {"max_epochs": 1.0},
+                    "pack": {"seq_len": 64, "strategy": "bfd"},
+                    "dataset": {"validation_fraction": 0.0, "pack_partitions": 1},
+                }
+            ),
+            progress=False,
+        )
     run_dir = work / "run"
     import shutil
 
     shutil.rmtree(run_dir, ignore_errors=True)
-    cfg = parse_train_config({
-        "dataset": str(out / "dataset"), "run_dir": str(run_dir), "seed": 1337,
-        "steps": iters, "micro_batch": 12, "eval_every": iters, "log_every": 50,
-        "model": {"d_model": 128, "n_layer": 4, "n_head": 4, **(arch or {})},
-        "optim": {"name": "adamw", "lr": lr, "betas": [0.9, 0.99], "weight_decay": 0.1,
-                  "fused": fused},
-        "schedule": {"kind": "cosine", "warmup_steps": 100, "min_lr_ratio": 0.1},
-        "checkpoint": {"every": iters, "keep_last": 1},
-    })
+    cfg = parse_train_config(
+        {
+            "dataset": str(out / "dataset"),
+            "run_dir": str(run_dir),
+            "seed": 1337,
+            "steps": iters,
+            "micro_batch": 12,
+            "eval_every": iters,
+            "log_every": 50,
+            "model": {"d_model": 128, "n_layer": 4, "n_head": 4, **(arch or {})},
+            "optim": {
+                "name": "adamw",
+                "lr": lr,
+                "betas": [0.9, 0.99],
+                "weight_decay": 0.1,
+                "fused": fused,
+            },
+            "schedule": {"kind": "cosine", "warmup_steps": 100, "min_lr_ratio": 0.1},
+            "checkpoint": {"every": iters, "keep_last": 1},
+        }
+    )
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
     setup = time.perf_counter() - t0
@@ -168,11 +207,19 @@ def ballast_run(text: str, split: int, iters: int, work: Path, lr: float,
     recs = read(run_dir / "metrics.jsonl")
     val = [r["val_loss"] for r in recs if r.get("kind") == "eval"][-1]
     tokens = [r["tokens_seen"] for r in recs if r.get("kind") == "train"][-1]
-    return {"exit_code": code, "val_loss": round(val, 4), "seconds": round(secs, 2),
-            "setup_seconds": round(setup, 2), "ms_per_iter": round(1000 * secs / iters, 2),
-            "tokens_per_s": round(tokens / secs), "lr": lr, "arch": arch or "recipe",
-            "fused_adamw": fused,
-            "train_rows": trainer.data.train.rows, "val_rows": trainer.data.validation.rows}
+    return {
+        "exit_code": code,
+        "val_loss": round(val, 4),
+        "seconds": round(secs, 2),
+        "setup_seconds": round(setup, 2),
+        "ms_per_iter": round(1000 * secs / iters, 2),
+        "tokens_per_s": round(tokens / secs),
+        "lr": lr,
+        "arch": arch or "recipe",
+        "fused_adamw": fused,
+        "train_rows": trainer.data.train.rows,
+        "val_rows": trainer.data.validation.rows,
+    }
 
 
 def main() -> None:
@@ -180,8 +227,12 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=2000)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--skip-classic", action="store_true")
-    ap.add_argument("--arch", choices=["recipe", "classic"], default="recipe",
-                    help="ballast's default model (RMSNorm, RoPE, SwiGLU) or the classic one")
+    ap.add_argument(
+        "--arch",
+        choices=["recipe", "classic"],
+        default="recipe",
+        help="ballast's default model (RMSNorm, RoPE, SwiGLU) or the classic one",
+    )
     ap.add_argument("--fused", action="store_true", help="torch's fused AdamW kernel")
     ap.add_argument("--out", default=str(RESULTS / "train_cpu.json"))
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-train"))
@@ -193,17 +244,30 @@ def main() -> None:
     text = path.read_text(encoding="utf-8")
     data = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
     split = int(0.9 * len(text))
-    result: dict = {"machine": {"cpus": os.cpu_count(), "load_avg_start": os.getloadavg(),
-                                "torch_threads": torch.get_num_threads()}, "iters": args.iters}
-    result["ballast"] = ballast_run(text, split, args.iters, Path(args.workdir), args.lr,
-                                    CLASSIC_ARCH if args.arch == "classic" else None,
-                                    args.fused)
+    result: dict = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_avg_start": os.getloadavg(),
+            "torch_threads": torch.get_num_threads(),
+        },
+        "iters": args.iters,
+    }
+    result["ballast"] = ballast_run(
+        text,
+        split,
+        args.iters,
+        Path(args.workdir),
+        args.lr,
+        CLASSIC_ARCH if args.arch == "classic" else None,
+        args.fused,
+    )
     print(json.dumps({"ballast": result["ballast"]}, indent=2))
     if not args.skip_classic:
         result["classic"] = classic_run(data, split, args.iters)
         print(json.dumps({"classic": result["classic"]}, indent=2))
         result["speedup_tokens_per_s"] = round(
-            result["ballast"]["tokens_per_s"] / result["classic"]["tokens_per_s"], 3)
+            result["ballast"]["tokens_per_s"] / result["classic"]["tokens_per_s"], 3
+        )
     result["machine"]["load_avg_end"] = os.getloadavg()
     result["targets"] = {"val_loss": 1.85, "tokens_per_s_vs_classic": 1.2}
     write_json(args.out, result, end="")

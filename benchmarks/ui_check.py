@@ -55,8 +55,9 @@ def wait_healthy(api: str, proc: subprocess.Popen[bytes], timeout: float = 120) 
 
 
 def api_post(api: str, path: str, body: dict[str, Any]) -> Any:
-    req = urllib.request.Request(f"{api}{path}", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{api}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
 
@@ -72,35 +73,65 @@ def main() -> int:
     except ImportError:
         sync_playwright = None  # type: ignore[assignment]
     if browser is None or sync_playwright is None:
-        print("ui_check: skipped: needs Chromium (apt-get install chromium) and Playwright "
-              "(.venv/bin/pip install playwright)")
+        print(
+            "ui_check: skipped: needs Chromium (apt-get install chromium) and Playwright "
+            "(.venv/bin/pip install playwright)"
+        )
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="ballast-ui-"))
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
-    env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect"), "PREFECT_API_URL": api,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_UI_API_URL": api}
-    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host",
-                               "127.0.0.1", "--port", str(port)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp / "prefect"),
+        "PREFECT_API_URL": api,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_API_URL": api,
+    }
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     results: dict[str, Any] = {"prefect_ui": f"http://127.0.0.1:{port}", "checks": {}}
     try:
         wait_healthy(api, server)
         from tests.tiny_run import write_configs
 
-        prep, train = write_configs(tmp, args.steps, train_name="ui-check.yaml",
-                                    eval_every=20, checkpoint_every=20)
+        prep, train = write_configs(
+            tmp, args.steps, train_name="ui-check.yaml", eval_every=20, checkpoint_every=20
+        )
         t0 = time.monotonic()
-        run = subprocess.run([sys.executable, "-m", "flows.pipeline", str(prep), str(train)],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        run = subprocess.run(
+            [sys.executable, "-m", "flows.pipeline", str(prep), str(train)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         results["pipeline_seconds"] = round(time.monotonic() - t0, 1)
         if run.returncode != 0:
             print(run.stdout[-3000:] + run.stderr[-3000:])
             raise RuntimeError(f"flows.pipeline exited {run.returncode}")
-        arts = {a["key"]: a for a in sorted(api_post(api, "/artifacts/filter", {}),
-                                            key=lambda a: a["created"]) if a.get("key")}
+        arts = {
+            a["key"]: a
+            for a in sorted(api_post(api, "/artifacts/filter", {}), key=lambda a: a["created"])
+            if a.get("key")
+        }
         pages = {
             "train-loss-curve": ("img", None),
             "train-summary": ("img", "validation loss"),
@@ -110,8 +141,7 @@ def main() -> int:
         }
         ok = True
         with sync_playwright() as pw:
-            b = pw.chromium.launch(executable_path=browser, headless=True,
-                                   args=["--no-sandbox"])
+            b = pw.chromium.launch(executable_path=browser, headless=True, args=["--no-sandbox"])
             page = b.new_page(viewport={"width": 1400, "height": 1000})
             for key, (img, text) in pages.items():
                 check: dict[str, Any] = {"found": key in arts}
@@ -127,8 +157,10 @@ def main() -> int:
                 check.update(url=url, screenshot=str(shot))
                 if img:
                     sizes = page.eval_on_selector_all(
-                        "img", "els => els.map(e => [e.naturalWidth, e.naturalHeight, "
-                               "e.src.slice(0, 22)])")
+                        "img",
+                        "els => els.map(e => [e.naturalWidth, e.naturalHeight, "
+                        "e.src.slice(0, 22)])",
+                    )
                     drawn = [s for s in sizes if s[0] > 0 and s[2] == "data:image/png;base64,"]
                     check["image"] = drawn[0][:2] if drawn else None
                     ok &= bool(drawn)

@@ -46,15 +46,23 @@ def keys(cls: type) -> list[Key]:
     if issubclass(cls, BaseModel):
         out = []
         for name, info in cls.model_fields.items():
-            default = (info.default_factory() if info.default_factory is not None  # type: ignore[call-arg]
-                       else info.default)
+            default = (
+                info.default_factory()
+                if info.default_factory is not None  # type: ignore[call-arg]
+                else info.default
+            )
             out.append(Key(info.alias or name, info.annotation, info, default))
         return out
     hints = typing.get_type_hints(cls, include_extras=True)
     out = []
     for f in dataclasses.fields(cls):
-        default = (f.default_factory() if f.default_factory is not dataclasses.MISSING
-                   else f.default if f.default is not dataclasses.MISSING else PydanticUndefined)
+        default = (
+            f.default_factory()
+            if f.default_factory is not dataclasses.MISSING
+            else f.default
+            if f.default is not dataclasses.MISSING
+            else PydanticUndefined
+        )
         info = FieldInfo.from_annotation(hints[f.name])
         out.append(Key(f.name, info.annotation, info, default))
     return out
@@ -206,11 +214,16 @@ class Renderer:
             kind = self.field_type(k.annotation, constraints(k.info.metadata))
             see = ""
             if subs:
-                see = " See " + ", ".join(f"[{self.link_text(sub)}](#{_LINK}{id(sub)}@)"
-                                          for _, sub in subs) + "."
+                see = (
+                    " See "
+                    + ", ".join(f"[{self.link_text(sub)}](#{_LINK}{id(sub)}@)" for _, sub in subs)
+                    + "."
+                )
             desc = (k.info.description or "") + see
-            lines.append(f"| `{k.name}` | {_cell(kind, code=True)} | {_cell(self.default(k))} "
-                         f"| {_cell(desc)} |")
+            lines.append(
+                f"| `{k.name}` | {_cell(kind, code=True)} | {_cell(self.default(k))} "
+                f"| {_cell(desc)} |"
+            )
         lines.append("")
         for sub in inner:
             sub_path, sub_label = self.drawn_at[sub]
@@ -273,16 +286,32 @@ What the stages do with these keys: [prep.md](prep.md); the trainer: [training.m
 """
 
 PARTS: list[tuple[str, str, str]] = [
-    ("Prep config", "prep", "A prep config (e.g. configs/demo.yaml). A prep config may also "
-     "hold a `train:` section, a whole training config, so that one file describes a "
-     "pipeline run."),
-    ("Training config", "train", "A training config (e.g. configs/train-demo.yaml), or the "
-     "`train:` section of a prep config."),
-    ("Launch", "launch", "How the `train` flow runs a training config (the trainer ignores "
-     "the section). A flow run's `launch` parameter overrides single keys for that run; "
-     "deployments set only `backend`, from their work pool."),
-    ("Hyperparameter search", "hpo", "A search config for the `hpo` flow (e.g. "
-     "configs/hpo-demo.yaml); see [tools.md](tools.md#tuning-on-proxy-models)."),
+    (
+        "Prep config",
+        "prep",
+        "A prep config (e.g. configs/demo.yaml). A prep config may also "
+        "hold a `train:` section, a whole training config, so that one file describes a "
+        "pipeline run.",
+    ),
+    (
+        "Training config",
+        "train",
+        "A training config (e.g. configs/train-demo.yaml), or the "
+        "`train:` section of a prep config.",
+    ),
+    (
+        "Launch",
+        "launch",
+        "How the `train` flow runs a training config (the trainer ignores "
+        "the section). A flow run's `launch` parameter overrides single keys for that run; "
+        "deployments set only `backend`, from their work pool.",
+    ),
+    (
+        "Hyperparameter search",
+        "hpo",
+        "A search config for the `hpo` flow (e.g. "
+        "configs/hpo-demo.yaml); see [tools.md](tools.md#tuning-on-proxy-models).",
+    ),
 ]
 
 
@@ -292,8 +321,7 @@ def models() -> dict[str, type]:
     from infra.launch import LaunchConfig
     from training.config import TrainConfig
 
-    return {"prep": PrepConfig, "train": TrainConfig, "launch": LaunchConfig,
-            "hpo": HpoConfig}
+    return {"prep": PrepConfig, "train": TrainConfig, "launch": LaunchConfig, "hpo": HpoConfig}
 
 
 def rules() -> dict[str, type]:
@@ -312,11 +340,15 @@ def render() -> str:
         lines += r.table(root, found[root])
     title = "Quality rule parameters"
     r.anchor(title)
-    lines += [f"## {title}", "",
-              "A rule's parameters default to the published thresholds; `{rule: {param: "
-              "value}}` in a `quality:` list sets them, e.g. `{gopher_repetition: "
-              "{dup_line_frac: 0.3}}`. What each rule drops, and why: "
-              "[prep.md](prep.md#quality-rules).", ""]
+    lines += [
+        f"## {title}",
+        "",
+        "A rule's parameters default to the published thresholds; `{rule: {param: "
+        "value}}` in a `quality:` list sets them, e.g. `{gopher_repetition: "
+        "{dup_line_frac: 0.3}}`. What each rule drops, and why: "
+        "[prep.md](prep.md#quality-rules).",
+        "",
+    ]
     for name, rule in rules().items():
         lines += r.table(name, rule.Params, intro=_first_paragraph(rule))
     text = "\n".join(lines).rstrip("\n") + "\n"

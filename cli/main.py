@@ -20,8 +20,16 @@ from cli.console import print_error, stderr_console
 from core.os_errors import os_error_message
 from core.protocol import EXIT_ERROR, EXIT_INTERRUPTED
 
-__all__ = ["COMMANDS", "Parser", "UsageError", "build_parser", "main", "os_error_message",
-           "print_error", "stderr_console"]
+__all__ = [
+    "COMMANDS",
+    "Parser",
+    "UsageError",
+    "build_parser",
+    "main",
+    "os_error_message",
+    "print_error",
+    "stderr_console",
+]
 
 # In the order `ballast --help` lists them.
 COMMANDS = (prep, verify, train, track, blame, hpo, quality, deploy, export)
@@ -54,8 +62,10 @@ def _name_by_choices(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="ballast", description="Ballast: prepare LLM pre-training "
-               "data and keep the training run on it alive.")
+    p = Parser(
+        prog="ballast",
+        description="Ballast: prepare LLM pre-training data and keep the training run on it alive.",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.add_parser(sub)

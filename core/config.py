@@ -37,17 +37,24 @@ def key_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def format_validation_error(err: ValidationError, where: str, what: str = "config",
-                            loc: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
-                            ) -> str:
+def format_validation_error(
+    err: ValidationError,
+    where: str,
+    what: str = "config",
+    loc: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None,
+) -> str:
     """One line per error under a heading; `loc` rewrites an error's location first (to
     drop a union's tag, say, which is not a key the user wrote)."""
     lines = [f"invalid {what} {where}:"]
     for e in err.errors():
         msg = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
-            e["type"], e["msg"])
-        shown = ("" if e["type"] in ("missing", "extra_forbidden", SECRET_IN_CONFIG)
-                 else f" (got {e.get('input')!r:.80})")
+            e["type"], e["msg"]
+        )
+        shown = (
+            ""
+            if e["type"] in ("missing", "extra_forbidden", SECRET_IN_CONFIG)
+            else f" (got {e.get('input')!r:.80})"
+        )
         where_ = loc(tuple(e["loc"])) if loc is not None else e["loc"]
         lines.append(f"  {key_path(where_) or '(top level)'}: {msg}{shown}")
     return "\n".join(lines)
@@ -57,7 +64,7 @@ def read_yaml(path: str | Path, error: type[ConfigError] = ConfigError) -> Any:
     """The YAML document in `path` (or in $NAME for `env:NAME`), or `error` with one line
     naming the file and the cause."""
     if str(path).startswith(ENV_PREFIX):
-        name = str(path)[len(ENV_PREFIX):]
+        name = str(path)[len(ENV_PREFIX) :]
         text = os.environ.get(name)
         if text is None:
             raise error(f"config {path}: environment variable {name} is not set")

@@ -39,8 +39,12 @@ COLUMN_DOCS = {
 
 def row_schema(seq_len: int) -> pa.Schema:
     """The Arrow schema of packed rows (fixed-size lists of seq_len)."""
-    return pa.schema([(name, pa.list_(pa.int8() if name == "loss_mask" else pa.int32(), seq_len))
-                      for name in COLUMNS])
+    return pa.schema(
+        [
+            (name, pa.list_(pa.int8() if name == "loss_mask" else pa.int32(), seq_len))
+            for name in COLUMNS
+        ]
+    )
 
 
 def arrow_stats(path: Path) -> tuple[int, int]:
@@ -94,16 +98,25 @@ def verify(uri: str, options: StorageOptions | None = None, deep: bool = True) -
     root = store.local_path("")
     # Every file on disk, not only the keys a store lists: LocalStore.list() hides its
     # temporary names, and one of those here is the debris of a killed write.
-    on_disk = set() if root is None else {
-        k for d, _, names in os.walk(root) for n in names
-        if not is_version_key(k := Path(d, n).relative_to(root).as_posix())}
+    on_disk = (
+        set()
+        if root is None
+        else {
+            k
+            for d, _, names in os.walk(root)
+            for n in names
+            if not is_version_key(k := Path(d, n).relative_to(root).as_posix())
+        }
+    )
     for rel in sorted(set(listed) - present):
         problems.append(f"missing file {rel}")
     for rel in sorted(present - set(listed)):
         problems.append(f"unexpected file {rel} (not in the manifest)")
     for rel in sorted(on_disk - present - {MANIFEST}):
-        problems.append(f"unexpected file {rel} (not in the manifest; a temporary name: "
-                        "left by an interrupted write)")
+        problems.append(
+            f"unexpected file {rel} (not in the manifest; a temporary name: "
+            "left by an interrupted write)"
+        )
     with tempfile.TemporaryDirectory(prefix="ballast-verify-") as tmp:
         for rel in sorted(set(listed) & present):
             want = listed[rel]
@@ -117,14 +130,17 @@ def verify(uri: str, options: StorageOptions | None = None, deep: bool = True) -
                 problems.append(f"{rel}: {size} bytes, manifest says {want['bytes']}")
             digest = sha256_file(local)
             if digest != want["sha256"]:
-                problems.append(f"{rel}: sha256 {digest[:16]}..., manifest says "
-                                f"{want['sha256'][:16]}...")
+                problems.append(
+                    f"{rel}: sha256 {digest[:16]}..., manifest says {want['sha256'][:16]}..."
+                )
                 continue
             if rel.endswith(".arrow"):
                 rows, real = arrow_stats(local)
                 if rows != want.get("rows") or real != want.get("real_tokens"):
-                    problems.append(f"{rel}: {rows} rows / {real} real tokens, manifest says "
-                                    f"{want.get('rows')} / {want.get('real_tokens')}")
+                    problems.append(
+                        f"{rel}: {rows} rows / {real} real tokens, manifest says "
+                        f"{want.get('rows')} / {want.get('real_tokens')}"
+                    )
         tok = manifest.get("tokenizer", {})
         if tok.get("file") and listed.get(tok["file"], {}).get("sha256") != tok.get("sha256"):
             problems.append("tokenizer sha256 differs from its file entry")
@@ -134,11 +150,14 @@ def verify(uri: str, options: StorageOptions | None = None, deep: bool = True) -
         dd = load_from_disk(str(store.local_path("")))
         for name, split in manifest.get("splits", {}).items():
             if name not in dd:
-                problems.append(f"split {name} is in the manifest but load_from_disk "
-                                f"does not find it")
+                problems.append(
+                    f"split {name} is in the manifest but load_from_disk does not find it"
+                )
             elif dd[name].num_rows != split["rows"]:
-                problems.append(f"split {name}: load_from_disk gives {dd[name].num_rows} "
-                                f"rows, manifest says {split['rows']}")
+                problems.append(
+                    f"split {name}: load_from_disk gives {dd[name].num_rows} "
+                    f"rows, manifest says {split['rows']}"
+                )
     return problems
 
 

@@ -57,8 +57,11 @@ def os_error_message(e: OSError, output: str | None = None, step: str | None = N
     if path is not None and code in (errno.EEXIST, errno.ENOTDIR):
         blocker = _existing(Path(path))
         if blocker is not None and not blocker.is_dir():
-            extra.append("it is a file, not a directory" if str(blocker) == path
-                         else f"{blocker} is a file, not a directory")
+            extra.append(
+                "it is a file, not a directory"
+                if str(blocker) == path
+                else f"{blocker} is a file, not a directory"
+            )
     if code in (errno.ENOSPC, errno.EDQUOT) and (path or output):
         at = _existing(Path(path or output or "."))
         if at is not None:

@@ -29,7 +29,7 @@ def parse_event(line: str) -> dict[str, Any] | None:
     if i < 0:
         return None
     try:
-        ev = json.loads(line[i + len(EVENT_PREFIX):])
+        ev = json.loads(line[i + len(EVENT_PREFIX) :])
     except json.JSONDecodeError:
         return None
     return ev if isinstance(ev, dict) else None

@@ -34,15 +34,17 @@ import pyarrow.parquet as pq
 FORMAT = "ballast-provenance/1"
 ROW_GROUP = 1024  # span rows per Parquet row group: a row's group is row // ROW_GROUP
 DOC_FIELDS = ("id", "source", "location")
-DOCS_BASE_SCHEMA = pa.schema([("id", pa.string()), ("source", pa.string()),
-                              ("location", pa.string())])
-SPANS_SCHEMA = pa.schema([("doc", pa.list_(pa.int64())), ("start", pa.list_(pa.int32())),
-                          ("end", pa.list_(pa.int32()))])
+DOCS_BASE_SCHEMA = pa.schema(
+    [("id", pa.string()), ("source", pa.string()), ("location", pa.string())]
+)
+SPANS_SCHEMA = pa.schema(
+    [("doc", pa.list_(pa.int64())), ("start", pa.list_(pa.int32())), ("end", pa.list_(pa.int32()))]
+)
 COLUMN_DOCS = {
     "spans": "per packed row: doc (global document index), start, end (token offsets of "
-             "the piece in the document), one entry per segment in segment order",
+    "the piece in the document), one entry per segment in segment order",
     "docs": "per document: id, source, location (file:line or file#row=n), then "
-            "<rule>.<value> float64 quality statistics (null where the rule did not run)",
+    "<rule>.<value> float64 quality statistics (null where the rule did not run)",
 }
 
 
@@ -77,8 +79,13 @@ class Document:
     stats: dict[str, float]
 
     def to_json(self) -> dict[str, Any]:
-        return {"doc": self.index, "id": self.id, "source": self.source,
-                "location": self.location, "stats": self.stats}
+        return {
+            "doc": self.index,
+            "id": self.id,
+            "source": self.source,
+            "location": self.location,
+            "stats": self.stats,
+        }
 
 
 class Provenance:
@@ -90,8 +97,10 @@ class Provenance:
             manifest = json.loads((self.root / "manifest.json").read_text())
         prov = manifest.get("provenance")
         if not prov or prov.get("format") != FORMAT:
-            raise ProvenanceError(f"{self.root}: the dataset has no provenance (prepared by "
-                                  "a ballast without it); prepare it again to use blame")
+            raise ProvenanceError(
+                f"{self.root}: the dataset has no provenance (prepared by "
+                "a ballast without it); prepare it again to use blame"
+            )
         self.manifest = manifest
         self._splits: dict[str, list[dict[str, Any]]] = prov["splits"]
         self._docs: list[dict[str, Any]] = prov["docs"]
@@ -140,8 +149,13 @@ class Provenance:
             table = pq.read_table(self.root / self._docs[k]["file"])
             self._doc_tables[k] = table
         row = table.slice(index - self._firsts[k], 1).to_pylist()[0]
-        stats = {n: v for n, v in row.items() if n not in DOC_FIELDS and v is not None
-                 and not (isinstance(v, float) and math.isnan(v))}
+        stats = {
+            n: v
+            for n, v in row.items()
+            if n not in DOC_FIELDS
+            and v is not None
+            and not (isinstance(v, float) and math.isnan(v))
+        }
         return Document(index, row["id"], row["source"], row["location"], stats)
 
     def find(self, doc_id: str) -> list[int]:
@@ -150,8 +164,7 @@ class Provenance:
         out = []
         for d in self._docs:
             ids = pq.read_table(self.root / d["file"], columns=["id"]).column("id")
-            out += [int(d["first_doc"]) + i for i, v in enumerate(ids.to_pylist())
-                    if v == doc_id]
+            out += [int(d["first_doc"]) + i for i, v in enumerate(ids.to_pylist()) if v == doc_id]
         return out
 
     def rows_holding(self, split: str, docs: Iterable[int]) -> dict[int, list[Span]]:
@@ -164,10 +177,10 @@ class Provenance:
             with pq.ParquetFile(self.root / f["file"]) as pf:
                 row = base
                 for batch in pf.iter_batches(batch_size=ROW_GROUP):
-                    for d, s, e in zip(*(batch.column(c).to_pylist()
-                                         for c in ("doc", "start", "end")), strict=True):
-                        hit = [Span(a, b, c) for a, b, c in zip(d, s, e, strict=True)
-                               if a in want]
+                    for d, s, e in zip(
+                        *(batch.column(c).to_pylist() for c in ("doc", "start", "end")), strict=True
+                    ):
+                        hit = [Span(a, b, c) for a, b, c in zip(d, s, e, strict=True) if a in want]
                         if hit:
                             out[row] = hit
                         row += 1

@@ -69,6 +69,8 @@ _AUTH_CODES = frozenset(
         "403",
     }
 )
+
+
 def _parse_uri(uri: str) -> tuple[str, str]:
     if not uri.startswith("s3://"):
         raise StorageError(f"not an S3 URI: {uri!r} (expected s3://bucket/prefix)")

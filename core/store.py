@@ -20,8 +20,16 @@ from pydantic_core import PydanticCustomError
 from core.errors import SECRET_IN_CONFIG, NotFound, StorageError
 from core.files import FILE_MODE, is_temp_name, temp_beside, write_atomic
 
-__all__ = ["LocalStore", "NotFound", "ObjectInfo", "StorageError", "StorageOptions", "Store",
-           "join", "open_store"]
+__all__ = [
+    "LocalStore",
+    "NotFound",
+    "ObjectInfo",
+    "StorageError",
+    "StorageOptions",
+    "Store",
+    "join",
+    "open_store",
+]
 
 
 class StorageOptions(BaseModel):
@@ -30,15 +38,23 @@ class StorageOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    endpoint_url: str | None = Field(default=None, description=(
-        "Any S3-compatible store's endpoint; unset = AWS_ENDPOINT_URL."))
-    region: str | None = Field(default=None, description=(
-        "Unset = AWS_REGION / AWS_DEFAULT_REGION."))
-    access_key_env: str = Field(default="AWS_ACCESS_KEY_ID", description=(
-        "The name of the environment variable holding the access key id, never the "
-        "secret itself: configs never carry secrets."))
-    secret_key_env: str = Field(default="AWS_SECRET_ACCESS_KEY", description=(
-        "The name of the environment variable holding the secret access key."))
+    endpoint_url: str | None = Field(
+        default=None, description=("Any S3-compatible store's endpoint; unset = AWS_ENDPOINT_URL.")
+    )
+    region: str | None = Field(
+        default=None, description=("Unset = AWS_REGION / AWS_DEFAULT_REGION.")
+    )
+    access_key_env: str = Field(
+        default="AWS_ACCESS_KEY_ID",
+        description=(
+            "The name of the environment variable holding the access key id, never the "
+            "secret itself: configs never carry secrets."
+        ),
+    )
+    secret_key_env: str = Field(
+        default="AWS_SECRET_ACCESS_KEY",
+        description=("The name of the environment variable holding the secret access key."),
+    )
 
     @field_validator("endpoint_url")
     @classmethod
@@ -48,15 +64,19 @@ class StorageOptions(BaseModel):
         # its own type so that the config error does not echo the value.
         if url is not None and urlsplit(url).username is not None:
             raise PydanticCustomError(
-                SECRET_IN_CONFIG, "credentials in the URL (user@ or user:password@) are not "
+                SECRET_IN_CONFIG,
+                "credentials in the URL (user@ or user:password@) are not "
                 "allowed; put them in the environment ($AWS_ACCESS_KEY_ID and "
-                "$AWS_SECRET_ACCESS_KEY, or the variables access_key_env and secret_key_env name)")
+                "$AWS_SECRET_ACCESS_KEY, or the variables access_key_env and secret_key_env name)",
+            )
         return url
 
-    max_attempts: int = Field(default=5, description=(
-        "Attempts per request in all (botocore's \"standard\" retry mode)."))
-    multipart_threshold_mb: int = Field(default=64, description=(
-        "Uploads above this many MiB are multipart."))
+    max_attempts: int = Field(
+        default=5, description=('Attempts per request in all (botocore\'s "standard" retry mode).')
+    )
+    multipart_threshold_mb: int = Field(
+        default=64, description=("Uploads above this many MiB are multipart.")
+    )
 
 
 @dataclass(frozen=True)
@@ -236,5 +256,7 @@ def open_store(uri: str | Path, options: StorageOptions | None = None) -> Store:
 
         return S3Store(uri, options or StorageOptions())
     if "://" in uri and not uri.startswith("file://"):
-        raise StorageError(f"unsupported storage URI {uri!r}: use a local path or s3://bucket/prefix")
+        raise StorageError(
+            f"unsupported storage URI {uri!r}: use a local path or s3://bucket/prefix"
+        )
     return LocalStore(uri.removeprefix("file://"))

@@ -20,8 +20,9 @@ class StageNames:
 
 
 def add_output(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--output", help="override the prep config's `output:` (local path "
-                                         "or s3://bucket/prefix)")
+    parser.add_argument(
+        "--output", help="override the prep config's `output:` (local path or s3://bucket/prefix)"
+    )
 
 
 def add_prep_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,13 +30,18 @@ def add_prep_arguments(parser: argparse.ArgumentParser) -> None:
     where it runs, and whether changed inputs start a new version from scratch."""
     parser.add_argument("config", help="path to the run config (YAML)")
     add_output(parser)
-    parser.add_argument("--until", help="stop after this stage (%(stages)s)").stages = \
-        StageNames()
-    parser.add_argument("--dask", metavar="ADDRESS",
-                        help="run on the Dask cluster whose scheduler is at ADDRESS "
-                             "(tcp://HOST:8786; default: $DASK_SCHEDULER_ADDRESS if set; "
-                             "`local`: this machine); inputs and output must then be where "
-                             "every worker reaches them (s3://)")
-    parser.add_argument("--from-scratch", action="store_true",
-                        help="when inputs an earlier version read have changed or gone: "
-                             "build a new version from all current inputs (default: refuse)")
+    parser.add_argument("--until", help="stop after this stage (%(stages)s)").stages = StageNames()
+    parser.add_argument(
+        "--dask",
+        metavar="ADDRESS",
+        help="run on the Dask cluster whose scheduler is at ADDRESS "
+        "(tcp://HOST:8786; default: $DASK_SCHEDULER_ADDRESS if set; "
+        "`local`: this machine); inputs and output must then be where "
+        "every worker reaches them (s3://)",
+    )
+    parser.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="when inputs an earlier version read have changed or gone: "
+        "build a new version from all current inputs (default: refuse)",
+    )

@@ -68,8 +68,9 @@ def cluster_address(explicit: str | None = None) -> str | None:
     return None if address in (None, "", NO_CLUSTER) else address
 
 
-def connect(address: str, timeout_s: float | None = None,
-            workers_timeout_s: float = WORKERS_TIMEOUT_S) -> Any:
+def connect(
+    address: str, timeout_s: float | None = None, workers_timeout_s: float = WORKERS_TIMEOUT_S
+) -> Any:
     """A client of the scheduler at `address` with at least one worker, or ClusterError."""
     from distributed import Client
 
@@ -83,8 +84,9 @@ def connect(address: str, timeout_s: float | None = None,
         client.wait_for_workers(1, timeout=workers_timeout_s)
     except TimeoutError:
         client.close()
-        raise ClusterError(f"the Dask scheduler at {address} has no workers (waited "
-                           f"{workers_timeout_s:.0f} s)") from None
+        raise ClusterError(
+            f"the Dask scheduler at {address} has no workers (waited {workers_timeout_s:.0f} s)"
+        ) from None
     return client
 
 
@@ -129,7 +131,7 @@ def _slug(desc: str) -> str:
 def _reach(uri: str, cfg: PrepConfig) -> None:
     """Stat one input (a local path, a directory input, or an s3:// object)."""
     if uri.startswith("s3://"):
-        bucket, _, key = uri[len("s3://"):].partition("/")
+        bucket, _, key = uri[len("s3://") :].partition("/")
         open_store(f"s3://{bucket}", cfg.storage).stat(key)
     else:
         os.stat(uri.removeprefix("file://"))
@@ -178,7 +180,8 @@ def check_workers(client: Any, cfg: PrepConfig, run_key: str, inputs: list[str])
             + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
             + f"; {len(bad)} of {len(seen)} workers affected. Workers share no disk with "
             "this machine: put inputs and output in object storage (s3://) or on a "
-            "filesystem every worker mounts at the same path")
+            "filesystem every worker mounts at the same path"
+        )
 
 
 class DaskRunner(PoolRunner):
@@ -196,23 +199,27 @@ class DaskRunner(PoolRunner):
         if self.client is None:
             self.client = connect(self.address)
             n = len(self.client.scheduler_info(n_workers=-1)["workers"])
-            self.console.print(f"prep on the Dask cluster at {self.address} ({n} worker"
-                               f"{'s' if n != 1 else ''})", markup=False, highlight=False)
+            self.console.print(
+                f"prep on the Dask cluster at {self.address} ({n} worker{'s' if n != 1 else ''})",
+                markup=False,
+                highlight=False,
+            )
 
     def start(self, cfg: PrepConfig, run_key: str, inputs: list[str]) -> None:
         check_workers(self.client, cfg, run_key, inputs)
 
-    def _map(self, fn: Callable[[Any], Any], items: list[Any], desc: str,
-             done: int) -> None:
+    def _map(self, fn: Callable[[Any], Any], items: list[Any], desc: str, done: int) -> None:
         from distributed import as_completed
 
         if not items:
             return
         slug = _slug(desc)
         self._futures = futures = [
-            self.client.submit(_run_item, fn, it, desc, key=f"{slug}-{self._run}-{i}",
-                               pure=False, retries=RETRIES)
-            for i, it in enumerate(items)]
+            self.client.submit(
+                _run_item, fn, it, desc, key=f"{slug}-{self._run}-{i}", pure=False, retries=RETRIES
+            )
+            for i, it in enumerate(items)
+        ]
         with self.bar(desc, len(items) + done, done) as advance:
             try:
                 for f in as_completed(futures, loop=self.client.loop):
@@ -246,4 +253,3 @@ class DaskRunner(PoolRunner):
             with contextlib.suppress(Exception):  # a lost connection: the scheduler
                 self.client.cancel(self._futures)  # drops a gone client's tasks itself
         self.close()
-

@@ -35,60 +35,113 @@ Format = Literal[FORMAT_CHOICES]  # type: ignore[valid-type]
 
 
 class LineDedupConfig(Strict):
-    max_docs: int = Field(ge=1, description=(
-        "A line (stripped, whitespace collapsed) found in more than this many of the "
-        "source's documents, over every dataset version, is boilerplate (menus, cookie "
-        "banners) and is removed from them all; a document left empty is dropped as "
-        "`lines:empty`."))
-    min_line_chars: int = Field(default=20, ge=1, description=(
-        "Shorter lines are never counted nor removed (blank lines, \"Home\", list "
-        "bullets)."))
+    max_docs: int = Field(
+        ge=1,
+        description=(
+            "A line (stripped, whitespace collapsed) found in more than this many of the "
+            "source's documents, over every dataset version, is boilerplate (menus, cookie "
+            "banners) and is removed from them all; a document left empty is dropped as "
+            "`lines:empty`."
+        ),
+    )
+    min_line_chars: int = Field(
+        default=20,
+        ge=1,
+        description=(
+            'Shorter lines are never counted nor removed (blank lines, "Home", list bullets).'
+        ),
+    )
 
 
 class SourceConfig(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description=(
-        "The source's name ([A-Za-z0-9_.-]+, unique): in ids, the report and the mixture."))
-    paths: list[str] = Field(min_length=1, description=(
-        "Local globs (`**` included), directories, files, or `s3://bucket/prefix[/glob]`; "
-        "relative paths are taken from the config file's directory. A path or glob that "
-        "matches nothing is an error before any work starts."))
-    format: Format = Field(default="auto", description=(
-        "`auto`: by extension (.jsonl, .jsonl.gz, .jsonl.zst, .json[.gz], .parquet, "
-        ".txt); a directory written by `datasets.save_to_disk` is `hf` (dataprep/formats/)."))
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description=(
+            "The source's name ([A-Za-z0-9_.-]+, unique): in ids, the report and the mixture."
+        ),
+    )
+    paths: list[str] = Field(
+        min_length=1,
+        description=(
+            "Local globs (`**` included), directories, files, or `s3://bucket/prefix[/glob]`; "
+            "relative paths are taken from the config file's directory. A path or glob that "
+            "matches nothing is an error before any work starts."
+        ),
+    )
+    format: Format = Field(
+        default="auto",
+        description=(
+            "`auto`: by extension (.jsonl, .jsonl.gz, .jsonl.zst, .json[.gz], .parquet, "
+            ".txt); a directory written by `datasets.save_to_disk` is `hf` (dataprep/formats/)."
+        ),
+    )
     text_field: str = Field(default="text", description="The record field with the text.")
-    id_field: str | None = Field(default=None, description=(
-        "The record field with the document id; unset, ids are stable locations: "
-        "`<source>/<file>:<line>` (`#row=n` in parquet, `#para=n` for paragraphs)."))
-    txt_unit: Literal["file", "paragraph"] = Field(default="file", description=(
-        "txt only: a whole file is one document, or each blank-line-separated paragraph "
-        "is."))
-    weight: float | None = Field(default=None, ge=0, description=(
-        "Target share of training tokens (the mixture stage), e.g. 0.7. Give every source "
-        "a weight, or none (then shares are natural, or set by `mixture.alpha`)."))
-    quality: list[Any] | None = Field(default=None, description=(
-        "This source's quality rules instead of the top-level `quality` list (`[]` = "
-        "none); the same syntax, e.g. `[char_repetition, {length: {min_chars: 20}}]`."))
-    max_epochs: float | None = Field(default=None, gt=0, description=(
-        "Most times this source's documents may be repeated to reach its share (UniMax's "
-        "per-source epoch cap); unset = `mixture.max_epochs`."))
-    split: Literal["auto", "train", "validation"] = Field(default="auto", description=(
-        "`auto`: validation by a stable hash of the document id; `train` / `validation` "
-        "put the whole source in one split (e.g. a held-out file, as the classic "
-        "char-level runs do)."))
-    line_dedup: LineDedupConfig | None = Field(default=None, description=(
-        "Line-level dedup within this source (the `lines` stage), e.g. `{max_docs: 10, "
-        "min_line_chars: 20}`: remove lines found in more than max_docs of this source's "
-        "documents. Unset = off."))
-    languages: dict[str, float] | Literal["all"] | None = Field(default=None, description=(
-        "Mix this source per language (`meta.language`, written by the `language` rule): "
-        "each language is a mixture component of its own, `<name>/<lang>` (`<name>/und` "
-        "for documents without a label), with the source's epoch cap. A mapping (`{en: "
-        "0.8, de: 0.2}`) names the languages kept and their weights within the source's "
-        "(a language it does not name is left out, accounted as `downsampled`); `all` "
-        "keeps every language in proportion to its tokens. With `mixture.alpha`, every "
-        "kept language is weighted n_lang ** alpha (temperature sampling over languages, "
-        "as mT5 and XLM-R) and a mapping's values are not used. Unset: the source is one "
-        "component."))
+    id_field: str | None = Field(
+        default=None,
+        description=(
+            "The record field with the document id; unset, ids are stable locations: "
+            "`<source>/<file>:<line>` (`#row=n` in parquet, `#para=n` for paragraphs)."
+        ),
+    )
+    txt_unit: Literal["file", "paragraph"] = Field(
+        default="file",
+        description=(
+            "txt only: a whole file is one document, or each blank-line-separated paragraph is."
+        ),
+    )
+    weight: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Target share of training tokens (the mixture stage), e.g. 0.7. Give every source "
+            "a weight, or none (then shares are natural, or set by `mixture.alpha`)."
+        ),
+    )
+    quality: list[Any] | None = Field(
+        default=None,
+        description=(
+            "This source's quality rules instead of the top-level `quality` list (`[]` = "
+            "none); the same syntax, e.g. `[char_repetition, {length: {min_chars: 20}}]`."
+        ),
+    )
+    max_epochs: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Most times this source's documents may be repeated to reach its share (UniMax's "
+            "per-source epoch cap); unset = `mixture.max_epochs`."
+        ),
+    )
+    split: Literal["auto", "train", "validation"] = Field(
+        default="auto",
+        description=(
+            "`auto`: validation by a stable hash of the document id; `train` / `validation` "
+            "put the whole source in one split (e.g. a held-out file, as the classic "
+            "char-level runs do)."
+        ),
+    )
+    line_dedup: LineDedupConfig | None = Field(
+        default=None,
+        description=(
+            "Line-level dedup within this source (the `lines` stage), e.g. `{max_docs: 10, "
+            "min_line_chars: 20}`: remove lines found in more than max_docs of this source's "
+            "documents. Unset = off."
+        ),
+    )
+    languages: dict[str, float] | Literal["all"] | None = Field(
+        default=None,
+        description=(
+            "Mix this source per language (`meta.language`, written by the `language` rule): "
+            "each language is a mixture component of its own, `<name>/<lang>` (`<name>/und` "
+            "for documents without a label), with the source's epoch cap. A mapping (`{en: "
+            "0.8, de: 0.2}`) names the languages kept and their weights within the source's "
+            "(a language it does not name is left out, accounted as `downsampled`); `all` "
+            "keeps every language in proportion to its tokens. With `mixture.alpha`, every "
+            "kept language is weighted n_lang ** alpha (temperature sampling over languages, "
+            "as mT5 and XLM-R) and a mapping's values are not used. Unset: the source is one "
+            "component."
+        ),
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -103,8 +156,7 @@ class SourceConfig(Strict):
 
     @field_validator("languages")
     @classmethod
-    def _language_weights(cls, v: dict[str, float] | str | None
-                          ) -> dict[str, float] | str | None:
+    def _language_weights(cls, v: dict[str, float] | str | None) -> dict[str, float] | str | None:
         if isinstance(v, dict):
             if not v:
                 raise ValueError("name at least one language, or use 'all'")
@@ -117,21 +169,41 @@ class SourceConfig(Strict):
 
 
 class NearDedupConfig(Strict):
-    threshold: float = Field(default=0.8, gt=0, le=1, description=(
-        "Jaccard similarity of two documents' word n-gram sets at which they are near "
-        "duplicates."))
-    num_perm: int = Field(default=128, ge=8, le=1024, description=(
-        "MinHash permutations per signature."))
+    threshold: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description=(
+            "Jaccard similarity of two documents' word n-gram sets at which they are near "
+            "duplicates."
+        ),
+    )
+    num_perm: int = Field(
+        default=128, ge=8, le=1024, description=("MinHash permutations per signature.")
+    )
     ngram: int = Field(default=5, ge=1, le=32, description="Words per shingle.")
-    bands: int | None = Field(default=None, ge=1, description=(
-        "LSH bands. Bands x rows are chosen automatically from `recall_at_threshold` "
-        "unless both are given (set bands and rows together; bands * rows <= num_perm)."))
+    bands: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "LSH bands. Bands x rows are chosen automatically from `recall_at_threshold` "
+            "unless both are given (set bands and rows together; bands * rows <= num_perm)."
+        ),
+    )
     rows: int | None = Field(default=None, ge=1, description="Rows per band; see `bands`.")
-    recall_at_threshold: float = Field(default=0.999, gt=0, lt=1, description=(
-        "The probability that a pair at `threshold` becomes a candidate, which picks "
-        "bands x rows."))
-    verify: bool = Field(default=True, description=(
-        "Confirm candidates with the exact Jaccard of their shingle sets."))
+    recall_at_threshold: float = Field(
+        default=0.999,
+        gt=0,
+        lt=1,
+        description=(
+            "The probability that a pair at `threshold` becomes a candidate, which picks "
+            "bands x rows."
+        ),
+    )
+    verify: bool = Field(
+        default=True,
+        description=("Confirm candidates with the exact Jaccard of their shingle sets."),
+    )
 
     @model_validator(mode="after")
     def _bands_rows(self) -> NearDedupConfig:
@@ -145,12 +217,20 @@ class NearDedupConfig(Strict):
 
 
 class DedupConfig(Strict):
-    exact: bool = Field(default=True, description=(
-        "Exact dedup: a 128-bit hash of the normalised text; the first copy in input order "
-        "stays."))
-    near: NearDedupConfig | None = Field(default=NearDedupConfig(), description=(
-        "Near dedup (MinHash, LSH, exact-Jaccard confirmation); `near: false` turns it "
-        "off, `near: true` takes the defaults."))
+    exact: bool = Field(
+        default=True,
+        description=(
+            "Exact dedup: a 128-bit hash of the normalised text; the first copy in input order "
+            "stays."
+        ),
+    )
+    near: NearDedupConfig | None = Field(
+        default=NearDedupConfig(),
+        description=(
+            "Near dedup (MinHash, LSH, exact-Jaccard confirmation); `near: false` turns it "
+            "off, `near: true` takes the defaults."
+        ),
+    )
 
     @field_validator("near", mode="before")
     @classmethod
@@ -163,12 +243,22 @@ class DedupConfig(Strict):
 
 
 class IngestConfig(Strict):
-    max_doc_bytes: int = Field(default=16 * 1024 * 1024, ge=1, description=(
-        "Larger documents are quarantined at ingest (reason `too_large`), so one gigantic "
-        "record cannot exhaust a worker's memory."))
-    shard_docs: int = Field(default=50_000, ge=1, description=(
-        "Documents per ingest shard; later stages keep the same shards. With `workers`, "
-        "it sets the memory a run needs (docs/scale.md)."))
+    max_doc_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1,
+        description=(
+            "Larger documents are quarantined at ingest (reason `too_large`), so one gigantic "
+            "record cannot exhaust a worker's memory."
+        ),
+    )
+    shard_docs: int = Field(
+        default=50_000,
+        ge=1,
+        description=(
+            "Documents per ingest shard; later stages keep the same shards. With `workers`, "
+            "it sets the memory a run needs (docs/scale.md)."
+        ),
+    )
 
 
 def _default_rules() -> tuple[str, ...]:
@@ -178,20 +268,40 @@ def _default_rules() -> tuple[str, ...]:
 
 
 class TokenizerConfig(Strict):
-    kind: Literal["bytes", "bpe", "file"] = Field(default="bytes", description=(
-        "`bytes`: UTF-8 bytes + `<|endoftext|>` (256) and `<|pad|>` (257), needs nothing; "
-        "`bpe`: a byte-level BPE trained with HF `tokenizers` on the kept documents; "
-        "`file`: an existing tokenizer.json."))
-    vocab_size: int | None = Field(default=None, ge=260, le=1_000_000, description=(
-        "bpe (required there): e.g. 32768; the special tokens get ids 0 and 1."))
-    path: str | None = Field(default=None, description=(
-        "file (required there, refused otherwise): a tokenizer.json (EOS: "
-        "`<|endoftext|>`, `</s>` or `<eos>`)."))
-    train_docs: int = Field(default=200_000, ge=1, description=(
-        "bpe: training reads at most this many documents, spread over all shards."))
-    min_frequency: int = Field(default=2, ge=1, description=(
-        "bpe: a pair is merged only if it occurs at least this often (the vocabulary can "
-        "come out smaller than vocab_size)."))
+    kind: Literal["bytes", "bpe", "file"] = Field(
+        default="bytes",
+        description=(
+            "`bytes`: UTF-8 bytes + `<|endoftext|>` (256) and `<|pad|>` (257), needs nothing; "
+            "`bpe`: a byte-level BPE trained with HF `tokenizers` on the kept documents; "
+            "`file`: an existing tokenizer.json."
+        ),
+    )
+    vocab_size: int | None = Field(
+        default=None,
+        ge=260,
+        le=1_000_000,
+        description=("bpe (required there): e.g. 32768; the special tokens get ids 0 and 1."),
+    )
+    path: str | None = Field(
+        default=None,
+        description=(
+            "file (required there, refused otherwise): a tokenizer.json (EOS: "
+            "`<|endoftext|>`, `</s>` or `<eos>`)."
+        ),
+    )
+    train_docs: int = Field(
+        default=200_000,
+        ge=1,
+        description=("bpe: training reads at most this many documents, spread over all shards."),
+    )
+    min_frequency: int = Field(
+        default=2,
+        ge=1,
+        description=(
+            "bpe: a pair is merged only if it occurs at least this often (the vocabulary can "
+            "come out smaller than vocab_size)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _kind_fields(self) -> TokenizerConfig:
@@ -205,93 +315,156 @@ class TokenizerConfig(Strict):
 
 
 class MixtureConfig(Strict):
-    alpha: float | None = Field(default=None, gt=0, le=1, description=(
-        "Temperature sampling instead of the sources' weights: share_i proportional to "
-        "n_i ** alpha (n_i = the source's train tokens). Unset: shares come from "
-        "`sources[].weight`."))
-    max_epochs: float = Field(default=1.0, gt=0, description=(
-        "Default cap on repetition per source (UniMax); `sources[].max_epochs` overrides "
-        "it."))
-    total_tokens: int | None = Field(default=None, ge=1, description=(
-        "Total training tokens; unset = the largest mix the caps allow."))
-    order: list[str] | None = Field(default=None, description=(
-        "Curriculum: these sources come first in training order, in this order (e.g. "
-        "`[books, web]`); the rest follow, interleaved. Unset = every source interleaved "
-        "across the whole run."))
+    alpha: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description=(
+            "Temperature sampling instead of the sources' weights: share_i proportional to "
+            "n_i ** alpha (n_i = the source's train tokens). Unset: shares come from "
+            "`sources[].weight`."
+        ),
+    )
+    max_epochs: float = Field(
+        default=1.0,
+        gt=0,
+        description=(
+            "Default cap on repetition per source (UniMax); `sources[].max_epochs` overrides it."
+        ),
+    )
+    total_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description=("Total training tokens; unset = the largest mix the caps allow."),
+    )
+    order: list[str] | None = Field(
+        default=None,
+        description=(
+            "Curriculum: these sources come first in training order, in this order (e.g. "
+            "`[books, web]`); the rest follow, interleaved. Unset = every source interleaved "
+            "across the whole run."
+        ),
+    )
 
 
 class PackConfig(Strict):
     seq_len: int = Field(default=1024, ge=8, description="Tokens per packed row.")
-    strategy: Literal["concat", "bfd"] = Field(default="bfd", description=(
-        "`bfd`: best-fit-decreasing inside a bounded window (documents up to seq_len "
-        "whole); `concat`: one token stream cut into rows (every token used, documents "
-        "may be split)."))
-    window: int = Field(default=20_000, ge=1, description=(
-        "bfd: documents packed together; memory stays flat however large the corpus."))
+    strategy: Literal["concat", "bfd"] = Field(
+        default="bfd",
+        description=(
+            "`bfd`: best-fit-decreasing inside a bounded window (documents up to seq_len "
+            "whole); `concat`: one token stream cut into rows (every token used, documents "
+            "may be split)."
+        ),
+    )
+    window: int = Field(
+        default=20_000,
+        ge=1,
+        description=("bfd: documents packed together; memory stays flat however large the corpus."),
+    )
 
 
 class OutputDatasetConfig(Strict):
-    validation_fraction: float = Field(default=0.01, ge=0, lt=1, description=(
-        "Fraction of documents held out for validation, by a stable hash of the document "
-        "id (seed-independent)."))
-    train_shards: int = Field(default=4, ge=1, description=(
-        "Arrow files of the train split (`save_to_disk` num_shards)."))
-    validation_shards: int = Field(default=1, ge=1, description=(
-        "Arrow files of the validation split."))
-    pack_partitions: int = Field(default=8, ge=1, description=(
-        "At least this many partitions of the training order, packed in parallel (more "
-        "when the plan has over ~8M tokens a partition)."))
+    validation_fraction: float = Field(
+        default=0.01,
+        ge=0,
+        lt=1,
+        description=(
+            "Fraction of documents held out for validation, by a stable hash of the document "
+            "id (seed-independent)."
+        ),
+    )
+    train_shards: int = Field(
+        default=4, ge=1, description=("Arrow files of the train split (`save_to_disk` num_shards).")
+    )
+    validation_shards: int = Field(
+        default=1, ge=1, description=("Arrow files of the validation split.")
+    )
+    pack_partitions: int = Field(
+        default=8,
+        ge=1,
+        description=(
+            "At least this many partitions of the training order, packed in parallel (more "
+            "when the plan has over ~8M tokens a partition)."
+        ),
+    )
 
 
 class PrepConfig(Strict):
-    output: str = Field(description=(
-        "Where the run writes: a local path (resolved from the working directory) or "
-        "`s3://bucket/prefix`. It may not lie inside an input path, nor an input inside "
-        "it."))
-    seed: int = Field(default=0, description=(
-        "MinHash permutations and the mixture's sampling derive from it."))
+    output: str = Field(
+        description=(
+            "Where the run writes: a local path (resolved from the working directory) or "
+            "`s3://bucket/prefix`. It may not lie inside an input path, nor an input inside "
+            "it."
+        )
+    )
+    seed: int = Field(
+        default=0, description=("MinHash permutations and the mixture's sampling derive from it.")
+    )
     workers: int = Field(default=2, ge=1, description="Processes for `ballast prep`.")
-    sources: list[SourceConfig] = Field(min_length=1, description=(
-        "The inputs, one entry per source."))
-    ingest: IngestConfig = Field(default=IngestConfig(), description=(
-        "Reading the inputs into shards."))
-    dedup: DedupConfig = Field(default=DedupConfig(), description=(
-        "Exact and near deduplication."))
-    quality: list[Any] = Field(default_factory=lambda: list(_default_rules()), description=(
-        "Quality rules, applied in order; the first that drops wins. A rule name uses the "
-        "published thresholds, `{name: {param: value}}` sets parameters (see Quality rule "
-        "parameters below). Unset: dataprep.quality.DEFAULT_RULES, `char_repetition, "
-        "gopher_quality, gopher_repetition, c4, fineweb`."))
-    storage: StorageOptions = Field(default=StorageOptions(), description=(
-        "For `s3://` URIs; anything unset comes from the environment."))
-    tokenizer: TokenizerConfig = Field(default=TokenizerConfig(), description=(
-        "The tokenizer (one for every dataset version: version 1's)."))
-    mixture: MixtureConfig = Field(default=MixtureConfig(), description=(
-        "Per-source token shares, epoch caps and training order."))
-    pack: PackConfig = Field(default=PackConfig(), description=(
-        "Packing documents into rows of seq_len tokens."))
-    dataset: OutputDatasetConfig = Field(default=OutputDatasetConfig(), description=(
-        "The DatasetDict written at the end."))
-    version: int = Field(default=1, ge=1, description=(
-        "The dataset version this run builds. Set by the runner, not in a config file: 1 "
-        "for a fresh output, one more for each later run that takes in new data. Not part "
-        "of the fingerprint (every version of an output has the same config); part of "
-        "every task's inputs, so no cached result of one version stands in for "
-        "another's."))
+    sources: list[SourceConfig] = Field(
+        min_length=1, description=("The inputs, one entry per source.")
+    )
+    ingest: IngestConfig = Field(
+        default=IngestConfig(), description=("Reading the inputs into shards.")
+    )
+    dedup: DedupConfig = Field(default=DedupConfig(), description=("Exact and near deduplication."))
+    quality: list[Any] = Field(
+        default_factory=lambda: list(_default_rules()),
+        description=(
+            "Quality rules, applied in order; the first that drops wins. A rule name uses the "
+            "published thresholds, `{name: {param: value}}` sets parameters (see Quality rule "
+            "parameters below). Unset: dataprep.quality.DEFAULT_RULES, `char_repetition, "
+            "gopher_quality, gopher_repetition, c4, fineweb`."
+        ),
+    )
+    storage: StorageOptions = Field(
+        default=StorageOptions(),
+        description=("For `s3://` URIs; anything unset comes from the environment."),
+    )
+    tokenizer: TokenizerConfig = Field(
+        default=TokenizerConfig(),
+        description=("The tokenizer (one for every dataset version: version 1's)."),
+    )
+    mixture: MixtureConfig = Field(
+        default=MixtureConfig(),
+        description=("Per-source token shares, epoch caps and training order."),
+    )
+    pack: PackConfig = Field(
+        default=PackConfig(), description=("Packing documents into rows of seq_len tokens.")
+    )
+    dataset: OutputDatasetConfig = Field(
+        default=OutputDatasetConfig(), description=("The DatasetDict written at the end.")
+    )
+    version: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "The dataset version this run builds. Set by the runner, not in a config file: 1 "
+            "for a fresh output, one more for each later run that takes in new data. Not part "
+            "of the fingerprint (every version of an output has the same config); part of "
+            "every task's inputs, so no cached result of one version stands in for "
+            "another's."
+        ),
+    )
 
     @model_validator(mode="after")
     def _mixture_sources(self) -> PrepConfig:
         names = {s.name for s in self.sources}
         unknown = [n for n in self.mixture.order or [] if n not in names]
         if unknown:
-            raise ValueError(f"mixture.order names unknown sources: {', '.join(unknown)} "
-                             f"(sources: {', '.join(sorted(names))})")
+            raise ValueError(
+                f"mixture.order names unknown sources: {', '.join(unknown)} "
+                f"(sources: {', '.join(sorted(names))})"
+            )
         if self.mixture.alpha is None:
             weighted = [s.name for s in self.sources if s.weight is not None]
             if weighted and len(weighted) != len(self.sources):
                 missing = [s.name for s in self.sources if s.weight is None]
-                raise ValueError(f"give every source a weight, or none (then shares are "
-                                 f"natural); missing: {', '.join(missing)}")
+                raise ValueError(
+                    f"give every source a weight, or none (then shares are "
+                    f"natural); missing: {', '.join(missing)}"
+                )
         return self
 
     @field_validator("quality")
@@ -350,8 +523,10 @@ def _resolve(p: str, base_dir: Path) -> str:
 
 
 def _resolve_paths(cfg: PrepConfig, base_dir: Path) -> PrepConfig:
-    sources = [s.model_copy(update={"paths": [_resolve(p, base_dir) for p in s.paths]})
-               for s in cfg.sources]
+    sources = [
+        s.model_copy(update={"paths": [_resolve(p, base_dir) for p in s.paths]})
+        for s in cfg.sources
+    ]
     return cfg.model_copy(update={"sources": sources})
 
 

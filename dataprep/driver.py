@@ -126,8 +126,9 @@ class PrepResult:
         return dataset_uri(self.prepared.cfg) if "dataset" in self.report else None
 
 
-def run_stages(cfg: PrepConfig, runner: Runner, until: str | None = None,
-               from_scratch: bool = False) -> PrepResult:
+def run_stages(
+    cfg: PrepConfig, runner: Runner, until: str | None = None, from_scratch: bool = False
+) -> PrepResult:
     """Run the enabled stages up to `until` on `runner`; the report is also in
     report.json, in the version's store. On an existing output, only the data that arrived
     since its last version is read, into a new version (dataprep/versions.py)."""
@@ -136,8 +137,13 @@ def run_stages(cfg: PrepConfig, runner: Runner, until: str | None = None,
     prepared = runner.record(prepare_output, cfg, runner.log, from_scratch)
     cfg = prepared.cfg
     runner.start(cfg, RUN_KEY, probe_inputs(prepared))
-    run = Run(cfg, prepared.units, extra=run_extra(prepared), prior=prepared.prior,
-              prior_units=prepared.prior_units)
+    run = Run(
+        cfg,
+        prepared.units,
+        extra=run_extra(prepared),
+        prior=prepared.prior,
+        prior_units=prepared.prior_units,
+    )
     seconds: dict[str, float] = {}
     accounted: list[tuple[str, list[str], bool]] = []
     for stage in stages:
@@ -153,13 +159,13 @@ def run_stages(cfg: PrepConfig, runner: Runner, until: str | None = None,
     run.extra["final_stage"] = run.prev
     # Built (and checked, and written) before the dataset is written: a run whose
     # documents do not add up raises here and never produces a dataset.
-    report = runner.record(build_report, cfg, accounted, run.extra,
-                           all_versions(run, accounted))
+    report = runner.record(build_report, cfg, accounted, run.extra, all_versions(run, accounted))
     packed = writes_dataset(stages)
     if packed:
         t0 = time.perf_counter()
-        report["dataset"] = runner.call("dataset", write_dataset, cfg, run.extra,
-                                        report["stages"], report.get("all_versions"))
+        report["dataset"] = runner.call(
+            "dataset", write_dataset, cfg, run.extra, report["stages"], report.get("all_versions")
+        )
         seconds["dataset"] = time.perf_counter() - t0
     timings = runner.timings(seconds)
     if packed or timings:  # report.json again, with what the report gained since
@@ -184,9 +190,18 @@ def claim_output(store: Store, cfg: PrepConfig) -> None:
     fp = cfg.fingerprint()
     # run_id changes whenever the output is made anew: Prefect's cache keys include it,
     # so a deleted output is never mistaken for a finished one.
-    if not store.exists(RUN_KEY) and store.put_if_absent(RUN_KEY, json.dumps(
-            {"config_fingerprint": fp, "layout": LAYOUT, "run_id": uuid.uuid4().hex,
-             "config": cfg.model_dump(mode="json")}, indent=2).encode()):
+    if not store.exists(RUN_KEY) and store.put_if_absent(
+        RUN_KEY,
+        json.dumps(
+            {
+                "config_fingerprint": fp,
+                "layout": LAYOUT,
+                "run_id": uuid.uuid4().hex,
+                "config": cfg.model_dump(mode="json"),
+            },
+            indent=2,
+        ).encode(),
+    ):
         return
     run = json.loads(store.get(RUN_KEY))
     have = run.get("config_fingerprint")
@@ -194,15 +209,18 @@ def claim_output(store: Store, cfg: PrepConfig) -> None:
         raise OutputConflict(
             f"{store.uri} was made by another version of ballast (file layout "
             f"{run.get('layout', 1)}, this version writes {LAYOUT}); choose another "
-            "output or delete it")
+            "output or delete it"
+        )
     if have != fp:
         raise OutputConflict(
             f"{store.uri} holds a run made with a different config (fingerprint {have}, "
-            f"this config {fp}); choose another output or delete it")
+            f"this config {fp}); choose another output or delete it"
+        )
 
 
-def prepare_output(cfg: PrepConfig, log: Callable[[str], None],
-                   from_scratch: bool = False) -> Prepared:
+def prepare_output(
+    cfg: PrepConfig, log: Callable[[str], None], from_scratch: bool = False
+) -> Prepared:
     """What every run does before any work: refuse overlapping inputs and output, resolve
     every input into units, claim the output, and decide which dataset version this run
     builds from what the inputs hold now (dataprep/versions.py)."""
@@ -215,9 +233,11 @@ def prepare_output(cfg: PrepConfig, log: Callable[[str], None],
 def run_extra(prepared: Prepared) -> dict[str, Any]:
     """The report's entries that say which run this is."""
     cfg = prepared.cfg
-    return {"config_fingerprint": cfg.fingerprint(), "seed": cfg.seed,
-            "version": {"version": cfg.version, "parent": prepared.parent,
-                        "added": prepared.added}}
+    return {
+        "config_fingerprint": cfg.fingerprint(),
+        "seed": cfg.seed,
+        "version": {"version": cfg.version, "parent": prepared.parent, "added": prepared.added},
+    }
 
 
 def probe_inputs(prepared: Prepared) -> list[str]:

@@ -223,50 +223,138 @@ def _applied(stage: str) -> Callable[[str], str]:
 
 
 STAGES: list[Stage] = [
-    Stage(ingest.STAGE, (
-        Step(ingest.STAGE, ingest_unit, _unit_done, over=_units),
-    ), accounting=_unit_names, accounting_all=_all_unit_names,
-        reports=(("shards", _ingested_shards), ("inputs", _ingested_inputs))),
-    Stage(exact.STAGE, (
-        Step("exact: hash", exact.hash_shard, exact.hashes_key, _shards, ("prev",)),
-        Step("exact: select", exact.select, partial(_key, exact.DUPS_KEY), None,
-             ("prev", "prior"), versioned=True),
-        Step("exact: apply", exact.apply_shard, _applied(exact.STAGE), _shards, ("prev",)),
-    ), enabled=_exact_on),
-    Stage(near.STAGE, (
-        Step("near: signatures", near.signature_shard, near.sig_key, _shards, ("prev",)),
-        Step("near: buckets", near.bucket_bands, _bucket_keys, _band_groups,
-             ("prior", "shards"), versioned=True),
-        Step("near: cluster", near.cluster, partial(_key, near.CLUSTER_KEY), None,
-             ("prev", "prior"), versioned=True),
-        Step("near: apply", near.apply_shard, _applied(near.STAGE), _shards, ("prev",)),
-    ), enabled=_near_on, reports=(("near", _near_summary),)),
-    Stage(lines.STAGE, (
-        Step("lines: count", lines.count_shard, lines.hashes_key, _shards, ("prev",)),
-        Step("lines: select", lines.select, partial(_key, lines.COMMON_KEY), None, ("prior",),
-             versioned=True),
-        Step("lines: apply", lines.apply_shard, _applied(lines.STAGE), _shards, ("prev",)),
-    ), enabled=lines.enabled, reports=(("lines", _lines_summary),)),
-    Stage(quality.STAGE, (
-        Step(quality.STAGE, quality.filter_shard, _applied(quality.STAGE), _shards, ("prev",)),
-    )),
-    Stage(tokenize.STAGE, (
-        Step("tokenizer", tokenize.prepare_tokenizer, partial(_key, tokenize.TOKENIZER_KEY),
-             None, ("prev",), label="tokenizer: {cfg.tokenizer.kind}"),
-        Step(tokenize.STAGE, tokenize.tokenize_shard, _applied(tokenize.STAGE), _shards,
-             ("prev",)),
-    ), reports=(("tokens", _new_tokens),), docs=False),
-    Stage(mixture.STAGE, (
-        Step("mixture: plan", mixture.plan, partial(_key, mixture.PLAN_KEY), versioned=True,
-             all_versions=True),
-        Step("mixture: order", mixture.scatter_shard, _applied(mixture.STAGE), _all_shards,
-             versioned=True),
-    ), accounting=_all_shards, reports=(("mixture", _mixture_plan),), versioned=True,
-        docs=False),
-    Stage(pack.STAGE, (
-        Step(pack.STAGE, pack.pack_partition, pack.packed_done_key, _partitions, ("all_shards",),
-             label="pack: {cfg.pack.strategy}", versioned=True),
-    ), accounting=None, reports=(("packing", _packing),), versioned=True, docs=False),
+    Stage(
+        ingest.STAGE,
+        (Step(ingest.STAGE, ingest_unit, _unit_done, over=_units),),
+        accounting=_unit_names,
+        accounting_all=_all_unit_names,
+        reports=(("shards", _ingested_shards), ("inputs", _ingested_inputs)),
+    ),
+    Stage(
+        exact.STAGE,
+        (
+            Step("exact: hash", exact.hash_shard, exact.hashes_key, _shards, ("prev",)),
+            Step(
+                "exact: select",
+                exact.select,
+                partial(_key, exact.DUPS_KEY),
+                None,
+                ("prev", "prior"),
+                versioned=True,
+            ),
+            Step("exact: apply", exact.apply_shard, _applied(exact.STAGE), _shards, ("prev",)),
+        ),
+        enabled=_exact_on,
+    ),
+    Stage(
+        near.STAGE,
+        (
+            Step("near: signatures", near.signature_shard, near.sig_key, _shards, ("prev",)),
+            Step(
+                "near: buckets",
+                near.bucket_bands,
+                _bucket_keys,
+                _band_groups,
+                ("prior", "shards"),
+                versioned=True,
+            ),
+            Step(
+                "near: cluster",
+                near.cluster,
+                partial(_key, near.CLUSTER_KEY),
+                None,
+                ("prev", "prior"),
+                versioned=True,
+            ),
+            Step("near: apply", near.apply_shard, _applied(near.STAGE), _shards, ("prev",)),
+        ),
+        enabled=_near_on,
+        reports=(("near", _near_summary),),
+    ),
+    Stage(
+        lines.STAGE,
+        (
+            Step("lines: count", lines.count_shard, lines.hashes_key, _shards, ("prev",)),
+            Step(
+                "lines: select",
+                lines.select,
+                partial(_key, lines.COMMON_KEY),
+                None,
+                ("prior",),
+                versioned=True,
+            ),
+            Step("lines: apply", lines.apply_shard, _applied(lines.STAGE), _shards, ("prev",)),
+        ),
+        enabled=lines.enabled,
+        reports=(("lines", _lines_summary),),
+    ),
+    Stage(
+        quality.STAGE,
+        (Step(quality.STAGE, quality.filter_shard, _applied(quality.STAGE), _shards, ("prev",)),),
+    ),
+    Stage(
+        tokenize.STAGE,
+        (
+            Step(
+                "tokenizer",
+                tokenize.prepare_tokenizer,
+                partial(_key, tokenize.TOKENIZER_KEY),
+                None,
+                ("prev",),
+                label="tokenizer: {cfg.tokenizer.kind}",
+            ),
+            Step(
+                tokenize.STAGE,
+                tokenize.tokenize_shard,
+                _applied(tokenize.STAGE),
+                _shards,
+                ("prev",),
+            ),
+        ),
+        reports=(("tokens", _new_tokens),),
+        docs=False,
+    ),
+    Stage(
+        mixture.STAGE,
+        (
+            Step(
+                "mixture: plan",
+                mixture.plan,
+                partial(_key, mixture.PLAN_KEY),
+                versioned=True,
+                all_versions=True,
+            ),
+            Step(
+                "mixture: order",
+                mixture.scatter_shard,
+                _applied(mixture.STAGE),
+                _all_shards,
+                versioned=True,
+            ),
+        ),
+        accounting=_all_shards,
+        reports=(("mixture", _mixture_plan),),
+        versioned=True,
+        docs=False,
+    ),
+    Stage(
+        pack.STAGE,
+        (
+            Step(
+                pack.STAGE,
+                pack.pack_partition,
+                pack.packed_done_key,
+                _partitions,
+                ("all_shards",),
+                label="pack: {cfg.pack.strategy}",
+                versioned=True,
+            ),
+        ),
+        accounting=None,
+        reports=(("packing", _packing),),
+        versioned=True,
+        docs=False,
+    ),
 ]
 STAGE_NAMES: list[str] = [s.name for s in STAGES]
 # The stages whose kept documents are text (Stage.docs), in order.
@@ -291,26 +379,44 @@ def writes_dataset(stages: Sequence[Stage]) -> bool:
     return any(s.name == pack.STAGE for s in stages)
 
 
-def write_dataset(cfg: PrepConfig, extra: dict[str, Any], accounting: dict[str, Any],
-                  all_versions: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_dataset(
+    cfg: PrepConfig,
+    extra: dict[str, Any],
+    accounting: dict[str, Any],
+    all_versions: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The run's last step, after the report (a run whose documents do not add up never
     gets here): the packed rows as a dataset. Returns the report's "dataset" entry.
     The manifest names the version, its parent and the inputs it added; a version that
     builds on others also carries the accounting over all of their documents."""
     plan = extra["mixture"]
-    manifest_extra = {"mixture": plan, "packing": extra["packing"], "accounting": accounting,
-                      "inputs": extra["inputs"], "version": extra["version"]}
+    manifest_extra = {
+        "mixture": plan,
+        "packing": extra["packing"],
+        "accounting": accounting,
+        "inputs": extra["inputs"],
+        "version": extra["version"],
+    }
     if all_versions is not None:
         manifest_extra["accounting_all_versions"] = all_versions
-    manifest = dataset.write_dataset(cfg, mixture.train_partitions(cfg, plan), manifest_extra,
-                                     mixture.validation_partitions(plan))
-    return {"uri": dataset.dataset_uri(cfg),
-            "splits": {k: {"rows": v["rows"], "real_tokens": v["real_tokens"]}
-                       for k, v in manifest["splits"].items()}}
+    manifest = dataset.write_dataset(
+        cfg,
+        mixture.train_partitions(cfg, plan),
+        manifest_extra,
+        mixture.validation_partitions(plan),
+    )
+    return {
+        "uri": dataset.dataset_uri(cfg),
+        "splits": {
+            k: {"rows": v["rows"], "real_tokens": v["real_tokens"]}
+            for k, v in manifest["splits"].items()
+        },
+    }
 
 
-def all_versions(run: Run, accounted: Sequence[tuple[str, list[str], bool]]
-                 ) -> dict[str, list[str]] | None:
+def all_versions(
+    run: Run, accounted: Sequence[tuple[str, list[str], bool]]
+) -> dict[str, list[str]] | None:
     """For a version that builds on earlier ones: each accounted stage's names over every
     version (report.build's `all_versions`); None for a run that builds on nothing."""
     if not run.prior:

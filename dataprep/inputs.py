@@ -57,7 +57,7 @@ def _fixed_base(path: str) -> str:
 def _segments(location: str) -> tuple[str, ...]:
     """A comparable form: ("s3:", bucket, *key parts) or the resolved local path's parts."""
     if location.startswith("s3://"):
-        return ("s3:", *(p for p in location[len("s3://"):].split("/") if p))
+        return ("s3:", *(p for p in location[len("s3://") :].split("/") if p))
     path = os.path.realpath(os.path.expanduser(location.removeprefix("file://")))
     return tuple(p for p in path.split(os.sep) if p)
 
@@ -73,18 +73,21 @@ def check_overlap(cfg: PrepConfig) -> None:
     out = _segments(cfg.output)
     for src in cfg.sources:
         for raw in src.paths:
-            base = _fixed_base(raw if raw.startswith("s3://")
-                               else os.path.abspath(os.path.expanduser(raw)))
+            base = _fixed_base(
+                raw if raw.startswith("s3://") else os.path.abspath(os.path.expanduser(raw))
+            )
             seg = _segments(base)
             if _under(out, seg):
                 raise IngestError(
                     f"the output {cfg.output} lies inside source {src.name!r}'s input {raw}: "
                     "a re-run would read the output as input; choose an output outside "
-                    "every input")
+                    "every input"
+                )
             if _under(seg, out):
                 raise IngestError(
                     f"source {src.name!r}'s input {raw} lies inside the output {cfg.output}: "
-                    "the run would read its own files; choose an output outside every input")
+                    "the run would read its own files; choose an output outside every input"
+                )
 
 
 # --------------------------------------------------------------------------------------
@@ -119,52 +122,87 @@ class FileRecord:
         return (self.source, self.uri)
 
     def to_json(self) -> dict[str, Any]:
-        return {"source": self.source, "uri": self.uri, "rel": self.rel,
-                "format": self.format, "size": self.size, "version": self.version,
-                "parts": [p.to_json() for p in self.parts]}
+        return {
+            "source": self.source,
+            "uri": self.uri,
+            "rel": self.rel,
+            "format": self.format,
+            "size": self.size,
+            "version": self.version,
+            "parts": [p.to_json() for p in self.parts],
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FileRecord:
-        return cls(d["source"], d["uri"], d["rel"], d["format"], int(d["size"]),
-                   str(d["version"]),
-                   tuple(Part(int(p["start"]), int(p["end"]), p["sha256"])
-                         for p in d.get("parts", ())))
+        return cls(
+            d["source"],
+            d["uri"],
+            d["rel"],
+            d["format"],
+            int(d["size"]),
+            str(d["version"]),
+            tuple(Part(int(p["start"]), int(p["end"]), p["sha256"]) for p in d.get("parts", ())),
+        )
 
 
 def listed(files: Iterable[InputFile]) -> list[FileRecord]:
     """The whole files behind `files` (parts of one file count once), without parts."""
     out: dict[tuple[str, str], FileRecord] = {}
     for f in files:
-        out.setdefault((f.source, f.uri), FileRecord(
-            f.source, f.uri, f.rel, f.format,
-            f.size if f.file_size is None else f.file_size, f.version))
+        out.setdefault(
+            (f.source, f.uri),
+            FileRecord(
+                f.source,
+                f.uri,
+                f.rel,
+                f.format,
+                f.size if f.file_size is None else f.file_size,
+                f.version,
+            ),
+        )
     return list(out.values())
 
 
-def with_parts(files: Iterable[FileRecord], parts: Iterable[dict[str, Any]]
-               ) -> list[FileRecord]:
+def with_parts(files: Iterable[FileRecord], parts: Iterable[dict[str, Any]]) -> list[FileRecord]:
     """`files` with the parts that ingest markers recorded (`part_entry` dicts)."""
     by_file: dict[tuple[str, str], list[Part]] = {}
     for p in parts:
         by_file.setdefault((p["source"], p["uri"]), []).append(
-            Part(int(p["start"]), int(p["end"]), p["sha256"]))
-    return [FileRecord(f.source, f.uri, f.rel, f.format, f.size, f.version,
-                       tuple(sorted(set(by_file.get(f.key, ())), key=lambda p: p.start)))
-            for f in files]
+            Part(int(p["start"]), int(p["end"]), p["sha256"])
+        )
+    return [
+        FileRecord(
+            f.source,
+            f.uri,
+            f.rel,
+            f.format,
+            f.size,
+            f.version,
+            tuple(sorted(set(by_file.get(f.key, ())), key=lambda p: p.start)),
+        )
+        for f in files
+    ]
 
 
 def part_entry(f: InputFile, part: Part) -> dict[str, Any]:
     """What an ingest unit's done marker records of one file (or part) it read."""
-    return {"source": f.source, "uri": f.uri, "version": f.version,
-            "size": f.size if f.file_size is None else f.file_size, **part.to_json()}
+    return {
+        "source": f.source,
+        "uri": f.uri,
+        "version": f.version,
+        "size": f.size if f.file_size is None else f.file_size,
+        **part.to_json(),
+    }
 
 
-def marker_parts(store: Store, markers: Iterable[dict[str, Any]] | None = None
-                 ) -> list[dict[str, Any]]:
+def marker_parts(
+    store: Store, markers: Iterable[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     """Every part recorded by the ingest markers in `store` (or in `markers`)."""
     if markers is None:
-        markers = (json.loads(store.get(k)) for k in store.list(INGEST_DONE_PREFIX)
-                   if k.endswith(".json"))
+        markers = (
+            json.loads(store.get(k)) for k in store.list(INGEST_DONE_PREFIX) if k.endswith(".json")
+        )
     return [p for m in markers for p in m.get("inputs", ())]
 
 
@@ -177,8 +215,7 @@ def read_inventory(store: Store) -> list[FileRecord] | None:
 
 
 def inventory_bytes(files: Sequence[FileRecord]) -> bytes:
-    return json.dumps({"files": [f.to_json() for f in files]}, indent=1,
-                      sort_keys=True).encode()
+    return json.dumps({"files": [f.to_json() for f in files]}, indent=1, sort_keys=True).encode()
 
 
 # --------------------------------------------------------------------------------------
@@ -294,8 +331,7 @@ class InputChanges:
             keys: tuple[tuple[str, str], ...] = getattr(self, name)
             if not keys:
                 continue
-            shown = [k[1] + (f" ({self.why[k]})" if k in self.why else "")
-                     for k in keys[:_SHOWN]]
+            shown = [k[1] + (f" ({self.why[k]})" if k in self.why else "") for k in keys[:_SHOWN]]
             more = f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else ""
             out.append(f"{len(keys)} {name} ({', '.join(shown)}{more})")
         return "; ".join(out)
@@ -321,8 +357,9 @@ def _first_mismatch(rec: FileRecord, now: FileRecord, read: RangeHash) -> Part |
     return next((p for p in rec.parts if read(now, p.start, p.end) != p.sha256), None)
 
 
-def compare_inputs(recorded: Sequence[FileRecord], current: Sequence[FileRecord],
-                   read: RangeHash) -> InputChanges:
+def compare_inputs(
+    recorded: Sequence[FileRecord], current: Sequence[FileRecord], read: RangeHash
+) -> InputChanges:
     """Classify every input file. Pure apart from `read`, which is asked only about files
     whose size or version tag differ:
     - unchanged: same size and version tag (nothing read), or same size and every byte
@@ -343,8 +380,11 @@ def compare_inputs(recorded: Sequence[FileRecord], current: Sequence[FileRecord]
         if cur.size == rec.size and cur.version == rec.version:
             unchanged.append(rec.key)
             continue
-        verifiable = _covers(rec.parts, rec.size) and FORMATS.get(rec.format) is not None \
+        verifiable = (
+            _covers(rec.parts, rec.size)
+            and FORMATS.get(rec.format) is not None
             and FORMATS[rec.format].is_dir is None
+        )
         if cur.size < rec.size:
             changed.append(rec.key)
             why[rec.key] = f"truncated or edited: {rec.size} -> {cur.size} bytes"
@@ -359,8 +399,7 @@ def compare_inputs(recorded: Sequence[FileRecord], current: Sequence[FileRecord]
         else:
             grown.append(rec.key)
     new = tuple(f.key for f in current if f.key not in was)
-    return InputChanges(tuple(unchanged), new, tuple(grown), tuple(changed), tuple(removed),
-                        why)
+    return InputChanges(tuple(unchanged), new, tuple(grown), tuple(changed), tuple(removed), why)
 
 
 class CurrentBytes:
@@ -388,8 +427,9 @@ class CurrentBytes:
                 self.tmp = tempfile.TemporaryDirectory(prefix="ballast-inputs-")
             bucket, _, key = uri.removeprefix("s3://").partition("/")
             # Keep the object's name in a directory of its own.
-            local = os.path.join(self.tmp.name, str(len(self.copies)),
-                                 posixpath.basename(key) or "object")
+            local = os.path.join(
+                self.tmp.name, str(len(self.copies)), posixpath.basename(key) or "object"
+            )
             os.makedirs(os.path.dirname(local))
             open_store(f"s3://{bucket}", self.storage).get_file(key, local)
             self.copies[uri] = local
@@ -406,8 +446,9 @@ class CurrentBytes:
         return digest if got == end else None
 
 
-def check_inputs(store: Store, cfg: PrepConfig, files: Iterable[InputFile],
-                 log: Callable[[str], None]) -> None:
+def check_inputs(
+    store: Store, cfg: PrepConfig, files: Iterable[InputFile], log: Callable[[str], None]
+) -> None:
     """Before any work, once the output is claimed: record the inventory in a fresh
     output; in one made before, compare. All unchanged: one log line, and the run resumes.
     Anything else: InputsChanged naming what differs. An output made before inventories
@@ -428,10 +469,13 @@ def check_inputs(store: Store, cfg: PrepConfig, files: Iterable[InputFile],
     with CurrentBytes(cfg.storage) as read:
         changes = compare_inputs(recorded, current, read)
     if changes.all_unchanged:
-        log(f"inputs unchanged since the last run of this output ({len(current)} files): "
-            "finished work is not redone")
+        log(
+            f"inputs unchanged since the last run of this output ({len(current)} files): "
+            "finished work is not redone"
+        )
         return
     raise InputsChanged(
         f"the inputs of {cfg.output} changed before its first version was finished: "
         f"{changes.describe()}; restore them to finish that version (later data then goes "
-        "into a version of its own), or use a new output")
+        "into a version of its own), or use a new output"
+    )

@@ -188,8 +188,15 @@ class SourceStats:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SourceStats:
-        return cls(d["docs_in"], d["bytes_in"], d["kept"], d["bytes_kept"], dict(d["dropped"]),
-                   d["bytes_dropped"], dict(d.get("redacted", {})))
+        return cls(
+            d["docs_in"],
+            d["bytes_in"],
+            d["kept"],
+            d["bytes_kept"],
+            dict(d["dropped"]),
+            d["bytes_dropped"],
+            dict(d.get("redacted", {})),
+        )
 
 
 class ShardStats(defaultdict[str, SourceStats]):
@@ -213,8 +220,7 @@ class DroppedRows:
     def __init__(self) -> None:
         self.cols: dict[str, list[str]] = {f.name: [] for f in DROPPED_SCHEMA}
 
-    def add(self, id: str, source: str, reason: str, detail: str, location: str,
-            text: str) -> None:
+    def add(self, id: str, source: str, reason: str, detail: str, location: str, text: str) -> None:
         c = self.cols
         c["id"].append(id)
         c["source"].append(source)

@@ -60,8 +60,9 @@ def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     encoded = [t.lower().encode("utf-8") for t in texts]
     # A space after each text: no word runs across two texts.
     buf = np.frombuffer(b" ".join(encoded) + b" ", dtype=np.uint8)
-    doc_end = np.cumsum(np.fromiter((len(e) + 1 for e in encoded), dtype=np.int64,
-                                    count=len(encoded)))
+    doc_end = np.cumsum(
+        np.fromiter((len(e) + 1 for e in encoded), dtype=np.int64, count=len(encoded))
+    )
     is_word = _WORD_BYTE[buf]
     edges = np.diff(is_word.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
     starts = np.flatnonzero(edges == 1)

@@ -160,8 +160,11 @@ def plan_mixture(
     missing = [n for n in names if n not in max_epochs]
     if missing:
         raise ValueError(f"max_epochs is missing sources: {', '.join(missing)}")
-    bad_cap = [f"{n}={max_epochs[n]!r}" for n in names
-               if not (math.isfinite(max_epochs[n]) and max_epochs[n] > 0)]
+    bad_cap = [
+        f"{n}={max_epochs[n]!r}"
+        for n in names
+        if not (math.isfinite(max_epochs[n]) and max_epochs[n] > 0)
+    ]
     if bad_cap:
         raise ValueError(f"max_epochs must be > 0: {', '.join(bad_cap)}")
     if total_tokens is not None and total_tokens < 0:
@@ -238,8 +241,9 @@ def plan_mixture(
             warning = (
                 f"source '{n}' has no train tokens after filtering, but its share "
                 f"{_share_str(share)} asks for {requested:,} (short by {shortfall:,} tokens, "
-                f"100%)" if requested else
-                f"source '{n}' has no train tokens after filtering, but its share is "
+                f"100%)"
+                if requested
+                else f"source '{n}' has no train tokens after filtering, but its share is "
                 f"{_share_str(share)}"
             )
         elif shortfall > 0:
@@ -254,8 +258,9 @@ def plan_mixture(
             warning = f"source '{n}' has no train tokens after filtering; it contributes nothing"
         if short_sentence is not None and is_capped:
             warning = (
-                f"{warning}; {short_sentence}" if warning else
-                f"source '{n}' is at its max_epochs cap ({caps[n]:,} tokens at max_epochs "
+                f"{warning}; {short_sentence}"
+                if warning
+                else f"source '{n}' is at its max_epochs cap ({caps[n]:,} tokens at max_epochs "
                 f"{max_epochs[n]:g}); {short_sentence}"
             )
         plans.append(
@@ -301,8 +306,9 @@ def select_documents(keys: np.ndarray, tokens: np.ndarray, target_tokens: int) -
     keys = np.asarray(keys)
     tok = np.asarray(tokens).astype(np.int64, copy=False)
     if keys.ndim != 1 or keys.shape != tok.shape:
-        raise ValueError(f"keys and tokens must be 1-D of equal length "
-                         f"(got {keys.shape} and {tok.shape})")
+        raise ValueError(
+            f"keys and tokens must be 1-D of equal length (got {keys.shape} and {tok.shape})"
+        )
     if target_tokens < 0:
         raise ValueError(f"target_tokens must be >= 0 (got {target_tokens})")
     if tok.size and int(tok.min()) < 0:
@@ -313,8 +319,9 @@ def select_documents(keys: np.ndarray, tokens: np.ndarray, target_tokens: int) -
         return counts
     full, rem = divmod(int(target_tokens), available)
     if full + 1 > np.iinfo(np.int32).max:
-        raise ValueError(f"target {target_tokens:,} needs more than int32 repeats of "
-                         f"{available:,} tokens")
+        raise ValueError(
+            f"target {target_tokens:,} needs more than int32 repeats of {available:,} tokens"
+        )
     counts[:] = full
     if rem:
         order = np.lexsort((tok, keys))  # last key is primary: hash, then token count

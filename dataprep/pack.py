@@ -130,8 +130,7 @@ def _concat_rows(
     )
 
 
-def _concat_spans(s: np.ndarray, ln: np.ndarray, od: np.ndarray, n_tok: int,
-                  seq_len: int) -> Spans:
+def _concat_spans(s: np.ndarray, ln: np.ndarray, od: np.ndarray, n_tok: int, seq_len: int) -> Spans:
     """The pieces of the rows of a slice of `n_tok` tokens: documents at offsets `s`
     (relative to the slice; negative for one begun in an earlier slice) of lengths `ln`
     and stream positions `od`. Document-major order is row-major here: a stream's
@@ -246,8 +245,12 @@ def _build_rows(rows: list[list[_Piece]], seq_len: int, pad_id: int) -> Rows:
     shape = (n, seq_len)
     seg2 = seg.reshape(shape)
     p_start = np.fromiter((p.start for p in pieces), dtype=np.int64, count=len(pieces))
-    spans = Spans(piece_row, np.fromiter((p.doc for p in pieces), dtype=np.int64,
-                                         count=len(pieces)), p_start, p_start + lens)
+    spans = Spans(
+        piece_row,
+        np.fromiter((p.doc for p in pieces), dtype=np.int64, count=len(pieces)),
+        p_start,
+        p_start + lens,
+    )
     return Rows(
         input_ids=ids.reshape(shape),
         position_ids=pos.reshape(shape),
@@ -330,8 +333,10 @@ def pack_bfd(
                 pool.append(_Piece(a, True, False, i, 0))
                 continue
             k, r = divmod(int(a.size), seq_len)
-            out.extend([_Piece(a[j * seq_len : (j + 1) * seq_len], j == 0, True, i, j * seq_len)]
-                       for j in range(k))
+            out.extend(
+                [_Piece(a[j * seq_len : (j + 1) * seq_len], j == 0, True, i, j * seq_len)]
+                for j in range(k)
+            )
             if r:
                 # Copy the tail so a carried open row does not pin the whole long document.
                 pool.append(_Piece(a[k * seq_len :].copy(), False, True, i, k * seq_len))

@@ -89,21 +89,28 @@ class PoolRunner:
         return out
 
     def timings(self, stage_seconds: dict[str, float]) -> dict[str, Any]:
-        return {"stage_seconds": {k: round(v, 3) for k, v in stage_seconds.items()},
-                "step_seconds": dict(self.seconds),
-                "step_epoch_seconds": {k: list(v) for k, v in self.times.items()}}
+        return {
+            "stage_seconds": {k: round(v, 3) for k, v in stage_seconds.items()},
+            "step_seconds": dict(self.seconds),
+            "step_epoch_seconds": {k: list(v) for k, v in self.times.items()},
+        }
 
     @contextlib.contextmanager
     def bar(self, desc: str, total: int, done: int) -> Iterator[Callable[[], None]]:
         """A step's progress bar, `done` of `total` items done already; yields the
         function that advances it by one item."""
-        with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=self.console, disable=not self.progress,
-                      transient=False) as bar:
+        with Progress(
+            TextColumn("{task.description:<22}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            disable=not self.progress,
+            transient=False,
+        ) as bar:
             yield partial(bar.advance, bar.add_task(desc, total=total, completed=done))
 
-    def _map(self, fn: Callable[[Any], Any], items: list[Any], desc: str,
-             done: int) -> None:
+    def _map(self, fn: Callable[[Any], Any], items: list[Any], desc: str, done: int) -> None:
         raise NotImplementedError
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -169,15 +176,15 @@ class LocalRunner(PoolRunner):
         if self._pool is None:
             # spawn, not fork: pyarrow's and numpy's thread pools do not survive a fork.
             deathsig = threading.current_thread() is threading.main_thread()
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
-                                             initializer=_worker_init,
-                                             initargs=(os.getpid(), deathsig,
-                                                       max(1, (os.cpu_count() or 1)
-                                                           // self.workers)))
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=mp.get_context("spawn"),
+                initializer=_worker_init,
+                initargs=(os.getpid(), deathsig, max(1, (os.cpu_count() or 1) // self.workers)),
+            )
         return self._pool
 
-    def _map(self, fn: Callable[[Any], Any], items: list[Any], desc: str,
-             done: int) -> None:
+    def _map(self, fn: Callable[[Any], Any], items: list[Any], desc: str, done: int) -> None:
         with self.bar(desc, len(items) + done, done) as advance:
             if self.workers == 1 or len(items) <= 1:
                 for k, it in enumerate(items, start=1):
@@ -238,16 +245,22 @@ def _worker_init(parent_pid: int, deathsig: bool, threads: int = 0) -> None:
 
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0),
-                       ctypes.c_ulong(0), ctypes.c_ulong(0))
+            libc.prctl(
+                PR_SET_PDEATHSIG,
+                ctypes.c_ulong(signal.SIGKILL),
+                ctypes.c_ulong(0),
+                ctypes.c_ulong(0),
+                ctypes.c_ulong(0),
+            )
     if os.getppid() != parent_pid:  # the parent died before the line above
         os._exit(1)
     # Elsewhere (and as a second line on Linux): a thread that ends the worker when the
     # parent's end of the start-up pipe closes, which happens only when the parent exits.
     parent = mp.parent_process()
     if parent is not None:
-        threading.Thread(target=_exit_with, args=(parent.sentinel,), daemon=True,
-                         name="ballast-parent-watch").start()
+        threading.Thread(
+            target=_exit_with, args=(parent.sentinel,), daemon=True, name="ballast-parent-watch"
+        ).start()
 
 
 def _exit_with(sentinel: int) -> None:
@@ -302,8 +315,13 @@ def release_memory(only_grown: bool = False) -> None:
     _after_trim = resident_bytes()
 
 
-def run_prep(cfg: PrepConfig, until: str | None = None, runner: Runner | None = None,
-             progress: bool = True, from_scratch: bool = False) -> dict[str, Any]:
+def run_prep(
+    cfg: PrepConfig,
+    until: str | None = None,
+    runner: Runner | None = None,
+    progress: bool = True,
+    from_scratch: bool = False,
+) -> dict[str, Any]:
     """`ballast prep`: the driver (dataprep/driver.py) on `runner`, by default a process pool
     of cfg.workers on this machine, which it stops when done; returns the report."""
     own = runner is None

@@ -48,8 +48,7 @@ from dataprep.formats import (
 )
 from dataprep.formats.streams import is_compressed
 
-__all__ = ["IngestError", "local_input", "read_file", "read_local", "resolve_inputs",
-           "split_input"]
+__all__ = ["IngestError", "local_input", "read_file", "read_local", "resolve_inputs", "split_input"]
 
 
 class IngestError(ValueError):
@@ -85,8 +84,9 @@ class _Resolver:
         want = self.source.format
         known = format_from_name(name)
         if self.want_dir is not None:
-            raise self.error(path, f"format is {want}, but this is a file, not a "
-                                   f"{self.want_dir.dir_noun}")
+            raise self.error(
+                path, f"format is {want}, but this is a file, not a {self.want_dir.dir_noun}"
+            )
         if want == "auto":
             if known is None:
                 raise self.error(
@@ -97,8 +97,7 @@ class _Resolver:
                 )
             return known
         if known is not None and known != want:
-            raise self.error(path, f"the extension says {known}, but the source's format is "
-                                   f"{want}")
+            raise self.error(path, f"the extension says {known}, but the source's format is {want}")
         return want
 
     def dir_member_format(self, name: str) -> str | None:
@@ -127,8 +126,9 @@ class _Resolver:
     def dir_input(self, fmt: Format, path: str, rel: str) -> InputFile:
         """A directory of a directory format: one input."""
         if self.source.format not in ("auto", fmt.name):
-            raise self.error(path, f"is a {fmt.dir_noun}, but the source's format is "
-                                   f"{self.source.format}")
+            raise self.error(
+                path, f"is a {fmt.dir_noun}, but the source's format is {self.source.format}"
+            )
         self.check_readable(path, is_dir=True)
         size, newest = _tree_stat(path)
         return self.input(path, rel, fmt.name, size, f"{size}-{newest}")
@@ -148,8 +148,10 @@ class _Resolver:
             if (fmt := _local_dir_format(path)) is not None:
                 return [self.dir_input(fmt, path, _rel(path, parent))]
             if self.want_dir is not None:
-                raise self.error(path, f"format is {self.want_dir.name}, but this directory "
-                                       f"{self.want_dir.dir_hint}")
+                raise self.error(
+                    path,
+                    f"format is {self.want_dir.name}, but this directory {self.want_dir.dir_hint}",
+                )
             out = self.walk(path, parent)
             if not out:
                 raise self.error(path, self.nothing_in_dir())
@@ -161,8 +163,7 @@ class _Resolver:
     def nothing_in_dir(self) -> str:
         if self.source.format == "auto":
             dirs = " or ".join(f.dir_noun for f in FORMATS.values() if f.is_dir is not None)
-            return f"directory holds no input files ({extensions_shown(each=False)}) and " \
-                   f"no {dirs}"
+            return f"directory holds no input files ({extensions_shown(each=False)}) and no {dirs}"
         return f"directory holds no {self.source.format} files"
 
     def walk(self, top: str, base: str) -> list[InputFile]:
@@ -198,8 +199,11 @@ class _Resolver:
         if not os.path.isdir(base):
             raise self.error(pattern, f"glob base directory {base} does not exist")
         matches = sorted(glob.glob(pattern, recursive=True))
-        dir_fmts = {m: fmt for m in matches
-                    if os.path.isdir(m) and (fmt := _local_dir_format(m)) is not None}
+        dir_fmts = {
+            m: fmt
+            for m in matches
+            if os.path.isdir(m) and (fmt := _local_dir_format(m)) is not None
+        }
         out: list[InputFile] = []
         for m in matches:
             if _inside_dir_format(m, base):
@@ -290,8 +294,11 @@ class _Resolver:
         names = {posixpath.basename(k) for k in keys}
         fmt = directory_format(names.__contains__)
         if fmt is not None:
-            raise self.error(uri, f"holds a {fmt.dir_noun}; reading those from s3 is not "
-                                  "supported: download it and give the local path")
+            raise self.error(
+                uri,
+                f"holds a {fmt.dir_noun}; reading those from s3 is not "
+                "supported: download it and give the local path",
+            )
 
 
 def _rel(path: str, base: str) -> str:
@@ -392,22 +399,24 @@ def split_input(f: InputFile, unit_bytes: int) -> list[InputFile]:
 # --------------------------------------------------------------------------------------
 
 
-def read_local(source: SourceConfig, f: InputFile, path: str, max_doc_bytes: int
-               ) -> Iterator[RawDoc | BadRecord]:
+def read_local(
+    source: SourceConfig, f: InputFile, path: str, max_doc_bytes: int
+) -> Iterator[RawDoc | BadRecord]:
     """`read_file` of an input whose bytes are at the local `path` (see local_input)."""
     fmt = FORMATS.get(f.format)
     if fmt is None:
         raise IngestError(f"source {source.name!r}: {f.uri}: unknown format {f.format!r}")
     if f.is_part and (f.part_kind != fmt.parts or is_compressed(path)):
         # split_input never makes such a part; reading the whole file would duplicate it.
-        raise IngestError(f"source {source.name!r}: {f.uri}: cannot read this part "
-                          f"({f.start=}, {f.end=}, {f.row_groups=}) of a {f.format} file")
+        raise IngestError(
+            f"source {source.name!r}: {f.uri}: cannot read this part "
+            f"({f.start=}, {f.end=}, {f.row_groups=}) of a {f.format} file"
+        )
     yield from fmt.read(Records(source, max_doc_bytes), f, path)
 
 
 @contextlib.contextmanager
-def local_input(source: SourceConfig, f: InputFile, storage: StorageOptions
-                ) -> Iterator[str]:
+def local_input(source: SourceConfig, f: InputFile, storage: StorageOptions) -> Iterator[str]:
     """A local path holding `f`'s bytes: the file itself, or an s3 object downloaded to a
     temporary directory (removed at the end of the block)."""
     if not f.uri.startswith("s3://"):
@@ -415,8 +424,9 @@ def local_input(source: SourceConfig, f: InputFile, storage: StorageOptions
         return
     fmt = FORMATS.get(f.format)
     if fmt is not None and fmt.is_dir is not None:
-        raise IngestError(f"source {source.name!r}: {f.uri}: {f.format} datasets cannot be "
-                          "read from s3")
+        raise IngestError(
+            f"source {source.name!r}: {f.uri}: {f.format} datasets cannot be read from s3"
+        )
     bucket, _, key = f.uri.removeprefix("s3://").partition("/")
     with tempfile.TemporaryDirectory(prefix="ballast-read-") as tmp:
         # Keep the object's name: the compression is told by its extension.
@@ -425,8 +435,9 @@ def local_input(source: SourceConfig, f: InputFile, storage: StorageOptions
         yield local
 
 
-def read_file(source: SourceConfig, f: InputFile, storage: StorageOptions, max_doc_bytes: int
-              ) -> Iterator[RawDoc | BadRecord]:
+def read_file(
+    source: SourceConfig, f: InputFile, storage: StorageOptions, max_doc_bytes: int
+) -> Iterator[RawDoc | BadRecord]:
     """Stream one input's documents and bad records, in file order. Never raises for bad
     content; a file that vanished or a store that fails mid-run does raise (OSError,
     StorageError), since retrying is the fix there, not quarantine."""

@@ -49,8 +49,12 @@ DROPPED_SCHEMA = pa.schema(
 
 
 # Fixed writer settings: same rows in, same bytes out (resume and reruns rely on it).
-PARQUET_OPTIONS: dict = {"compression": "zstd", "compression_level": 3,
-                         "write_statistics": False, "use_dictionary": ["source", "reason"]}
+PARQUET_OPTIONS: dict = {
+    "compression": "zstd",
+    "compression_level": 3,
+    "write_statistics": False,
+    "use_dictionary": ["source", "reason"],
+}
 
 
 def table_to_parquet_bytes(table: pa.Table) -> bytes:
@@ -61,4 +65,3 @@ def table_to_parquet_bytes(table: pa.Table) -> bytes:
 
 def parquet_bytes_to_table(data: bytes) -> pa.Table:
     return pq.read_table(pa.BufferReader(data))
-

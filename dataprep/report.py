@@ -27,8 +27,10 @@ def stage_totals(store: Store, stage: str, shards: list[str]) -> dict[str, Sourc
     return totals
 
 
-def check(stages: list[tuple[str, dict[str, SourceStats]]],
-          received: dict[str, dict[str, SourceStats]] | None = None) -> list[str]:
+def check(
+    stages: list[tuple[str, dict[str, SourceStats]]],
+    received: dict[str, dict[str, SourceStats]] | None = None,
+) -> list[str]:
     """Every problem with the accounting: docs_in != kept + dropped inside a stage, or a
     stage that received a different number of documents than the previous one kept.
     `received[name]`: what the previous stage kept of the documents stage `name` reads,
@@ -42,15 +44,17 @@ def check(stages: list[tuple[str, dict[str, SourceStats]]],
             prev = received[name]
         for src, s in sorted(totals.items()):
             if s.docs_in != s.kept + s.n_dropped:
-                problems.append(f"{name}/{src}: docs_in {s.docs_in} != kept {s.kept} + "
-                                f"dropped {s.n_dropped}")
+                problems.append(
+                    f"{name}/{src}: docs_in {s.docs_in} != kept {s.kept} + dropped {s.n_dropped}"
+                )
         if prev is not None:
             for src in sorted(set(prev) | set(totals)):
                 got = totals.get(src, SourceStats()).docs_in
                 want = prev.get(src, SourceStats()).kept
                 if got != want:
-                    problems.append(f"{name}/{src}: received {got} documents but {prev_name} "
-                                    f"kept {want}")
+                    problems.append(
+                        f"{name}/{src}: received {got} documents but {prev_name} kept {want}"
+                    )
         prev, prev_name = totals, name
     return problems
 
@@ -61,13 +65,19 @@ def _json(per_stage: list[tuple[str, dict[str, SourceStats]]]) -> dict[str, Any]
         total = SourceStats()
         for s in totals.values():
             total.merge(s)
-        out[name] = {"total": total.to_json(),
-                     "sources": {src: s.to_json() for src, s in sorted(totals.items())}}
+        out[name] = {
+            "total": total.to_json(),
+            "sources": {src: s.to_json() for src, s in sorted(totals.items())},
+        }
     return out
 
 
-def build(cfg: PrepConfig, stages: list[tuple[str, list[str], bool]],
-          extra: dict[str, Any], all_versions: dict[str, list[str]] | None = None) -> dict:
+def build(
+    cfg: PrepConfig,
+    stages: list[tuple[str, list[str], bool]],
+    extra: dict[str, Any],
+    all_versions: dict[str, list[str]] | None = None,
+) -> dict:
     """Aggregate every stage's shard markers (name, shards, whether they are in the
     version's store) into the version's report.json; raise AccountingError (after writing
     the report, so the numbers can be inspected) if anything is off.
@@ -88,8 +98,9 @@ def build(cfg: PrepConfig, stages: list[tuple[str, list[str], bool]],
     problems = check(per_stage, received)
     report: dict[str, Any] = {"stages": _json(per_stage), "problems": problems, **extra}
     if all_versions is not None:
-        report["all_versions"] = _json([(name, totals(name, all_versions[name], v))
-                                        for name, _shards, v in stages])
+        report["all_versions"] = _json(
+            [(name, totals(name, all_versions[name], v)) for name, _shards, v in stages]
+        )
     write(vstore, report)
     if problems:
         raise AccountingError("document accounting does not add up:\n  " + "\n  ".join(problems))

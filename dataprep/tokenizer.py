@@ -169,8 +169,7 @@ def _wrap_hf(hf: tokenizers.Tokenizer, kind: str, source: str) -> Tokenizer:
     eos_tok = next((t for t in EOS_CANDIDATES if hf.token_to_id(t) is not None), None)
     if eos_tok is None:
         raise ValueError(
-            f"tokenizer {source} has no end-of-text token: looked for "
-            f"{', '.join(EOS_CANDIDATES)}"
+            f"tokenizer {source} has no end-of-text token: looked for {', '.join(EOS_CANDIDATES)}"
         )
     eos_id = int(hf.token_to_id(eos_tok))
     pad_tok = next((t for t in PAD_CANDIDATES if hf.token_to_id(t) is not None), None)

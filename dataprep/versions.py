@@ -90,8 +90,7 @@ class Prepared:
 
 
 def finished_versions(store: Store) -> list[int]:
-    return sorted(int(m.group(1)) for k in store.list(VERSIONS_PREFIX)
-                  if (m := _RECORD.match(k)))
+    return sorted(int(m.group(1)) for k in store.list(VERSIONS_PREFIX) if (m := _RECORD.match(k)))
 
 
 def read_record(store: Store, version: int) -> dict[str, Any]:
@@ -132,12 +131,20 @@ def _appended(rec: FileRecord, now: InputFile, version: int) -> InputFile | None
     if rec.size and last != b"\n":
         return None  # the old last line was extended, not followed by new lines
     size = now.file_size if now.file_size is not None else now.size
-    return dataclasses.replace(now, start=rec.size, end=None, row_groups=None,
-                               first_record=lines + 1, size=size - rec.size, file_size=size)
+    return dataclasses.replace(
+        now,
+        start=rec.size,
+        end=None,
+        row_groups=None,
+        first_record=lines + 1,
+        size=size - rec.size,
+        file_size=size,
+    )
 
 
-def _new_units(units: Sequence[Unit], changes: InputChanges, recorded: Sequence[FileRecord],
-               version: int) -> tuple[list[Unit], list[dict[str, Any]], list[tuple[str, str]]]:
+def _new_units(
+    units: Sequence[Unit], changes: InputChanges, recorded: Sequence[FileRecord], version: int
+) -> tuple[list[Unit], list[dict[str, Any]], list[tuple[str, str]]]:
     """Units of `version`: the new files as planned, and the appended part of each grown
     file. Returns (units, what was added, grown files that cannot be read as appended)."""
     new, grown = set(changes.new), set(changes.grown)
@@ -161,8 +168,13 @@ def _new_units(units: Sequence[Unit], changes: InputChanges, recorded: Sequence[
         if key in new:
             for f in files:
                 alone = f.is_part or f.format == "hf"
-                if alone or (group and (group[0].source != f.source or sum(
-                        g.size for g in group) + f.size > ingest.UNIT_BYTES)):
+                if alone or (
+                    group
+                    and (
+                        group[0].source != f.source
+                        or sum(g.size for g in group) + f.size > ingest.UNIT_BYTES
+                    )
+                ):
                     flush()
                 if alone:
                     out.append(Unit(len(out), f.source, (f,), version))
@@ -176,14 +188,22 @@ def _new_units(units: Sequence[Unit], changes: InputChanges, recorded: Sequence[
             bad.append(key)
             continue
         out.append(Unit(len(out), part.source, (part,), version))
-        added.append({"source": key[0], "uri": key[1], "kind": "appended",
-                      "from_byte": part.start, "first_line": part.first_record})
+        added.append(
+            {
+                "source": key[0],
+                "uri": key[1],
+                "kind": "appended",
+                "from_byte": part.start,
+                "first_line": part.first_record,
+            }
+        )
     flush()
     return out, added, bad
 
 
-def prepare_version(cfg: PrepConfig, units: list[Unit], log: Callable[[str], None],
-                    from_scratch: bool = False) -> Prepared:
+def prepare_version(
+    cfg: PrepConfig, units: list[Unit], log: Callable[[str], None], from_scratch: bool = False
+) -> Prepared:
     """Decide what this run builds, once the output is claimed (see the module doc)."""
     store = output_store(cfg)
     files = [f for u in units for f in u.files]
@@ -206,12 +226,17 @@ def prepare_version(cfg: PrepConfig, units: list[Unit], log: Callable[[str], Non
         changes = compare_inputs(recorded, current, read)
     vcfg = cfg.model_copy(update={"version": latest + 1})
     if changes.all_unchanged:
-        log(f"inputs unchanged since version {version_name(latest)} ({len(current)} files): "
-            "nothing new to take in")
+        log(
+            f"inputs unchanged since version {version_name(latest)} ({len(current)} files): "
+            "nothing new to take in"
+        )
         # That version again: every step finds its work done; what runs is the report and
         # the cleanup of what a killed run may have left (temporary files, staging).
-        again = (Prepared(cfg, units) if latest == 1
-                 else _from_plan(cfg, json.loads(store.get(plan_key(latest)))))
+        again = (
+            Prepared(cfg, units)
+            if latest == 1
+            else _from_plan(cfg, json.loads(store.get(plan_key(latest))))
+        )
         again.nothing_new = True
         return again
     if changes.changed or changes.removed:
@@ -219,7 +244,8 @@ def prepare_version(cfg: PrepConfig, units: list[Unit], log: Callable[[str], Non
             raise InputsChanged(
                 f"the inputs of {cfg.output} changed since version {version_name(latest)}: "
                 f"{changes.describe()}; a version never changes: to build a new version "
-                "from all current inputs instead, re-run with --from-scratch")
+                "from all current inputs instead, re-run with --from-scratch"
+            )
         vunits = [dataclasses.replace(u, version=vcfg.version) for u in units]
         added = [{"source": f.source, "uri": f.uri, "kind": "from_scratch"} for f in current]
         prepared = Prepared(vcfg, vunits, added=added)
@@ -230,14 +256,26 @@ def prepare_version(cfg: PrepConfig, units: list[Unit], log: Callable[[str], Non
             raise InputsChanged(
                 f"the inputs of {cfg.output} changed since version {version_name(latest)}: "
                 f"{len(bad)} grown but not by whole appended lines ({names}); to build a "
-                "new version from all current inputs instead, re-run with --from-scratch")
-        prepared = Prepared(vcfg, vunits, prior=lineage(store, latest, "shards"),
-                            parent=latest, added=added,
-                            prior_units=lineage(store, latest, "units"))
-    plan = {"version": vcfg.version, "parent": prepared.parent, "prior": prepared.prior,
-            "prior_units": prepared.prior_units,
-            "added": prepared.added, "units": [u.to_json() for u in prepared.units],
-            "inventory": [f.to_json() for f in current], "created": time.time()}
+                "new version from all current inputs instead, re-run with --from-scratch"
+            )
+        prepared = Prepared(
+            vcfg,
+            vunits,
+            prior=lineage(store, latest, "shards"),
+            parent=latest,
+            added=added,
+            prior_units=lineage(store, latest, "units"),
+        )
+    plan = {
+        "version": vcfg.version,
+        "parent": prepared.parent,
+        "prior": prepared.prior,
+        "prior_units": prepared.prior_units,
+        "added": prepared.added,
+        "units": [u.to_json() for u in prepared.units],
+        "inventory": [f.to_json() for f in current],
+        "created": time.time(),
+    }
     if not store.put_if_absent(pending, json.dumps(plan, indent=1).encode()):
         return _from_plan(cfg, json.loads(store.get(pending)))  # a racing run made it
     log(f"version {version_name(vcfg.version)}: {_added_line(prepared.added)}")
@@ -252,10 +290,14 @@ def _added_line(added: Sequence[dict[str, Any]]) -> str:
 
 
 def _from_plan(cfg: PrepConfig, plan: dict[str, Any]) -> Prepared:
-    return Prepared(cfg.model_copy(update={"version": int(plan["version"])}),
-                    [Unit.from_json(u) for u in plan["units"]], prior=list(plan["prior"]),
-                    parent=plan.get("parent"), added=list(plan["added"]),
-                    prior_units=list(plan["prior_units"]))
+    return Prepared(
+        cfg.model_copy(update={"version": int(plan["version"])}),
+        [Unit.from_json(u) for u in plan["units"]],
+        prior=list(plan["prior"]),
+        parent=plan.get("parent"),
+        added=list(plan["added"]),
+        prior_units=list(plan["prior_units"]),
+    )
 
 
 def finish_version(prepared: Prepared, shards: list[str], wrote_dataset: bool) -> None:
@@ -271,12 +313,19 @@ def finish_version(prepared: Prepared, shards: list[str], wrote_dataset: bool) -
         inventory = with_parts(files, marker_parts(store))
     else:
         plan = json.loads(store.get(plan_key(cfg.version)))
-        inventory = with_parts([FileRecord.from_json(d) for d in plan["inventory"]],
-                               marker_parts(store))
-    record = {"version": cfg.version, "parent": prepared.parent, "added": prepared.added,
-              "units": [u.name for u in prepared.units], "shards": shards,
-              "inventory": [f.to_json() for f in inventory], "dataset": wrote_dataset,
-              "finished": time.time()}
+        inventory = with_parts(
+            [FileRecord.from_json(d) for d in plan["inventory"]], marker_parts(store)
+        )
+    record = {
+        "version": cfg.version,
+        "parent": prepared.parent,
+        "added": prepared.added,
+        "units": [u.name for u in prepared.units],
+        "shards": shards,
+        "inventory": [f.to_json() for f in inventory],
+        "dataset": wrote_dataset,
+        "finished": time.time(),
+    }
     store.put(key, json.dumps(record, indent=1).encode())
     if wrote_dataset and (name := version_dir(cfg)):  # "": the root is version 1 itself
         open_store(dataset_root(cfg), cfg.storage).put(LATEST, f"{name}\n".encode())

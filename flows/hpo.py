@@ -56,8 +56,19 @@ from flows.tuning.study import open_study
 from flows.tuning.transfer import transfer
 from flows.tuning.trials import cancel_handle, read_evals, search
 
-__all__ = ["PLOT_KEY", "TRIALS_KEY", "HpoConfig", "HpoError", "Search", "hpo",
-           "load_hpo_config", "open_study", "read_evals", "summary_text", "transfer"]
+__all__ = [
+    "PLOT_KEY",
+    "TRIALS_KEY",
+    "HpoConfig",
+    "HpoError",
+    "Search",
+    "hpo",
+    "load_hpo_config",
+    "open_study",
+    "read_evals",
+    "summary_text",
+    "transfer",
+]
 
 TRIALS_KEY = "hpo-trials"  # the trials table's artifact key
 PLOT_KEY = "hpo-best-loss"
@@ -79,8 +90,12 @@ def _cancel_trials(flow: Any, flow_run: Any, state: Any) -> None:
             cancel_handle(rd, s.launch)
 
 
-@flow(name="hpo", flow_run_name=run_name, on_cancellation=[_cancel_trials],
-      on_crashed=[_cancel_trials])
+@flow(
+    name="hpo",
+    flow_run_name=run_name,
+    on_cancellation=[_cancel_trials],
+    on_crashed=[_cancel_trials],
+)
 def hpo(config_path: str) -> dict[str, Any]:
     """Search hyperparameters on proxy models: run the trials the study still misses,
     then post the `hpo-trials` table and the `hpo-best-loss` plot.
@@ -94,13 +109,17 @@ def hpo(config_path: str) -> dict[str, Any]:
     study = open_study(s)
     search(s, study, logger.info)
     rows = trial_rows(study)
-    create_table_artifact(key=TRIALS_KEY, table=rows,
-                          description=f"Trials of study {s.name}: parameters, loss, state")
+    create_table_artifact(
+        key=TRIALS_KEY, table=rows, description=f"Trials of study {s.name}: parameters, loss, state"
+    )
     r = summary(s, study)
     png = Path(r["plot"])
     plot_best(study, png)
-    create_markdown_artifact(key=PLOT_KEY, markdown=summary_md(r, png),
-                             description=f"Best validation loss against trials, {s.name}")
+    create_markdown_artifact(
+        key=PLOT_KEY,
+        markdown=summary_md(r, png),
+        description=f"Best validation loss against trials, {s.name}",
+    )
     return r
 
 

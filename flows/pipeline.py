@@ -24,10 +24,15 @@ from training.arguments import add_train_overrides
 
 
 @flow(name="pipeline", flow_run_name=run_name)
-def pipeline(prep_config: str, train_config: str, output: str | None = None,
-             run_dir: str | None = None, steps: int | None = None,
-             launch: dict[str, Any] | None = None,
-             dask_address: str | None = None) -> dict[str, Any]:
+def pipeline(
+    prep_config: str,
+    train_config: str,
+    output: str | None = None,
+    run_dir: str | None = None,
+    steps: int | None = None,
+    launch: dict[str, Any] | None = None,
+    dask_address: str | None = None,
+) -> dict[str, Any]:
     """Prep -> train. A re-run skips finished prep shards and resumes training from its
     latest checkpoint.
 
@@ -53,10 +58,12 @@ def pipeline(prep_config: str, train_config: str, output: str | None = None,
     if dataset is None:
         raise ValueError(f"{prep_config}: prep produced no dataset (is `pack` disabled?)")
     logger.info(f"dataset ready: {dataset}")
-    trained = train(train_config, dataset=dataset, run_dir=run_dir, steps=steps,
-                    launch=launch)
-    create_markdown_artifact(key="pipeline-summary", markdown=summary_md(prepared, trained),
-                             description="What this run made: the dataset and the model")
+    trained = train(train_config, dataset=dataset, run_dir=run_dir, steps=steps, launch=launch)
+    create_markdown_artifact(
+        key="pipeline-summary",
+        markdown=summary_md(prepared, trained),
+        description="What this run made: the dataset and the model",
+    )
     return {"dataset": dataset, "train": trained}
 
 
@@ -67,26 +74,39 @@ def summary_md(prepared: dict[str, Any], trained: dict[str, Any]) -> str:
     ds = report.get("dataset") or {}
     uri = prepared["dataset"]
     uri = uri if "://" in uri else str(Path(uri).resolve())
-    lines = ["## Dataset", "", f"- URI: `{uri}`",
-             f"- config fingerprint: `{report.get('config_fingerprint', '?')}`"]
+    lines = [
+        "## Dataset",
+        "",
+        f"- URI: `{uri}`",
+        f"- config fingerprint: `{report.get('config_fingerprint', '?')}`",
+    ]
     for split, v in (ds.get("splits") or {}).items():
         lines.append(f"- {split}: {v['rows']:,} rows, {v['real_tokens']:,} real tokens")
-    lines += ["", "## Training", "", f"- **{trained['ending']}**: {trained['message']}",
-              f"- run dir: `{trained['run_dir']}`"]
+    lines += [
+        "",
+        "## Training",
+        "",
+        f"- **{trained['ending']}**: {trained['message']}",
+        f"- run dir: `{trained['run_dir']}`",
+    ]
     if trained.get("val_loss") is not None:
-        lines.append(f"- final validation loss: **{trained['val_loss']:.4f}** at step "
-                     f"{trained['val_step']}")
+        lines.append(
+            f"- final validation loss: **{trained['val_loss']:.4f}** at step {trained['val_step']}"
+        )
     if trained.get("checkpoint"):
         ck = trained["checkpoint"]
-        lines.append(f"- final checkpoint: `{ck if '://' in ck else Path(ck).resolve()}` "
-                     f"(step {trained['step']})")
+        lines.append(
+            f"- final checkpoint: `{ck if '://' in ck else Path(ck).resolve()}` "
+            f"(step {trained['step']})"
+        )
     if trained.get("remote"):
         lines.append(f"- object storage: `{trained['remote']}`")
     lines.append("- loss curve: the `train-loss-curve` artifact")
     if trained.get("mlflow"):  # prep and training in one MLflow run (infra/tracking.py)
         m = trained["mlflow"]
-        lines.append(f"- MLflow: run `{m['run_id']}` (experiment `{m['experiment']}`, "
-                     f"`{m['uri']}`)")
+        lines.append(
+            f"- MLflow: run `{m['run_id']}` (experiment `{m['experiment']}`, `{m['uri']}`)"
+        )
     return "\n".join(lines)
 
 
@@ -98,11 +118,16 @@ def main() -> None:
     add_train_overrides(ap, ("run_dir", "steps"))
     add_launch_arguments(ap, nproc=False)
     a = ap.parse_args()
-    r = pipeline(a.prep_config, a.train_config, a.output, a.run_dir, a.steps,
-                 launch_overrides(a))
-    print(json.dumps({"dataset": r["dataset"], **{k: r["train"][k] for k in
-                                                  ("ending", "checkpoint", "loss_curve")}},
-                     indent=2))
+    r = pipeline(a.prep_config, a.train_config, a.output, a.run_dir, a.steps, launch_overrides(a))
+    print(
+        json.dumps(
+            {
+                "dataset": r["dataset"],
+                **{k: r["train"][k] for k in ("ending", "checkpoint", "loss_curve")},
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

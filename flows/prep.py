@@ -51,6 +51,7 @@ def _output_run_id(_ctx: Any, inputs: dict[str, Any]) -> str:
 def _source_key(step: Step) -> CachePolicy:
     """The step and its function's source: every step's task runs the same wrapper, so
     TASK_SOURCE alone would neither tell steps apart nor see a step's code change."""
+
     def key(_ctx: Any, _inputs: dict[str, Any]) -> str:
         try:
             src = inspect.getsource(step.fn)
@@ -83,16 +84,21 @@ def _run_name(name: str, parameters: dict[str, Any]) -> str:
 
 def step_task(step: Step) -> Task:
     """The Prefect task of one step: runs `item` unless the output already has it."""
+
     def run_step(cfg: PrepConfig, args: tuple[Any, ...], item: Any) -> None:
         tune_malloc()  # on a Dask worker (dataprep/cluster.py says why)
         if not step.is_done(cfg, item):
             step.fn(cfg, *args, item)
 
     name = _task_name(step)
-    return task(run_step, name=name,
-                task_run_name=None if step.over is None else partial(_run_name, name),
-                cache_policy=INPUTS + TASK_SOURCE + _source_key(step) + RUN_ID,
-                persist_result=True, **RETRIES)
+    return task(
+        run_step,
+        name=name,
+        task_run_name=None if step.over is None else partial(_run_name, name),
+        cache_policy=INPUTS + TASK_SOURCE + _source_key(step) + RUN_ID,
+        persist_result=True,
+        **RETRIES,
+    )
 
 
 STEP_TASKS: dict[str, Task] = {s.name: step_task(s) for st in STAGES for s in st.steps}
@@ -101,7 +107,9 @@ STEP_TASKS: dict[str, Task] = {s.name: step_task(s) for st in STAGES for s in st
 # Named "<stage>-summary" for its first entry, "<stage>-<key>" for any other.
 REPORT_TASKS: dict[Callable[..., Any], Task] = {
     read: task(read, name=f"{st.name}-summary" if i == 0 else f"{st.name}-{key}")
-    for st in STAGES for i, (key, read) in enumerate(st.reports)}
+    for st in STAGES
+    for i, (key, read) in enumerate(st.reports)
+}
 
 
 @task(name="plan-inputs")
@@ -110,8 +118,12 @@ def plan_task(cfg: PrepConfig, from_scratch: bool = False) -> Prepared:
 
 
 @task(name="report")
-def report_task(cfg: PrepConfig, stages: list[tuple[str, list[str], bool]],
-                extra: dict[str, Any], all_versions: list[str] | None) -> dict[str, Any]:
+def report_task(
+    cfg: PrepConfig,
+    stages: list[tuple[str, list[str], bool]],
+    extra: dict[str, Any],
+    all_versions: list[str] | None,
+) -> dict[str, Any]:
     return build_report(cfg, stages, extra, all_versions)
 
 
@@ -121,10 +133,15 @@ def save_report_task(cfg: PrepConfig, report: dict[str, Any]) -> None:
     save_report(cfg, report)
 
 
-@task(name="write-dataset", cache_policy=INPUTS + TASK_SOURCE + RUN_ID, persist_result=True,
-      **RETRIES)
-def dataset_task(cfg: PrepConfig, extra: dict[str, Any], accounting: dict[str, Any],
-                 all_versions: dict[str, Any] | None) -> dict[str, Any]:
+@task(
+    name="write-dataset", cache_policy=INPUTS + TASK_SOURCE + RUN_ID, persist_result=True, **RETRIES
+)
+def dataset_task(
+    cfg: PrepConfig,
+    extra: dict[str, Any],
+    accounting: dict[str, Any],
+    all_versions: dict[str, Any] | None,
+) -> dict[str, Any]:
     return write_dataset(cfg, extra, accounting, all_versions)
 
 
@@ -139,8 +156,13 @@ def _plan(cfg: PrepConfig, _log: Callable[[str], None], from_scratch: bool) -> P
 
 # The driver's functions (Runner.record and .call) as the tasks the UI shows.
 DRIVER_TASKS: dict[Callable[..., Any], Callable[..., Any]] = {
-    prepare_output: _plan, build_report: report_task, write_dataset: dataset_task,
-    save_report: save_report_task, finish_version: finish_task, **REPORT_TASKS}
+    prepare_output: _plan,
+    build_report: report_task,
+    write_dataset: dataset_task,
+    save_report: save_report_task,
+    finish_version: finish_task,
+    **REPORT_TASKS,
+}
 
 
 class PrefectRunner:
@@ -200,21 +222,28 @@ def dask_task_runner(address: str | None = None, workers: int = 2) -> Any:
 
     if address is not None:
         return DaskTaskRunner(address=address)
-    return DaskTaskRunner(cluster_kwargs={"n_workers": workers, "threads_per_worker": 1,
-                                          "processes": True})
+    return DaskTaskRunner(
+        cluster_kwargs={"n_workers": workers, "threads_per_worker": 1, "processes": True}
+    )
 
 
 def _stages_doc(fn: Callable[..., T]) -> Callable[..., T]:
     """The flow's docstring (its description in the UI) with the graph's stages."""
-    fn.__doc__ = (fn.__doc__ or "").format(pipeline=" -> ".join(STAGE_NAMES),
-                                           stages=", ".join(STAGE_NAMES))
+    fn.__doc__ = (fn.__doc__ or "").format(
+        pipeline=" -> ".join(STAGE_NAMES), stages=", ".join(STAGE_NAMES)
+    )
     return fn
 
 
 @flow(name="prep", log_prints=True, flow_run_name=run_name)
 @_stages_doc
-def prep(config_path: str, output: str | None = None, until: str | None = None,
-         from_scratch: bool = False, dask_address: str | None = None) -> dict[str, Any]:
+def prep(
+    config_path: str,
+    output: str | None = None,
+    until: str | None = None,
+    from_scratch: bool = False,
+    dask_address: str | None = None,
+) -> dict[str, Any]:
     """The prep stages ({pipeline}), then the dataset. Returns the dataset URI and the
     summary; a re-run skips finished shards.
 
@@ -242,8 +271,12 @@ def prep(config_path: str, output: str | None = None, until: str | None = None,
         return on_cluster(config_path, output, until, from_scratch, address)
     done = run_stages(cfg, PrefectRunner(address), until, from_scratch)
     publish_artifacts(done.report, new=not done.prepared.nothing_new)
-    return {"dataset": done.dataset, "output": done.prepared.cfg.output,
-            "final_stage": done.final_stage, "report": done.report}
+    return {
+        "dataset": done.dataset,
+        "output": done.prepared.cfg.output,
+        "final_stage": done.final_stage,
+        "report": done.report,
+    }
 
 
 def version_md(report: dict[str, Any], new: bool) -> str:
@@ -264,18 +297,27 @@ def version_md(report: dict[str, Any], new: bool) -> str:
             dropped[reason] = dropped.get(reason, 0) + n
     tokens = report.get("tokens") or {}
     parent = f"v{v['parent']:04d}" if v.get("parent") else "none"
-    lines = [f"## Version {name} (parent: {parent})", "",
-             f"- documents in: **{docs_in:,}**, kept: **{kept:,}**",
-             "- dropped: " + (", ".join(f"{r}: {n:,}" for r, n in sorted(
-                 dropped.items(), key=lambda kv: -kv[1])) or "none"),
-             f"- new tokens: {tokens.get('train', 0):,} train, "
-             f"{tokens.get('validation', 0):,} validation"]
+    lines = [
+        f"## Version {name} (parent: {parent})",
+        "",
+        f"- documents in: **{docs_in:,}**, kept: **{kept:,}**",
+        "- dropped: "
+        + (
+            ", ".join(f"{r}: {n:,}" for r, n in sorted(dropped.items(), key=lambda kv: -kv[1]))
+            or "none"
+        ),
+        f"- new tokens: {tokens.get('train', 0):,} train, "
+        f"{tokens.get('validation', 0):,} validation",
+    ]
     added = v.get("added") or []
     if added:
         lines += ["", "| input | added |", "|---|---|"]
-        lines += [f"| `{a['uri']}` | {a['kind']}"
-                  + (f" from byte {a['from_byte']:,}" if "from_byte" in a else "") + " |"
-                  for a in added[:50]]
+        lines += [
+            f"| `{a['uri']}` | {a['kind']}"
+            + (f" from byte {a['from_byte']:,}" if "from_byte" in a else "")
+            + " |"
+            for a in added[:50]
+        ]
     else:
         lines.append("- inputs: all (the first version)")
     return "\n".join(lines)
@@ -285,37 +327,65 @@ def publish_artifacts(report: dict[str, Any], new: bool = True) -> None:
     """Tables in the Prefect UI (Artifacts page): what this run added, accounting,
     mixture, packing; and the accounting as one log line per stage."""
     logger = get_run_logger()
-    create_markdown_artifact(key="prep-version", markdown=version_md(report, new),
-                             description="What this run added to the dataset")
+    create_markdown_artifact(
+        key="prep-version",
+        markdown=version_md(report, new),
+        description="What this run added to the dataset",
+    )
     rows = []
     for name, st in report["stages"].items():
         t = st["total"]
         top = sorted(t["dropped"].items(), key=lambda kv: -kv[1])[:4]
-        rows.append({"stage": name, "docs in": t["docs_in"], "kept": t["kept"],
-                     "dropped": sum(t["dropped"].values()),
-                     "top reasons": ", ".join(f"{r}: {n}" for r, n in top)})
+        rows.append(
+            {
+                "stage": name,
+                "docs in": t["docs_in"],
+                "kept": t["kept"],
+                "dropped": sum(t["dropped"].values()),
+                "top reasons": ", ".join(f"{r}: {n}" for r, n in top),
+            }
+        )
         r = rows[-1]
-        logger.info(f"{name}: {r['docs in']:,} documents in, {r['kept']:,} kept, "
-                    f"{r['dropped']:,} dropped" + (f" ({r['top reasons']})" if top else ""))
-    create_table_artifact(key="prep-accounting", table=rows,
-                          description="Documents in, kept and dropped per stage")
+        logger.info(
+            f"{name}: {r['docs in']:,} documents in, {r['kept']:,} kept, "
+            f"{r['dropped']:,} dropped" + (f" ({r['top reasons']})" if top else "")
+        )
+    create_table_artifact(
+        key="prep-accounting", table=rows, description="Documents in, kept and dropped per stage"
+    )
     mix = report.get("mixture")
     if mix:
-        create_table_artifact(key="prep-mixture", description="Planned vs realised tokens", table=[
-            {"source": s, "available": m["available_tokens"], "planned": m["planned_tokens"],
-             "realised": m["realised_tokens"], "planned share": round(m["planned_share"], 4),
-             "realised share": round(m["realised_share"], 4), "warning": m["warning"] or ""}
-            for s, m in mix["sources"].items()])
+        create_table_artifact(
+            key="prep-mixture",
+            description="Planned vs realised tokens",
+            table=[
+                {
+                    "source": s,
+                    "available": m["available_tokens"],
+                    "planned": m["planned_tokens"],
+                    "realised": m["realised_tokens"],
+                    "planned share": round(m["planned_share"], 4),
+                    "realised share": round(m["realised_share"], 4),
+                    "warning": m["warning"] or "",
+                }
+                for s, m in mix["sources"].items()
+            ],
+        )
     pk = report.get("packing")
     if pk:
-        md = (f"**{pk['strategy']}**, seq_len {pk['seq_len']}\n\n| split | rows | efficiency "
-              f"| docs | split docs |\n|---|---:|---:|---:|---:|\n")
+        md = (
+            f"**{pk['strategy']}**, seq_len {pk['seq_len']}\n\n| split | rows | efficiency "
+            f"| docs | split docs |\n|---|---:|---:|---:|---:|\n"
+        )
         for split in ("train", "validation"):
             s = pk[split]
-            md += (f"| {split} | {s['rows']:,} | {100 * s['efficiency']:.2f}% | {s['docs']:,} "
-                   f"| {s['split_docs']:,} |\n")
-        create_markdown_artifact(key="prep-packing", markdown=md,
-                                 description="Packing efficiency (non-pad / all tokens)")
+            md += (
+                f"| {split} | {s['rows']:,} | {100 * s['efficiency']:.2f}% | {s['docs']:,} "
+                f"| {s['split_docs']:,} |\n"
+            )
+        create_markdown_artifact(
+            key="prep-packing", markdown=md, description="Packing efficiency (non-pad / all tokens)"
+        )
 
 
 def with_runner(kind: str, workers: int = 2) -> Flow:
@@ -331,15 +401,24 @@ def with_runner(kind: str, workers: int = 2) -> Flow:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_prep_arguments(ap)
-    ap.add_argument("--runner", default="local", choices=["local", "dask"],
-                    help="the flow's task runner: threads, or a local Dask cluster")
-    ap.add_argument("--workers", type=int, default=2,
-                    help="processes of the local Dask cluster (--runner dask)")
+    ap.add_argument(
+        "--runner",
+        default="local",
+        choices=["local", "dask"],
+        help="the flow's task runner: threads, or a local Dask cluster",
+    )
+    ap.add_argument(
+        "--workers", type=int, default=2, help="processes of the local Dask cluster (--runner dask)"
+    )
     args = ap.parse_args()
     try:
         result = with_runner(args.runner, args.workers)(
-            args.config, args.output, args.until, from_scratch=args.from_scratch,
-            dask_address=args.dask)
+            args.config,
+            args.output,
+            args.until,
+            from_scratch=args.from_scratch,
+            dask_address=args.dask,
+        )
     except ClusterError as e:
         raise SystemExit(f"error: {e}") from None
     print(f"dataset: {result['dataset']}")

@@ -16,8 +16,9 @@ def run_name() -> str:
     from prefect.runtime import flow_run
 
     params = flow_run.parameters or {}
-    return name_for(flow_run.flow_name or "run", params,
-                    time.strftime("%Y-%m-%d-%H%M", time.gmtime()))
+    return name_for(
+        flow_run.flow_name or "run", params, time.strftime("%Y-%m-%d-%H%M", time.gmtime())
+    )
 
 
 def name_for(flow: str, params: dict[str, Any], stamp: str) -> str:

@@ -44,8 +44,9 @@ ATTEMPTS_KEY = "train-attempts"  # the attempts table's artifact key
 
 
 def attempts_description(name: str) -> str:
-    return (f"Attempts of {name}: how each ended, the step it reached, the checkpoint it "
-            "resumed from")
+    return (
+        f"Attempts of {name}: how each ended, the step it reached, the checkpoint it resumed from"
+    )
 
 
 class TrainingFailed(RuntimeError):
@@ -76,26 +77,43 @@ def _backend(launch: LaunchConfig, run_dir: Path, name: str | None = None) -> Jo
     return make_backend(name or launch.backend, run_dir=run_dir, kubernetes=launch.kubernetes)
 
 
-def job_spec(config_path: str, backend: str, name: str, args: list[str], nnodes: int = 1,
-             nproc_per_node: int = 1) -> JobSpec:
+def job_spec(
+    config_path: str,
+    backend: str,
+    name: str,
+    args: list[str],
+    nnodes: int = 1,
+    nproc_per_node: int = 1,
+) -> JobSpec:
     """The attempt's JobSpec. On Kubernetes the pod gets the very config file this flow
     validated, inline in its environment (`--config env:BALLAST_TRAIN_CONFIG`), so each run
     trains on its own config without a ConfigMap per run (the supervisor's Role creates
     only jobs and jobsets)."""
     if backend_entry(backend).shares_disk:
-        return JobSpec(name, str(Path(config_path).resolve()), tuple(args), nnodes=nnodes,
-                       nproc_per_node=nproc_per_node)
+        return JobSpec(
+            name,
+            str(Path(config_path).resolve()),
+            tuple(args),
+            nnodes=nnodes,
+            nproc_per_node=nproc_per_node,
+        )
     text = Path(config_path).read_text(encoding="utf-8")
-    return JobSpec(name, f"env:{CONFIG_ENV}", tuple(args), nnodes=nnodes,
-                   nproc_per_node=nproc_per_node, env={CONFIG_ENV: text})
+    return JobSpec(
+        name,
+        f"env:{CONFIG_ENV}",
+        tuple(args),
+        nnodes=nnodes,
+        nproc_per_node=nproc_per_node,
+        env={CONFIG_ENV: text},
+    )
 
 
-def _resolve(config_path: str, dataset: str | None, run_dir: str | None,
-              steps: int | None) -> TrainConfig:
+def _resolve(
+    config_path: str, dataset: str | None, run_dir: str | None, steps: int | None
+) -> TrainConfig:
     # Validated here, before anything is submitted: a bad config fails the flow at once
     # with the key that is wrong.
-    return load_train_config(config_path, {"dataset": dataset, "run_dir": run_dir,
-                                           "steps": steps})
+    return load_train_config(config_path, {"dataset": dataset, "run_dir": run_dir, "steps": steps})
 
 
 def _cancel_job(flow: Any, flow_run: Any, state: Any) -> None:
@@ -119,14 +137,20 @@ def _cancel_job(flow: Any, flow_run: Any, state: Any) -> None:
     _backend(launch, run_dir, handle.backend).cancel(handle)
     last = ckpt.latest_step(cfg.checkpoint_dir())
     ending = "cancelled" if state.is_cancelled() or state.is_cancelling() else "crashed"
-    logger.info(f"training job {handle.name} stopped ({ending} flow run); last checkpoint: "
-                + (f"{ckpt.step_name(last)} in {cfg.checkpoint_dir()}" if last is not None
-                   else "none"))
+    logger.info(
+        f"training job {handle.name} stopped ({ending} flow run); last checkpoint: "
+        + (f"{ckpt.step_name(last)} in {cfg.checkpoint_dir()}" if last is not None else "none")
+    )
     rows = _read_rows(run_dir)
     if rows and rows[-1].get("ending") == "running":
-        rows[-1].update({"ending": "cancelled", "detail": f"{ending} flow run: job stopped",
-                         "then": "stop: cancelled",
-                         "last checkpoint": None if last is None else f"step {last}"})
+        rows[-1].update(
+            {
+                "ending": "cancelled",
+                "detail": f"{ending} flow run: job stopped",
+                "then": "stop: cancelled",
+                "last checkpoint": None if last is None else f"step {last}",
+            }
+        )
         _write_rows(run_dir, rows)
         _post_table(flow_run.id, rows, handle.name)
 
@@ -153,9 +177,15 @@ def _post_table(flow_run_id: Any, rows: list[dict[str, Any]], name: str) -> None
     from prefect.client.schemas.actions import ArtifactCreate
 
     with get_client(sync_client=True) as client:
-        client.create_artifact(ArtifactCreate(
-            key=ATTEMPTS_KEY, type="table", data=rows, flow_run_id=flow_run_id,
-            description=attempts_description(name)))
+        client.create_artifact(
+            ArtifactCreate(
+                key=ATTEMPTS_KEY,
+                type="table",
+                data=rows,
+                flow_run_id=flow_run_id,
+                description=attempts_description(name),
+            )
+        )
 
 
 def _leftover(backend: JobBackend, run_dir: Path, spec: JobSpec, log: Any) -> JobHandle | None:
@@ -179,28 +209,40 @@ def _leftover(backend: JobBackend, run_dir: Path, spec: JobSpec, log: Any) -> Jo
     if owner and flow_run_alive(owner):
         raise TrainingFailed(
             f"{run_dir}: flow run {owner} is still training here (job {handle.name}); "
-            "cancel it, or give this run another run_dir")
+            "cancel it, or give this run another run_dir"
+        )
     args = list(data.get("args") or [])
     n = len(spec.args)
     # The same training: the same config and arguments, plus at most the supervisor's own
     # recovery arguments (a restart after divergence).
-    same = (data.get("config") == spec.config and args[:n] == list(spec.args)
-            and all(a.split("=")[0] in RECOVERY_FLAGS for a in args[n:]))
+    same = (
+        data.get("config") == spec.config
+        and args[:n] == list(spec.args)
+        and all(a.split("=")[0] in RECOVERY_FLAGS for a in args[n:])
+    )
     if same:
-        log(f"adopting job {handle.name}, left running by flow run {owner or '?'} "
-            "(its supervisor is gone)")
+        log(
+            f"adopting job {handle.name}, left running by flow run {owner or '?'} "
+            "(its supervisor is gone)"
+        )
         return handle
-    log(f"stopping job {handle.name}, left running by flow run {owner or '?'} with other "
-        "settings; this run resumes from its last checkpoint")
+    log(
+        f"stopping job {handle.name}, left running by flow run {owner or '?'} with other "
+        "settings; this run resumes from its last checkpoint"
+    )
     backend.cancel(handle)
     return None
 
 
-@flow(name="train", on_cancellation=[_cancel_job], on_crashed=[_cancel_job],
-      flow_run_name=run_name)
-def train(config_path: str, dataset: str | None = None, run_dir: str | None = None,
-          steps: int | None = None, launch: dict[str, Any] | None = None,
-          extra_args: list[str] | None = None) -> dict[str, Any]:
+@flow(name="train", on_cancellation=[_cancel_job], on_crashed=[_cancel_job], flow_run_name=run_name)
+def train(
+    config_path: str,
+    dataset: str | None = None,
+    run_dir: str | None = None,
+    steps: int | None = None,
+    launch: dict[str, Any] | None = None,
+    extra_args: list[str] | None = None,
+) -> dict[str, Any]:
     """Train on a prepared dataset under the supervisor; returns where the results are.
     Raises TrainingFailed (the flow run fails) when the run did not finish.
 
@@ -229,23 +271,33 @@ def train(config_path: str, dataset: str | None = None, run_dir: str | None = No
         if value is not None:
             args += [flag, str(value)]
     args += list(extra_args or [])
-    spec = job_spec(config_path, lc.backend, job_name(str(rd.resolve()), run_token()), args,
-                    lc.nnodes, lc.nproc_per_node)
+    spec = job_spec(
+        config_path,
+        lc.backend,
+        job_name(str(rd.resolve()), run_token()),
+        args,
+        lc.nnodes,
+        lc.nproc_per_node,
+    )
     jobs = _backend(lc, rd)
     adopt = _leftover(jobs, rd, spec, logger.info)
-    logger.info(f"training {cfg.steps} steps in {rd.resolve()} on {cfg.dataset} "
-                f"({lc.backend} backend, jobs {spec.name}-aN)")
+    logger.info(
+        f"training {cfg.steps} steps in {rd.resolve()} on {cfg.dataset} "
+        f"({lc.backend} backend, jobs {spec.name}-aN)"
+    )
     from prefect.runtime import flow_run
 
-    progress_id = create_progress_artifact(0.0, key="train-progress",
-                                           description=f"Steps of {rd.name} done")
+    progress_id = create_progress_artifact(
+        0.0, key="train-progress", description=f"Steps of {rd.name} done"
+    )
     posted = {"at": 0.0}
 
     def report(attempts: list[Attempt]) -> None:
         rows = [a.row() for a in attempts]
         _write_rows(rd, rows)
-        create_table_artifact(key=ATTEMPTS_KEY, table=rows,
-                              description=attempts_description(spec.name))
+        create_table_artifact(
+            key=ATTEMPTS_KEY, table=rows, description=attempts_description(spec.name)
+        )
         posted["at"] = time.monotonic()
 
     def progress(a: Attempt) -> None:
@@ -262,52 +314,85 @@ def train(config_path: str, dataset: str | None = None, run_dir: str | None = No
         attempts_so_far[:] = attempts
         report(attempts)
 
-    outcome = supervise(jobs, spec, lc.policy(), log=logger.info, on_attempt=on_attempt,
-                        on_progress=progress, handle_file=rd / HANDLE, adopt=adopt,
-                        handle_extra={"flow_run": flow_run.get_id(), "config": spec.config})
+    outcome = supervise(
+        jobs,
+        spec,
+        lc.policy(),
+        log=logger.info,
+        on_attempt=on_attempt,
+        on_progress=progress,
+        handle_file=rd / HANDLE,
+        adopt=adopt,
+        handle_extra={"flow_run": flow_run.get_id(), "config": spec.config},
+    )
     final_path = rd / "final.json"
     final = json.loads(final_path.read_text()) if outcome.ok and final_path.is_file() else {}
     if outcome.ok:
         update_progress_artifact(progress_id, 100.0)
     evals = _evals(rd / "metrics.jsonl")
-    result = {"ok": outcome.ok, "ending": outcome.ending, "message": outcome.message,
-              "run_dir": str(rd.resolve()), "attempts": [a.row() for a in outcome.attempts],
-              "checkpoint": final.get("checkpoint"), "remote": cfg.remote_checkpoint_uri(),
-              "loss_curve": str((rd / "loss.png").resolve())
-              if (rd / "loss.png").is_file() else None,
-              "metrics": str((rd / "metrics.jsonl").resolve()), "step": final.get("step"),
-              "tokens_seen": final.get("tokens_seen"),
-              "val_loss": evals[-1]["val_loss"] if evals else None,
-              "val_step": evals[-1]["step"] if evals else None}
+    result = {
+        "ok": outcome.ok,
+        "ending": outcome.ending,
+        "message": outcome.message,
+        "run_dir": str(rd.resolve()),
+        "attempts": [a.row() for a in outcome.attempts],
+        "checkpoint": final.get("checkpoint"),
+        "remote": cfg.remote_checkpoint_uri(),
+        "loss_curve": str((rd / "loss.png").resolve()) if (rd / "loss.png").is_file() else None,
+        "metrics": str((rd / "metrics.jsonl").resolve()),
+        "step": final.get("step"),
+        "tokens_seen": final.get("tokens_seen"),
+        "val_loss": evals[-1]["val_loss"] if evals else None,
+        "val_step": evals[-1]["step"] if evals else None,
+    }
     tracking_error = None
     if tracking_on(cfg):  # the run as its metrics log has it, done or not
         try:
-            result["mlflow"] = log_run(cfg, outcome.ok, outcome.ending,
-                                       {"prefect.flow_run_id": str(flow_run.get_id())})
-            logger.info(f"MLflow run {result['mlflow']['run_id']} in experiment "
-                        f"{result['mlflow']['experiment']} at {result['mlflow']['uri']}")
+            result["mlflow"] = log_run(
+                cfg, outcome.ok, outcome.ending, {"prefect.flow_run_id": str(flow_run.get_id())}
+            )
+            logger.info(
+                f"MLflow run {result['mlflow']['run_id']} in experiment "
+                f"{result['mlflow']['experiment']} at {result['mlflow']['uri']}"
+            )
         except TrackingError as e:
             tracking_error = str(e)
             logger.error(tracking_error)
     guard_rows = _guard_events(rd / "metrics.jsonl")
     result["guard_events"] = len(guard_rows)
     if guard_rows:
-        create_table_artifact(key="train-guard-events", table=guard_rows,
-                              description=f"Skipped and rolled-back steps of {rd.name} and "
-                                          "the documents in their batches (`ballast blame "
-                                          f"{rd.resolve()} --event` for all of them)")
-    create_markdown_artifact(key="train-summary", description="Where the run's results are",
-                             markdown=_summary_md(result))
+        create_table_artifact(
+            key="train-guard-events",
+            table=guard_rows,
+            description=f"Skipped and rolled-back steps of {rd.name} and "
+            "the documents in their batches (`ballast blame "
+            f"{rd.resolve()} --event` for all of them)",
+        )
+    create_markdown_artifact(
+        key="train-summary", description="Where the run's results are", markdown=_summary_md(result)
+    )
     if result["loss_curve"]:
-        create_image_artifact(_data_uri(Path(result["loss_curve"])), key="train-loss-curve",
-                              description=f"Loss of {rd.name}, step {result['step']}")
+        create_image_artifact(
+            _data_uri(Path(result["loss_curve"])),
+            key="train-loss-curve",
+            description=f"Loss of {rd.name}, step {result['step']}",
+        )
     if not outcome.ok:
         raise TrainingFailed(f"{outcome.ending}: {outcome.message}")
     if tracking_error is not None:  # trained, but not tracked: not a silent success
-        again = " ".join([config_path, *(f"{f} {v}" for f, v in (
-            ("--dataset", dataset), ("--run-dir", run_dir)) if v is not None)])
-        raise TrackingError(f"training done, but {tracking_error}; log it again with "
-                            f"`ballast track {again}`")
+        again = " ".join(
+            [
+                config_path,
+                *(
+                    f"{f} {v}"
+                    for f, v in (("--dataset", dataset), ("--run-dir", run_dir))
+                    if v is not None
+                ),
+            ]
+        )
+        raise TrackingError(
+            f"training done, but {tracking_error}; log it again with `ballast track {again}`"
+        )
     return result
 
 
@@ -337,12 +422,20 @@ def _guard_events(metrics: Path) -> list[dict[str, Any]]:
         if r.get("kind") != "event" or r.get("event") not in GUARD_EVENTS:
             continue
         docs = r.get("documents") or []
-        named = "; ".join(f"{d.get('path') or d.get('location')} ({d.get('tokens')} tokens)"
-                          for d in docs[:3])
+        named = "; ".join(
+            f"{d.get('path') or d.get('location')} ({d.get('tokens')} tokens)" for d in docs[:3]
+        )
         more = int(r.get("documents_total", len(docs))) - min(len(docs), 3)
-        rows.append({"step": r.get("step"), "event": r.get("event"), "reason": r.get("reason"),
-                     "loss": r.get("loss"), "loss_z": r.get("loss_z"),
-                     "documents": named + (f" and {more} more" if more > 0 else "")})
+        rows.append(
+            {
+                "step": r.get("step"),
+                "event": r.get("event"),
+                "reason": r.get("reason"),
+                "loss": r.get("loss"),
+                "loss_z": r.get("loss_z"),
+                "documents": named + (f" and {more} more" if more > 0 else ""),
+            }
+        )
     return rows
 
 
@@ -357,22 +450,30 @@ def _summary_md(r: dict[str, Any]) -> str:
         lines += [f"**validation loss {r['val_loss']:.4f}** at step {r['val_step']}", ""]
     lines += [f"- run dir: `{r['run_dir']}`", f"- metrics: `{r['metrics']}`"]
     if r["checkpoint"]:
-        lines.append(f"- final checkpoint: `{_absolute(r['checkpoint'])}` (step {r['step']}, "
-                     f"{r['tokens_seen']:,} tokens)")
+        lines.append(
+            f"- final checkpoint: `{_absolute(r['checkpoint'])}` (step {r['step']}, "
+            f"{r['tokens_seen']:,} tokens)"
+        )
     if r["remote"]:
         lines.append(f"- object storage: `{_absolute(r['remote'])}`")
     lines.append(f"- attempts: {len(r['attempts'])} (the `train-attempts` artifact)")
     if r.get("guard_events"):
-        lines.append(f"- guard events: {r['guard_events']} skipped or rolled-back steps, with "
-                     "their documents (the `train-guard-events` artifact; `ballast blame "
-                     f"{r['run_dir']} --event`)")
+        lines.append(
+            f"- guard events: {r['guard_events']} skipped or rolled-back steps, with "
+            "their documents (the `train-guard-events` artifact; `ballast blame "
+            f"{r['run_dir']} --event`)"
+        )
     if r.get("mlflow"):
         m = r["mlflow"]
-        lines.append(f"- MLflow: run `{m['run_id']}` in experiment `{m['experiment']}` at "
-                     f"`{m['uri']}`")
+        lines.append(
+            f"- MLflow: run `{m['run_id']}` in experiment `{m['experiment']}` at `{m['uri']}`"
+        )
     if r["loss_curve"]:
-        lines += [f"- loss curve: `{r['loss_curve']}`", "",
-                  f"![loss curve]({_data_uri(Path(r['loss_curve']))})"]
+        lines += [
+            f"- loss curve: `{r['loss_curve']}`",
+            "",
+            f"![loss curve]({_data_uri(Path(r['loss_curve']))})",
+        ]
     return "\n".join(lines)
 
 
@@ -395,17 +496,25 @@ def summary_text(r: dict[str, Any]) -> str:
     from training.metrics import read
 
     evals = [m for m in read(Path(r["metrics"])) if m.get("kind") == "eval"]
-    lines = ["", f"training {r['ending']}: {r['message']} "
-                 f"({len(r['attempts'])} attempt{'s' * (len(r['attempts']) != 1)})"]
+    lines = [
+        "",
+        f"training {r['ending']}: {r['message']} "
+        f"({len(r['attempts'])} attempt{'s' * (len(r['attempts']) != 1)})",
+    ]
     if evals:
-        lines.append(f"  val loss:          {evals[-1]['val_loss']:.4f} at step "
-                     f"{evals[-1]['step']} (first eval: {evals[0]['val_loss']:.4f})")
-    lines += [f"  loss curve:        {r['loss_curve']}",
-              f"  metrics:           {r['metrics']}",
-              f"  final checkpoint:  {r['checkpoint']}"]
+        lines.append(
+            f"  val loss:          {evals[-1]['val_loss']:.4f} at step "
+            f"{evals[-1]['step']} (first eval: {evals[0]['val_loss']:.4f})"
+        )
+    lines += [
+        f"  loss curve:        {r['loss_curve']}",
+        f"  metrics:           {r['metrics']}",
+        f"  final checkpoint:  {r['checkpoint']}",
+    ]
     if r["remote"]:
-        lines.append(f"  object storage:    {r['remote']} (`latest` names the newest "
-                     "complete checkpoint)")
+        lines.append(
+            f"  object storage:    {r['remote']} (`latest` names the newest complete checkpoint)"
+        )
     return "\n".join(lines)
 
 

@@ -23,8 +23,15 @@ if TYPE_CHECKING:
 
 # How one attempt ended. The supervisor decides what to do from this alone.
 Ending = Literal["done", "node_lost", "diverged", "oom", "bad_input", "crashed", "cancelled"]
-ENDINGS: tuple[str, ...] = ("done", "node_lost", "diverged", "oom", "bad_input", "crashed",
-                            "cancelled")
+ENDINGS: tuple[str, ...] = (
+    "done",
+    "node_lost",
+    "diverged",
+    "oom",
+    "bad_input",
+    "crashed",
+    "cancelled",
+)
 
 
 # Kubernetes object names are DNS-1123 labels (63 chars; the Job controller adds suffixes
@@ -63,8 +70,10 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
-            raise ValueError(f"job name {self.name!r}: lowercase letters, digits and '-', "
-                             "starting and ending with a letter or digit, at most 42 chars")
+            raise ValueError(
+                f"job name {self.name!r}: lowercase letters, digits and '-', "
+                "starting and ending with a letter or digit, at most 42 chars"
+            )
         if self.nnodes < 1 or self.nproc_per_node < 1:
             raise ValueError("nnodes and nproc_per_node must be >= 1")
 
@@ -74,9 +83,15 @@ class JobSpec:
 
     def entrypoint_argv(self, torchrun_args: tuple[str, ...] = ()) -> list[str]:
         """The arguments after `python -m training.entrypoint` (pod and local alike)."""
-        return [f"--nproc-per-node={self.nproc_per_node}",
-                f"--max-restarts={self.torchrun_max_restarts}", *torchrun_args,
-                "--", "--config", self.config, *self.args]
+        return [
+            f"--nproc-per-node={self.nproc_per_node}",
+            f"--max-restarts={self.torchrun_max_restarts}",
+            *torchrun_args,
+            "--",
+            "--config",
+            self.config,
+            *self.args,
+        ]
 
 
 @dataclass(frozen=True)

@@ -65,14 +65,17 @@ _JS_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 # status.reason values the kubelet writes when the node, not the workload, ended the pod:
 # node-pressure eviction, graceful node shutdown (Terminated), admission refused during
 # shutdown (NodeShutdown), and the legacy node-controller NodeLost.
-_NODE_LOSS_POD_REASONS = frozenset({"Evicted", "Terminated", "NodeShutdown", "Shutdown",
-                                    "NodeLost"})
+_NODE_LOSS_POD_REASONS = frozenset(
+    {"Evicted", "Terminated", "NodeShutdown", "Shutdown", "NodeLost"}
+)
 
 # Most informative first (see the module docstring).
 _RANK: dict[str, int] = {"diverged": 0, "bad_input": 1, "oom": 2, "node_lost": 3, "crashed": 4}
 
-_PFP_EXIT = re.compile(r"for pod (?P<ns>[^/\s]+)/(?P<pod>\S+) failed with exit code "
-                       r"(?P<code>-?\d+)")
+_PFP_EXIT = re.compile(
+    r"for pod (?P<ns>[^/\s]+)/(?P<pod>\S+) failed with exit code "
+    r"(?P<code>-?\d+)"
+)
 _PFP_CONDITION = re.compile(r"Pod (?P<ns>[^/\s]+)/(?P<pod>\S+) has condition (?P<cond>\w+)")
 
 
@@ -97,14 +100,18 @@ class _PodEnd:
         return f"pod {_pod_ref(self.pod)} on node {_node(self.pod)}: {self.why}"
 
 
-def classify(job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]],
-             child_jobs: Iterable[Mapping[str, Any]] = ()) -> JobStatus:
+def classify(
+    job: Mapping[str, Any],
+    pods: Iterable[Mapping[str, Any]],
+    child_jobs: Iterable[Mapping[str, Any]] = (),
+) -> JobStatus:
     """The state of one attempt from its Job or JobSet and all of its pods (every restart,
     failed ones included), as plain dicts in the API's JSON shape. For a JobSet, `child_jobs`
     (the batch/v1 Jobs it made) sharpen the verdict when the deciding pod is gone."""
     pods = list(pods)
     is_jobset = job.get("kind") == "JobSet" or str(job.get("apiVersion", "")).startswith(
-        JOBSET_GROUP)
+        JOBSET_GROUP
+    )
     conds = _true_conditions(job)
     status = job.get("status") or {}
     restarts = int(status.get("restarts") or 0) if is_jobset else 0
@@ -134,9 +141,13 @@ def _finished_done(cond: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> Jo
     return JobStatus("finished", "done", code, detail)
 
 
-def _finished_failed(cond: Mapping[str, Any], pods: list[Mapping[str, Any]],
-                     verdict_from: list[Mapping[str, Any]], is_jobset: bool,
-                     restarts: int) -> JobStatus:
+def _finished_failed(
+    cond: Mapping[str, Any],
+    pods: list[Mapping[str, Any]],
+    verdict_from: list[Mapping[str, Any]],
+    is_jobset: bool,
+    restarts: int,
+) -> JobStatus:
     reason = str(cond.get("reason") or "")
     message = str(cond.get("message") or "")
     owner = f"JobSet failed after {restarts} gang restarts" if is_jobset else "Job failed"
@@ -153,15 +164,27 @@ def _finished_failed(cond: Mapping[str, Any], pods: list[Mapping[str, Any]],
     # against what the pods of the other ranks show.
     decider = named[0] if named and not is_jobset else _decide(ends, extra=named)
     if decider is None:
-        return JobStatus("finished", "crashed", None,
-                         f"{failure}; no failed pod is listed any more (deleted?), so the cause "
-                         "is unknown")
-    return JobStatus("finished", decider.ending, decider.exit_code,
-                     f"{decider.ending}: {decider.describe()}; {failure} ({seen})")
+        return JobStatus(
+            "finished",
+            "crashed",
+            None,
+            f"{failure}; no failed pod is listed any more (deleted?), so the cause is unknown",
+        )
+    return JobStatus(
+        "finished",
+        decider.ending,
+        decider.exit_code,
+        f"{decider.ending}: {decider.describe()}; {failure} ({seen})",
+    )
 
 
-def _in_progress(job: Mapping[str, Any], conds: Mapping[str, Mapping[str, Any]],
-                 pods: list[Mapping[str, Any]], is_jobset: bool, restarts: int) -> JobStatus:
+def _in_progress(
+    job: Mapping[str, Any],
+    conds: Mapping[str, Mapping[str, Any]],
+    pods: list[Mapping[str, Any]],
+    is_jobset: bool,
+    restarts: int,
+) -> JobStatus:
     notes: list[str] = []
     if "Suspended" in conds:
         notes.append(f"suspended ({_cond_text(conds['Suspended'])})")
@@ -172,8 +195,9 @@ def _in_progress(job: Mapping[str, Any], conds: Mapping[str, Mapping[str, Any]],
     if is_jobset and restarts:
         notes.append(f"gang restarts: {restarts}")
 
-    active = [p for p in pods if _phase(p) in ("Pending", "Running", "Unknown")
-              and not _disrupted(p)]
+    active = [
+        p for p in pods if _phase(p) in ("Pending", "Running", "Unknown") and not _disrupted(p)
+    ]
     running = [p for p in active if _phase(p) == "Running"]
     waiting = [p for p in active if _phase(p) != "Running"]
     for p in running:
@@ -181,8 +205,9 @@ def _in_progress(job: Mapping[str, Any], conds: Mapping[str, Mapping[str, Any]],
     for p in waiting:
         notes.append(f"pod {_pod_ref(p)} pending: {_pending_reason(p)}")
 
-    ends = sorted((e for e in (_pod_end(p) for p in pods) if e is not None),
-                  key=lambda e: _ts_key(e.at))
+    ends = sorted(
+        (e for e in (_pod_end(p) for p in pods) if e is not None), key=lambda e: _ts_key(e.at)
+    )
     if ends:
         count = "1 pod failed so far" if len(ends) == 1 else f"{len(ends)} pods failed so far"
         counted = (job.get("status") or {}).get("failed")
@@ -199,13 +224,16 @@ def _in_progress(job: Mapping[str, Any], conds: Mapping[str, Mapping[str, Any]],
     return JobStatus(phase, None, None, "; ".join(notes))
 
 
-def _policy_verdicts(jobs: list[Mapping[str, Any]], pods: list[Mapping[str, Any]]
-                     ) -> list[_PodEnd]:
+def _policy_verdicts(jobs: list[Mapping[str, Any]], pods: list[Mapping[str, Any]]) -> list[_PodEnd]:
     """The pods that failed Jobs by a podFailurePolicy FailJob rule, as the Jobs' messages
     name them; for JobSet child Jobs only those of the newest gang generation."""
-    failed = [(j, c) for j in jobs
-              if (c := _true_conditions(j).get("Failed") or _true_conditions(j).get(
-                  "FailureTarget")) is not None and c.get("reason") == "PodFailurePolicy"]
+    failed = [
+        (j, c)
+        for j in jobs
+        if (c := _true_conditions(j).get("Failed") or _true_conditions(j).get("FailureTarget"))
+        is not None
+        and c.get("reason") == "PodFailurePolicy"
+    ]
     if not failed:
         return []
     newest = max(_generation(j) for j, _ in failed)
@@ -226,11 +254,27 @@ def _policy_verdicts(jobs: list[Mapping[str, Any]], pods: list[Mapping[str, Any]
             out.append(seen)
         elif m_exit is not None:
             code = int(m_exit["code"])
-            out.append(_PodEnd(None, ending_from_exit_code(code), code, f"trainer exit {code}",
-                               at, f"{m['ns']}/{m['pod']}"))
+            out.append(
+                _PodEnd(
+                    None,
+                    ending_from_exit_code(code),
+                    code,
+                    f"trainer exit {code}",
+                    at,
+                    f"{m['ns']}/{m['pod']}",
+                )
+            )
         elif m_cond is not None and m_cond["cond"] == "DisruptionTarget":
-            out.append(_PodEnd(None, "node_lost", None, "node lost: DisruptionTarget", at,
-                               f"{m['ns']}/{m['pod']}"))
+            out.append(
+                _PodEnd(
+                    None,
+                    "node_lost",
+                    None,
+                    "node lost: DisruptionTarget",
+                    at,
+                    f"{m['ns']}/{m['pod']}",
+                )
+            )
     return sorted(out, key=lambda e: (_RANK[e.ending], _ts_key(e.at)))
 
 
@@ -280,8 +324,13 @@ def _pod_end(pod: Mapping[str, Any]) -> _PodEnd | None:
         signals.append(("oom", oom_code, f"container {name} OOMKilled (exit {oom_code})"))
     if disruption:
         where, since = disruption
-        signals.append(("node_lost", code, f"node lost: {where}"
-                        + (f" (trainer exit {code})" if code is not None else "")))
+        signals.append(
+            (
+                "node_lost",
+                code,
+                f"node lost: {where}" + (f" (trainer exit {code})" if code is not None else ""),
+            )
+        )
         at = at or since
     if code is not None and code not in (1, 3):
         reason = term.get("reason") if term else None
@@ -289,13 +338,20 @@ def _pod_end(pod: Mapping[str, Any]) -> _PodEnd | None:
     if not signals:
         status = pod.get("status") or {}
         why = ": ".join(str(s) for s in (status.get("reason"), status.get("message")) if s)
-        signals.append(("crashed", code,
-                        f"pod failed without a trainer exit code ({why or 'no reason given'})"))
+        signals.append(
+            (
+                "crashed",
+                code,
+                f"pod failed without a trainer exit code ({why or 'no reason given'})",
+            )
+        )
     ending, exit_code, why = min(signals, key=lambda s: _RANK[s[0]])
     if at is None:
-        at = _parse_ts((pod.get("metadata") or {}).get("deletionTimestamp")) or _parse_ts(
-            (pod.get("status") or {}).get("startTime")) or _parse_ts(
-            (pod.get("metadata") or {}).get("creationTimestamp"))
+        at = (
+            _parse_ts((pod.get("metadata") or {}).get("deletionTimestamp"))
+            or _parse_ts((pod.get("status") or {}).get("startTime"))
+            or _parse_ts((pod.get("metadata") or {}).get("creationTimestamp"))
+        )
     return _PodEnd(pod, ending, exit_code, why, at)
 
 
@@ -319,8 +375,7 @@ def _disrupted(pod: Mapping[str, Any]) -> bool:
 
 def _oom_container(pod: Mapping[str, Any]) -> tuple[str, int] | None:
     status = pod.get("status") or {}
-    for cs in (status.get("containerStatuses") or []) + (status.get("initContainerStatuses")
-                                                          or []):
+    for cs in (status.get("containerStatuses") or []) + (status.get("initContainerStatuses") or []):
         for state in ("state", "lastState"):
             term = (cs.get(state) or {}).get("terminated") or {}
             if term.get("reason") == "OOMKilled":
@@ -342,7 +397,8 @@ def _trainer_terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
         return None
     # restartPolicy Never: `state` holds the one run; `lastState` only matters under OnFailure.
     return (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get(
-        "terminated")
+        "terminated"
+    )
 
 
 def _pending_reason(pod: Mapping[str, Any]) -> str:
@@ -350,8 +406,7 @@ def _pending_reason(pod: Mapping[str, Any]) -> str:
     for c in status.get("conditions") or []:
         if c.get("type") == "PodScheduled" and c.get("status") == "False":
             return f"{c.get('reason', 'not scheduled')}: {c.get('message', '')}".rstrip(": ")
-    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses")
-                                                             or []):
+    for cs in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
         waiting = (cs.get("state") or {}).get("waiting")
         if waiting:
             text = f"container {cs.get('name')} waiting: {waiting.get('reason', '')}"
@@ -360,8 +415,11 @@ def _pending_reason(pod: Mapping[str, Any]) -> str:
 
 
 def _true_conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    return {str(c.get("type")): c for c in (obj.get("status") or {}).get("conditions") or []
-            if c.get("status") == "True"}
+    return {
+        str(c.get("type")): c
+        for c in (obj.get("status") or {}).get("conditions") or []
+        if c.get("status") == "True"
+    }
 
 
 def _cond_text(c: Mapping[str, Any]) -> str:
@@ -391,8 +449,9 @@ def _rank_key(pod: Mapping[str, Any]) -> tuple[str, str]:
 
 def _is_rank0(pod: Mapping[str, Any]) -> bool:
     labels = _labels(pod)
-    return all(labels.get(k, "0") == "0" for k in (_JS_GLOBAL_INDEX, _JS_JOB_INDEX,
-                                                   _COMPLETION_INDEX))
+    return all(
+        labels.get(k, "0") == "0" for k in (_JS_GLOBAL_INDEX, _JS_JOB_INDEX, _COMPLETION_INDEX)
+    )
 
 
 def _pod_ref(pod: Mapping[str, Any]) -> str:
@@ -445,8 +504,9 @@ class KubernetesBackend:
 
     name = "kubernetes"
 
-    def __init__(self, opts: KubeOptions, api_client: Any = None, *, retries: int = 4,
-                 backoff_s: float = 0.5) -> None:
+    def __init__(
+        self, opts: KubeOptions, api_client: Any = None, *, retries: int = 4, backoff_s: float = 0.5
+    ) -> None:
         from kubernetes import client
 
         self.opts = opts
@@ -471,13 +531,18 @@ class KubernetesBackend:
         if len(mains) != 1:
             raise KubernetesBackendError(
                 f"render() must return exactly one Job or JobSet, got kinds "
-                f"{[o.get('kind') for o in objs]}")
+                f"{[o.get('kind') for o in objs]}"
+            )
         main = mains[0]
         namespace = str(main.get("metadata", {}).get("namespace") or self.opts.namespace)
         for obj in objs:
             self._create(obj, spec, is_main=obj is main)
-        return JobHandle(self.name, str(main["metadata"]["name"]), namespace,
-                         {"kind": main["kind"], "run": spec.name, "attempt": spec.attempt})
+        return JobHandle(
+            self.name,
+            str(main["metadata"]["name"]),
+            namespace,
+            {"kind": main["kind"], "run": spec.name, "attempt": spec.attempt},
+        )
 
     def status(self, handle: JobHandle) -> JobStatus:
         from kubernetes.client import ApiException
@@ -487,15 +552,25 @@ class KubernetesBackend:
             job = self._read(kind, ns, handle.name)
         except ApiException as e:
             if e.status == 404:
-                return JobStatus("finished", "crashed", None,
-                                 f"job deleted: {kind} {ns}/{handle.name} no longer exists")
+                return JobStatus(
+                    "finished",
+                    "crashed",
+                    None,
+                    f"job deleted: {kind} {ns}/{handle.name} no longer exists",
+                )
             raise self._api_error("get", _resource(kind), ns, e) from e
         pods = self._pods(handle, job)
         children: list[dict[str, Any]] = []
         if kind == "JobSet" and "Failed" in _true_conditions(job):
             # Only the child Jobs' messages name the pod and exit code that failed the gang.
-            children = self._list("jobs", ns, self._selector(handle, job), lambda sel: (
-                self._batch.list_namespaced_job(ns, label_selector=sel, _preload_content=False)))
+            children = self._list(
+                "jobs",
+                ns,
+                self._selector(handle, job),
+                lambda sel: self._batch.list_namespaced_job(
+                    ns, label_selector=sel, _preload_content=False
+                ),
+            )
         return classify(job, pods, children)
 
     def logs(self, handle: JobHandle, tail: int | None = None) -> str:
@@ -503,9 +578,15 @@ class KubernetesBackend:
         from kubernetes.client import ApiException
 
         ns = self._ns(handle)
-        pods = sorted(self._pods(handle), reverse=True, key=lambda p: (
-            _generation(p), _is_rank0(p),
-            _ts_key(_parse_ts((p.get("metadata") or {}).get("creationTimestamp")))))
+        pods = sorted(
+            self._pods(handle),
+            reverse=True,
+            key=lambda p: (
+                _generation(p),
+                _is_rank0(p),
+                _ts_key(_parse_ts((p.get("metadata") or {}).get("creationTimestamp"))),
+            ),
+        )
         for pod in pods:
             if not _trainer_started(pod):
                 continue
@@ -514,8 +595,12 @@ class KubernetesBackend:
             if tail is not None:
                 kwargs["tail_lines"] = tail
             try:
-                resp = self._call("get", "pods/log", ns, lambda n=name, k=kwargs: (
-                    self._core.read_namespaced_pod_log(n, ns, **k)))
+                resp = self._call(
+                    "get",
+                    "pods/log",
+                    ns,
+                    lambda n=name, k=kwargs: self._core.read_namespaced_pod_log(n, ns, **k),
+                )
             except ApiException as e:
                 if e.status in (400, 404):  # not started after all, or deleted meanwhile
                     continue
@@ -531,13 +616,29 @@ class KubernetesBackend:
         # gone.
         try:
             if kind == "JobSet":
-                self._call("delete", "jobsets", ns, lambda: (
-                    self._custom.delete_namespaced_custom_object(
-                        JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, handle.name,
-                        propagation_policy="Foreground", _preload_content=False)))
+                self._call(
+                    "delete",
+                    "jobsets",
+                    ns,
+                    lambda: self._custom.delete_namespaced_custom_object(
+                        JOBSET_GROUP,
+                        JOBSET_VERSION,
+                        ns,
+                        JOBSET_PLURAL,
+                        handle.name,
+                        propagation_policy="Foreground",
+                        _preload_content=False,
+                    ),
+                )
             else:
-                self._call("delete", "jobs", ns, lambda: self._batch.delete_namespaced_job(
-                    handle.name, ns, propagation_policy="Foreground", _preload_content=False))
+                self._call(
+                    "delete",
+                    "jobs",
+                    ns,
+                    lambda: self._batch.delete_namespaced_job(
+                        handle.name, ns, propagation_policy="Foreground", _preload_content=False
+                    ),
+                )
         except ApiException as e:
             if e.status != 404:  # already gone is what we wanted
                 raise self._api_error("delete", _resource(kind), ns, e) from e
@@ -556,19 +657,21 @@ class KubernetesBackend:
         ns = str(md.get("namespace") or self.opts.namespace)
         name = str(md.get("name"))
         creators: dict[str, Callable[[], Any]] = {
-            "Job": lambda: self._batch.create_namespaced_job(ns, body=obj,
-                                                             _preload_content=False),
+            "Job": lambda: self._batch.create_namespaced_job(ns, body=obj, _preload_content=False),
             "JobSet": lambda: self._custom.create_namespaced_custom_object(
-                JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, body=obj,
-                _preload_content=False),
+                JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, body=obj, _preload_content=False
+            ),
             "ConfigMap": lambda: self._core.create_namespaced_config_map(
-                ns, body=obj, _preload_content=False),
-            "Service": lambda: self._core.create_namespaced_service(ns, body=obj,
-                                                                    _preload_content=False),
+                ns, body=obj, _preload_content=False
+            ),
+            "Service": lambda: self._core.create_namespaced_service(
+                ns, body=obj, _preload_content=False
+            ),
         }
         if kind not in creators:
-            raise KubernetesBackendError(f"render() returned a {kind}, which this backend "
-                                         "does not know how to create")
+            raise KubernetesBackendError(
+                f"render() returned a {kind}, which this backend does not know how to create"
+            )
         resource = _resource(kind)
         try:
             self._call("create", resource, ns, creators[kind])
@@ -576,7 +679,8 @@ class KubernetesBackend:
             # kubernetes>=35 validates bodies against its models before sending them.
             raise KubernetesBackendError(
                 f"the {kind} {ns}/{name} from render() does not fit the Kubernetes API schema "
-                f"(the client refused it before sending): {e}") from e
+                f"(the client refused it before sending): {e}"
+            ) from e
         except ApiException as e:
             if e.status != 409:
                 raise self._api_error("create", resource, ns, e) from e
@@ -585,32 +689,49 @@ class KubernetesBackend:
             if is_main:
                 existing = self._read(kind, ns, name)
                 labels = (existing.get("metadata") or {}).get("labels") or {}
-                if (labels.get(LABEL_RUN) != spec.name
-                        or labels.get(LABEL_ATTEMPT) != str(spec.attempt)):
+                if labels.get(LABEL_RUN) != spec.name or labels.get(LABEL_ATTEMPT) != str(
+                    spec.attempt
+                ):
                     raise KubernetesBackendError(
                         f"{kind} {ns}/{name} already exists but is not attempt {spec.attempt} "
                         f"of run {spec.name} (labels {LABEL_RUN}={labels.get(LABEL_RUN)!r}, "
                         f"{LABEL_ATTEMPT}={labels.get(LABEL_ATTEMPT)!r}); delete it or pick "
-                        "another run name") from e
+                        "another run name"
+                    ) from e
             log.info("%s %s/%s already exists; adopting it", kind, ns, name)
 
     def _read(self, kind: str, ns: str, name: str) -> dict[str, Any]:
         if kind == "JobSet":
-            resp = self._call("get", "jobsets", ns, lambda: (
-                self._custom.get_namespaced_custom_object(
-                    JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, name,
-                    _preload_content=False)))
+            resp = self._call(
+                "get",
+                "jobsets",
+                ns,
+                lambda: self._custom.get_namespaced_custom_object(
+                    JOBSET_GROUP, JOBSET_VERSION, ns, JOBSET_PLURAL, name, _preload_content=False
+                ),
+            )
         else:
-            resp = self._call("get", "jobs", ns, lambda: self._batch.read_namespaced_job(
-                name, ns, _preload_content=False))
+            resp = self._call(
+                "get",
+                "jobs",
+                ns,
+                lambda: self._batch.read_namespaced_job(name, ns, _preload_content=False),
+            )
         return dict(json.loads(resp.data))
 
-    def _pods(self, handle: JobHandle, job: Mapping[str, Any] | None = None
-              ) -> list[dict[str, Any]]:
+    def _pods(
+        self, handle: JobHandle, job: Mapping[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
         """Every pod of the attempt, all restarts and gang ranks, failed ones included."""
         ns = self._ns(handle)
-        return self._list("pods", ns, self._selector(handle, job), lambda sel: (
-            self._core.list_namespaced_pod(ns, label_selector=sel, _preload_content=False)))
+        return self._list(
+            "pods",
+            ns,
+            self._selector(handle, job),
+            lambda sel: self._core.list_namespaced_pod(
+                ns, label_selector=sel, _preload_content=False
+            ),
+        )
 
     def _selector(self, handle: JobHandle, job: Mapping[str, Any] | None) -> str:
         run, attempt = handle.data.get("run"), handle.data.get("attempt")
@@ -620,8 +741,9 @@ class KubernetesBackend:
             run, attempt = labels.get(LABEL_RUN), labels.get(LABEL_ATTEMPT)
         return f"{LABEL_RUN}={run},{LABEL_ATTEMPT}={attempt}"
 
-    def _list(self, resource: str, ns: str, selector: str, fn: Callable[[str], Any]
-              ) -> list[dict[str, Any]]:
+    def _list(
+        self, resource: str, ns: str, selector: str, fn: Callable[[str], Any]
+    ) -> list[dict[str, Any]]:
         from kubernetes.client import ApiException
 
         try:
@@ -658,10 +780,16 @@ class KubernetesBackend:
             time.sleep(retry_after[0] if retry_after[0] is not None else delay)
 
         try:
-            return retry(fn, attempts=self.retries + 1, base_s=self.backoff_s,
-                         max_s=_MAX_BACKOFF_S,
-                         retry_on=(ApiException, urllib3.exceptions.HTTPError, OSError),
-                         fatal=lambda e: not transient(e), on_retry=on_retry, sleep=sleep)
+            return retry(
+                fn,
+                attempts=self.retries + 1,
+                base_s=self.backoff_s,
+                max_s=_MAX_BACKOFF_S,
+                retry_on=(ApiException, urllib3.exceptions.HTTPError, OSError),
+                fatal=lambda e: not transient(e),
+                on_retry=on_retry,
+                sleep=sleep,
+            )
         except ApiException as e:
             if int(e.status or 0) in (401, 403) or transient(e):
                 raise self._api_error(verb, resource, ns, e) from e
@@ -669,7 +797,8 @@ class KubernetesBackend:
         except (urllib3.exceptions.HTTPError, OSError) as e:
             raise KubernetesBackendError(
                 f"cannot reach the Kubernetes API server at {self.host} to {verb} "
-                f"{resource} in namespace {ns}: {e}") from e
+                f"{resource} in namespace {ns}: {e}"
+            ) from e
 
     def _api_error(self, verb: str, resource: str, ns: str, e: Any) -> KubernetesBackendError:
         status = int(getattr(e, "status", 0) or 0)
@@ -678,23 +807,27 @@ class KubernetesBackend:
             return KubernetesBackendError(
                 f"the Kubernetes API server at {self.host} rejected our credentials (401) when "
                 f"trying to {verb} {resource} in namespace {ns}: {said}. Check the kubeconfig "
-                "user or the pod's service-account token.")
+                "user or the pod's service-account token."
+            )
         if status == 403:
             return KubernetesBackendError(
                 f"not allowed to {verb} {resource} in namespace {ns} (403 Forbidden: {said}). "
                 "Check the RBAC Role and RoleBinding of the identity ballast runs as: the Role "
                 "in k8s/base grants get/list/watch/create/delete on jobs (batch), jobsets "
                 "(jobset.x-k8s.io) and pods, and get on pods/log; it must be bound to that "
-                f"service account in namespace {ns}.")
+                f"service account in namespace {ns}."
+            )
         if status == 0:
             return KubernetesBackendError(
                 f"cannot talk to the Kubernetes API server at {self.host} to {verb} {resource} "
-                f"in namespace {ns}: {getattr(e, 'reason', e)}")
+                f"in namespace {ns}: {getattr(e, 'reason', e)}"
+            )
         if status == 404 and resource == "jobsets":
             said += " (is the JobSet controller and its CRD installed in the cluster?)"
         return KubernetesBackendError(
             f"the Kubernetes API server at {self.host} answered {status} to {verb} {resource} "
-            f"in namespace {ns}: {said}")
+            f"in namespace {ns}: {said}"
+        )
 
     def _ns(self, handle: JobHandle) -> str:
         return handle.namespace or self.opts.namespace
@@ -705,8 +838,12 @@ class KubernetesBackend:
 
 
 def _resource(kind: str) -> str:
-    return {"Job": "jobs", "JobSet": "jobsets", "ConfigMap": "configmaps",
-            "Service": "services"}.get(kind, kind.lower() + "s")
+    return {
+        "Job": "jobs",
+        "JobSet": "jobsets",
+        "ConfigMap": "configmaps",
+        "Service": "services",
+    }.get(kind, kind.lower() + "s")
 
 
 def _quantities_as_strings(obj: Any) -> Any:
@@ -716,10 +853,19 @@ def _quantities_as_strings(obj: Any) -> Any:
         out: dict[str, Any] = {}
         for k, v in obj.items():
             if k == "resources" and isinstance(v, Mapping):
-                out[k] = {rk: ({q: str(x) if isinstance(x, int | float) and not isinstance(
-                    x, bool) else x for q, x in rv.items()}
-                    if rk in ("limits", "requests") and isinstance(rv, Mapping)
-                    else _quantities_as_strings(rv)) for rk, rv in v.items()}
+                out[k] = {
+                    rk: (
+                        {
+                            q: str(x)
+                            if isinstance(x, int | float) and not isinstance(x, bool)
+                            else x
+                            for q, x in rv.items()
+                        }
+                        if rk in ("limits", "requests") and isinstance(rv, Mapping)
+                        else _quantities_as_strings(rv)
+                    )
+                    for rk, rv in v.items()
+                }
             else:
                 out[k] = _quantities_as_strings(v)
         return out
@@ -732,8 +878,11 @@ def _trainer_started(pod: Mapping[str, Any]) -> bool:
     cs = _trainer_status(pod)
     if cs is None:
         return False
-    return bool((cs.get("state") or {}).get("running") or (cs.get("state") or {}).get(
-        "terminated") or (cs.get("lastState") or {}).get("terminated"))
+    return bool(
+        (cs.get("state") or {}).get("running")
+        or (cs.get("state") or {}).get("terminated")
+        or (cs.get("lastState") or {}).get("terminated")
+    )
 
 
 def _status_message(e: Any) -> str:
@@ -771,11 +920,13 @@ def _load_api_client() -> Any:
     cfg = client.Configuration()
     try:
         # The library reads KUBECONFIG once, at import; read it now (a list of paths is fine).
-        config.load_kube_config(config_file=os.environ.get("KUBECONFIG") or None,
-                                client_configuration=cfg)
+        config.load_kube_config(
+            config_file=os.environ.get("KUBECONFIG") or None, client_configuration=cfg
+        )
         return client.ApiClient(cfg)
     except (config.ConfigException, OSError) as e:
         tried.append(f"kubeconfig: {e}")
     raise KubernetesBackendError(
         "no Kubernetes configuration found (" + "; ".join(tried) + "). Run inside a pod with a "
-        "service account, or point KUBECONFIG (default ~/.kube/config) at the cluster.")
+        "service account, or point KUBECONFIG (default ~/.kube/config) at the cluster."
+    )

@@ -32,24 +32,36 @@ SECTION = "launch"
 
 
 class LaunchConfig(Strict):
-    backend: str = Field(default="local", description=(
-        "A name in infra/jobs.py BACKENDS: `local` (a subprocess on this machine) or "
-        "`kubernetes` (a Job, or a JobSet for several nodes)."))
+    backend: str = Field(
+        default="local",
+        description=(
+            "A name in infra/jobs.py BACKENDS: `local` (a subprocess on this machine) or "
+            "`kubernetes` (a Job, or a JobSet for several nodes)."
+        ),
+    )
     nnodes: int = Field(default=1, ge=1, description="Nodes.")
-    nproc_per_node: int = Field(default=1, ge=1, description=(
-        "Processes (GPUs) per node."))
-    max_restarts: int = Field(default=3, ge=0, description=(
-        "Restarts after crashes and out-of-memory endings (with backoff)."))
-    max_node_losses: int = Field(default=10, ge=0, description=(
-        "Restarts after a node was lost or preempted."))
-    max_recoveries: int = Field(default=1, ge=0, description=(
-        "Rollback restarts after a divergence (exit 3)."))
-    recovery_lr_scale: float = Field(default=0.5, gt=0, le=1, description=(
-        "The learning rate is multiplied by this on a recovery restart."))
-    poll_s: float = Field(default=5.0, gt=0, description=(
-        "Seconds between looks at the job."))
-    kubernetes: KubeOptions = Field(default=KubeOptions(), description=(
-        "The kubernetes backend's options."))
+    nproc_per_node: int = Field(default=1, ge=1, description=("Processes (GPUs) per node."))
+    max_restarts: int = Field(
+        default=3,
+        ge=0,
+        description=("Restarts after crashes and out-of-memory endings (with backoff)."),
+    )
+    max_node_losses: int = Field(
+        default=10, ge=0, description=("Restarts after a node was lost or preempted.")
+    )
+    max_recoveries: int = Field(
+        default=1, ge=0, description=("Rollback restarts after a divergence (exit 3).")
+    )
+    recovery_lr_scale: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description=("The learning rate is multiplied by this on a recovery restart."),
+    )
+    poll_s: float = Field(default=5.0, gt=0, description=("Seconds between looks at the job."))
+    kubernetes: KubeOptions = Field(
+        default=KubeOptions(), description=("The kubernetes backend's options.")
+    )
 
     @field_validator("backend")
     @classmethod
@@ -58,8 +70,13 @@ class LaunchConfig(Strict):
         return v
 
     def policy(self) -> RestartPolicy:
-        return RestartPolicy(self.max_restarts, self.max_node_losses, self.max_recoveries,
-                             self.recovery_lr_scale, poll_s=self.poll_s)
+        return RestartPolicy(
+            self.max_restarts,
+            self.max_node_losses,
+            self.max_recoveries,
+            self.recovery_lr_scale,
+            poll_s=self.poll_s,
+        )
 
 
 class _Document(Strict):
@@ -67,8 +84,9 @@ class _Document(Strict):
     launch: LaunchConfig
 
 
-def parse_launch(section: Any, overrides: Mapping[str, Any] | None = None,
-                 where: str = "") -> LaunchConfig:
+def parse_launch(
+    section: Any, overrides: Mapping[str, Any] | None = None, where: str = ""
+) -> LaunchConfig:
     """`section` (the `launch:` mapping, or None) with `overrides` on top, key by key."""
     if section is not None and not isinstance(section, Mapping):
         raise ConfigError(f"invalid launch config {where}: `{SECTION}:` must be a mapping")
@@ -89,14 +107,12 @@ def load_launch(path: str | Path, overrides: Mapping[str, Any] | None = None) ->
     return parse_launch(section, overrides, str(path))
 
 
-
 def add_launch_arguments(parser: argparse.ArgumentParser, nproc: bool = True) -> None:
     """`--backend` (and `--nproc-per-node`): the launch keys a command line may override,
     for `python -m flows.train` and `python -m flows.pipeline`."""
     parser.add_argument("--backend", choices=list(BACKENDS), help="override `launch.backend`")
     if nproc:
-        parser.add_argument("--nproc-per-node", type=int,
-                            help="override `launch.nproc_per_node`")
+        parser.add_argument("--nproc-per-node", type=int, help="override `launch.nproc_per_node`")
 
 
 def launch_overrides(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -41,9 +41,14 @@ def _alive(pid: int) -> bool:
 class LocalBackend:
     name = "local"
 
-    def __init__(self, root: str | Path, cwd: str | Path | None = None,
-                 env: Mapping[str, str] | None = None, python: str = sys.executable,
-                 cancel_grace_s: float = 20.0) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        cwd: str | Path | None = None,
+        env: Mapping[str, str] | None = None,
+        python: str = sys.executable,
+        cancel_grace_s: float = 20.0,
+    ) -> None:
         self.root = Path(root)
         self.cwd = Path(cwd) if cwd else Path(__file__).resolve().parents[1]
         self.env = dict(env or {})
@@ -61,12 +66,22 @@ class LocalBackend:
         env = {**os.environ, **self.env, **spec.env, "PYTHONUNBUFFERED": "1"}
         with open(d / LOG, "ab") as log:
             # A session of its own: cancel() signals the whole tree (torchrun, workers).
-            proc = subprocess.Popen(wrapper, cwd=self.cwd, env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                wrapper,
+                cwd=self.cwd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self._procs[proc.pid] = proc
-        (d / JOB).write_text(json.dumps({"cmd": cmd, "pid": proc.pid, "cwd": str(self.cwd),
-                                         "submitted": time.time()}, indent=2))
+        (d / JOB).write_text(
+            json.dumps(
+                {"cmd": cmd, "pid": proc.pid, "cwd": str(self.cwd), "submitted": time.time()},
+                indent=2,
+            )
+        )
         return JobHandle(self.name, spec.attempt_name, None, {"dir": str(d), "pid": proc.pid})
 
     def _poll(self, pid: int) -> bool:
@@ -87,15 +102,18 @@ class LocalBackend:
         except (OSError, ValueError):
             # The wrapper itself was killed (SIGKILL of the process group, the machine's
             # OOM killer): no exit code to go on.
-            return JobStatus("finished", "crashed", None,
-                             f"pid {pid} ended without an exit code (killed)")
+            return JobStatus(
+                "finished", "crashed", None, f"pid {pid} ended without an exit code (killed)"
+            )
         ending = ending_from_exit_code(code)
         if code < 0:
             detail = f"killed by {signal.Signals(-code).name}"
         else:
-            detail = {"done": "exit 0", "bad_input": "exit 1: bad config or data",
-                      "diverged": "exit 3: diverged beyond the rollback budget"}.get(
-                ending, f"exit {code}: crashed")
+            detail = {
+                "done": "exit 0",
+                "bad_input": "exit 1: bad config or data",
+                "diverged": "exit 3: diverged beyond the rollback budget",
+            }.get(ending, f"exit {code}: crashed")
         return JobStatus("finished", ending, code, detail)
 
     def logs(self, handle: JobHandle, tail: int | None = None) -> str:

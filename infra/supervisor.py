@@ -53,8 +53,7 @@ class RestartPolicy:
         if min(self.max_restarts, self.max_node_losses, self.max_recoveries) < 0:
             raise ValueError("restart budgets must be >= 0")
         if not 0 < self.recovery_lr_scale <= 1:
-            raise ValueError(f"recovery_lr_scale must be in (0, 1], got "
-                             f"{self.recovery_lr_scale}")
+            raise ValueError(f"recovery_lr_scale must be in (0, 1], got {self.recovery_lr_scale}")
 
 
 @dataclass
@@ -79,13 +78,19 @@ class Attempt:
         """One row of the attempts table (Prefect artifact)."""
         took = (self.ended_at or time.time()) - self.started_at
         p = self.progress or {}
-        return {"attempt": self.number, "job": self.job, "ending": self.ending or "running",
-                "exit code": self.exit_code, "step reached": self.step_reached,
-                "loss": p.get("loss"),
-                "last checkpoint": None if self.checkpoint is None else f"step {self.checkpoint}",
-                "resumed from": ("adopted: " if self.adopted else "") + (self.resumed_from or ""),
-                "detail": self.detail, "then": self.next_action,
-                "minutes": round(took / 60, 2)}
+        return {
+            "attempt": self.number,
+            "job": self.job,
+            "ending": self.ending or "running",
+            "exit code": self.exit_code,
+            "step reached": self.step_reached,
+            "loss": p.get("loss"),
+            "last checkpoint": None if self.checkpoint is None else f"step {self.checkpoint}",
+            "resumed from": ("adopted: " if self.adopted else "") + (self.resumed_from or ""),
+            "detail": self.detail,
+            "then": self.next_action,
+            "minutes": round(took / 60, 2),
+        }
 
 
 @dataclass
@@ -97,8 +102,12 @@ class Outcome:
 
 
 # Which RestartPolicy budget each restartable ending draws on.
-_BUDGET = {"node_lost": "max_node_losses", "diverged": "max_recoveries",
-           "crashed": "max_restarts", "oom": "max_restarts"}
+_BUDGET = {
+    "node_lost": "max_node_losses",
+    "diverged": "max_recoveries",
+    "crashed": "max_restarts",
+    "oom": "max_restarts",
+}
 
 
 def parse_events(log_text: str) -> list[dict[str, Any]]:
@@ -117,8 +126,7 @@ def _progress(attempt: Attempt, events: list[dict[str, Any]]) -> None:
             attempt.recovered = ev
         elif kind == "checkpoint" and isinstance(ev.get("step"), int):
             attempt.checkpoint = max(attempt.checkpoint or 0, ev["step"])
-        elif kind == "progress" and (attempt.progress or {}).get("step", -1) <= ev.get(
-                "step", 0):
+        elif kind == "progress" and (attempt.progress or {}).get("step", -1) <= ev.get("step", 0):
             attempt.progress = ev
         if isinstance(ev.get("step"), int):
             attempt.step_reached = max(attempt.step_reached or 0, ev["step"])
@@ -139,14 +147,20 @@ def recovery_args(diverged: dict[str, Any] | None, lr_scale: float) -> list[str]
     return args
 
 
-def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None = None,
-              *, log: Callable[[str], None] = print,
-              on_attempt: Callable[[list[Attempt]], None] | None = None,
-              should_stop: Callable[[], bool] | None = None,
-              handle_file: Path | None = None, handle_extra: dict[str, Any] | None = None,
-              adopt: JobHandle | None = None,
-              on_progress: Callable[[Attempt], None] | None = None,
-              sleep: Callable[[float], None] = time.sleep) -> Outcome:
+def supervise(
+    backend: JobBackend,
+    spec: JobSpec,
+    policy: RestartPolicy | None = None,
+    *,
+    log: Callable[[str], None] = print,
+    on_attempt: Callable[[list[Attempt]], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    handle_file: Path | None = None,
+    handle_extra: dict[str, Any] | None = None,
+    adopt: JobHandle | None = None,
+    on_progress: Callable[[Attempt], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Outcome:
     """Run `spec` to an end, restarting within `policy`. `on_attempt` is called with every
     attempt so far whenever one starts or ends, `on_progress` with the running attempt
     whenever the trainer reports progress; `should_stop` is polled (a cancelled flow):
@@ -165,27 +179,43 @@ def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None =
         handle = adopted or backend.submit(run_spec)
         if handle_file is not None:
             # Atomic: a reader never sees half a handle.
-            write_atomic(handle_file, json.dumps({**(handle_extra or {}), **handle.to_json(),
-                                                  "args": list(run_spec.args)}))
-        a = Attempt(number, handle.name, list(run_spec.args), time.time(),
-                    adopted=adopted is not None)
+            write_atomic(
+                handle_file,
+                json.dumps(
+                    {**(handle_extra or {}), **handle.to_json(), "args": list(run_spec.args)}
+                ),
+            )
+        a = Attempt(
+            number, handle.name, list(run_spec.args), time.time(), adopted=adopted is not None
+        )
         attempts.append(a)
-        log(f"attempt {number}: " + (f"adopted {handle.name}, left running by an earlier "
-                                     "supervisor" if adopted else
-                                     f"submitted {handle.name} ({backend.name})")
-            + (f" with {' '.join(extra)}" if extra else ""))
+        log(
+            f"attempt {number}: "
+            + (
+                f"adopted {handle.name}, left running by an earlier supervisor"
+                if adopted
+                else f"submitted {handle.name} ({backend.name})"
+            )
+            + (f" with {' '.join(extra)}" if extra else "")
+        )
         if on_attempt:
             on_attempt(attempts)
         status = _watch(backend, handle, a, policy, log, should_stop, sleep, on_progress)
-        a.ended_at, a.ending, a.exit_code, a.detail = (time.time(), status.ending,
-                                                       status.exit_code, status.detail)
+        a.ended_at, a.ending, a.exit_code, a.detail = (
+            time.time(),
+            status.ending,
+            status.exit_code,
+            status.detail,
+        )
         text = backend.logs(handle)  # once, whole: the events, then the last lines
         events = parse_events(text)
         _progress(a, events)
         tail = "\n".join(text.strip().splitlines()[-15:])
-        log(f"attempt {number}: {a.ending} ({a.detail}); step reached {a.step_reached}, "
-            f"resumed from {a.resumed_from}" + (f"\n--- last log lines ---\n{tail}"
-                                                if a.ending != "done" and tail else ""))
+        log(
+            f"attempt {number}: {a.ending} ({a.detail}); step reached {a.step_reached}, "
+            f"resumed from {a.resumed_from}"
+            + (f"\n--- last log lines ---\n{tail}" if a.ending != "done" and tail else "")
+        )
 
         outcome: Outcome | None = None
         if a.ending == "done":
@@ -193,19 +223,25 @@ def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None =
             outcome = Outcome(True, "done", f"training finished at step {a.step_reached}")
         elif a.ending in ("bad_input", "cancelled"):
             a.next_action = f"stop: {a.ending}"
-            outcome = Outcome(False, a.ending, {
-                "bad_input": "bad config or data (exit 1): not retried; see the log above",
-                "cancelled": "cancelled"}[a.ending])
+            outcome = Outcome(
+                False,
+                a.ending,
+                {
+                    "bad_input": "bad config or data (exit 1): not retried; see the log above",
+                    "cancelled": "cancelled",
+                }[a.ending],
+            )
         else:  # node_lost, diverged, crashed, oom: a restart, if its budget allows
             budget = _BUDGET[a.ending or "crashed"]
             used[budget] += 1
             if used[budget] > getattr(policy, budget):
-                outcome = Outcome(False, a.ending or "crashed",
-                                  f"{a.ending} {used[budget]} times ({budget}="
-                                  f"{getattr(policy, budget)})")
+                outcome = Outcome(
+                    False,
+                    a.ending or "crashed",
+                    f"{a.ending} {used[budget]} times ({budget}={getattr(policy, budget)})",
+                )
             elif a.ending == "diverged":
-                diverged = next((e for e in reversed(events) if e.get("event") == "diverged"),
-                                None)
+                diverged = next((e for e in reversed(events) if e.get("event") == "diverged"), None)
                 extra = recovery_args(diverged, policy.recovery_lr_scale)
         if outcome is not None:
             a.next_action = a.next_action or "stop: budget exhausted"
@@ -215,23 +251,34 @@ def supervise(backend: JobBackend, spec: JobSpec, policy: RestartPolicy | None =
             log(f"supervisor: {outcome.ending}: {outcome.message}")
             return outcome
 
-        a.next_action = ("restart with rollback: " + " ".join(extra)
-                         if a.ending == "diverged" else "restart with resume")
+        a.next_action = (
+            "restart with rollback: " + " ".join(extra)
+            if a.ending == "diverged"
+            else "restart with resume"
+        )
         if on_attempt:
             on_attempt(attempts)
         if a.ending in ("crashed", "oom"):
             crashes = used["max_restarts"]
             wait = min(policy.backoff_s * 2 ** (crashes - 1), 300.0)
-            log(f"supervisor: restarting in {wait:g} s ({crashes}/{policy.max_restarts} "
-                "restarts used)")
+            log(
+                f"supervisor: restarting in {wait:g} s ({crashes}/{policy.max_restarts} "
+                "restarts used)"
+            )
             sleep(wait)
         number += 1
 
 
-def _watch(backend: JobBackend, handle: JobHandle, a: Attempt, policy: RestartPolicy,
-           log: Callable[[str], None], should_stop: Callable[[], bool] | None,
-           sleep: Callable[[float], None],
-           on_progress: Callable[[Attempt], None] | None = None) -> JobStatus:
+def _watch(
+    backend: JobBackend,
+    handle: JobHandle,
+    a: Attempt,
+    policy: RestartPolicy,
+    log: Callable[[str], None],
+    should_stop: Callable[[], bool] | None,
+    sleep: Callable[[float], None],
+    on_progress: Callable[[Attempt], None] | None = None,
+) -> JobStatus:
     seen: set[str] = set()
     pending_since: float | None = None
     try:
@@ -264,12 +311,17 @@ def _watch(backend: JobBackend, handle: JobHandle, a: Attempt, policy: RestartPo
                 pending_since = pending_since or time.monotonic()
                 waited = time.monotonic() - pending_since
                 if policy.pending_timeout_s is not None and waited > policy.pending_timeout_s:
-                    log(f"attempt {a.number}: pending for {waited:.0f} s, cancelling "
-                        f"{handle.name}: {status.detail}")
+                    log(
+                        f"attempt {a.number}: pending for {waited:.0f} s, cancelling "
+                        f"{handle.name}: {status.detail}"
+                    )
                     backend.cancel(handle)
-                    return JobStatus("finished", "crashed", None,
-                                     f"never started: pending for {waited:.0f} s "
-                                     f"({status.detail})")
+                    return JobStatus(
+                        "finished",
+                        "crashed",
+                        None,
+                        f"never started: pending for {waited:.0f} s ({status.detail})",
+                    )
             else:
                 pending_since = None
             sleep(policy.poll_s)

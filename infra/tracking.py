@@ -67,7 +67,7 @@ def tracking_uri(cfg: TrainConfig) -> str:
 
 
 def _sqlite_path(uri: str) -> Path | None:
-    return Path(uri[len("sqlite:///"):]) if uri.startswith("sqlite:///") else None
+    return Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
 
 
 def _artifact_location(uri: str) -> str | None:
@@ -108,8 +108,11 @@ def open_tracking(cfg: TrainConfig) -> MlflowStore:
     line: no server answers, the SQLite file cannot be made, MLflow refuses the store."""
     assert cfg.tracking is not None
     uri = tracking_uri(cfg)
-    key = "tracking.uri" if cfg.tracking.uri else (f"${ENV_URI}" if os.environ.get(ENV_URI)
-                                                   else "tracking")
+    key = (
+        "tracking.uri"
+        if cfg.tracking.uri
+        else (f"${ENV_URI}" if os.environ.get(ENV_URI) else "tracking")
+    )
     if uri.startswith(("http://", "https://")):
         # A plain request with a timeout first: MLflow's client retries an unreachable
         # server for minutes before it gives up.
@@ -117,15 +120,17 @@ def open_tracking(cfg: TrainConfig) -> MlflowStore:
             with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=PROBE_TIMEOUT_S):
                 pass
         except (urllib.error.URLError, OSError) as e:
-            raise TrackingError(f"{key}: no MLflow server answers at {uri} "
-                                f"({_one_line(getattr(e, 'reason', e))})") from None
+            raise TrackingError(
+                f"{key}: no MLflow server answers at {uri} ({_one_line(getattr(e, 'reason', e))})"
+            ) from None
     db = _sqlite_path(uri)
     if db is not None:
         try:
             db.resolve().parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise TrackingError(f"{key}: cannot create the MLflow store {db}: "
-                                f"{e.strerror or e}") from None
+            raise TrackingError(
+                f"{key}: cannot create the MLflow store {db}: {e.strerror or e}"
+            ) from None
     from mlflow.tracking import MlflowClient
 
     name = cfg.tracking.experiment
@@ -134,8 +139,7 @@ def open_tracking(cfg: TrainConfig) -> MlflowStore:
             client = MlflowClient(tracking_uri=uri)
             exp = client.get_experiment_by_name(name)
             if exp is None:
-                exp_id = client.create_experiment(name,
-                                                  artifact_location=_artifact_location(uri))
+                exp_id = client.create_experiment(name, artifact_location=_artifact_location(uri))
             else:
                 exp_id = exp.experiment_id
     except Exception as e:  # MLflow's, SQLAlchemy's, requests': one line whatever it is
@@ -150,6 +154,7 @@ def check_tracking(cfg: TrainConfig) -> None:
 
 
 # -- what is logged ---------------------------------------------------------------------
+
 
 def metric_key(*parts: str) -> str:
     """An MLflow metric or parameter name from parts (sources, reasons, stages): the
@@ -167,7 +172,7 @@ def flatten(prefix: str, value: Any) -> dict[str, str]:
         return out
     text = json.dumps(value) if isinstance(value, list) else str(value)
     if len(text) > MAX_PARAM_CHARS:  # the whole config is an artifact too
-        text = text[:MAX_PARAM_CHARS - 1] + "…"
+        text = text[: MAX_PARAM_CHARS - 1] + "…"
     return {prefix: text}
 
 
@@ -193,8 +198,11 @@ def accounting_metrics(stages: dict[str, Any]) -> dict[str, float]:
 
 
 def _numbers(base: tuple[str, ...], d: dict[str, Any]) -> dict[str, float]:
-    return {metric_key(*base, k): float(v) for k, v in d.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)}
+    return {
+        metric_key(*base, k): float(v)
+        for k, v in d.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
 
 
 def prep_metrics(manifest: dict[str, Any], report: dict[str, Any] | None) -> dict[str, float]:
@@ -251,8 +259,9 @@ def prep_record(cfg: TrainConfig) -> PrepRecord:
     return PrepRecord(uri, manifest, report, (run or {}).get("config"))
 
 
-def training_metrics(records: list[dict[str, Any]], t0_ms: int) -> list[tuple[str, float, int,
-                                                                               int]]:
+def training_metrics(
+    records: list[dict[str, Any]], t0_ms: int
+) -> list[tuple[str, float, int, int]]:
     """(name, value, timestamp ms, step) of every number in the metrics log, in its order
     (the timestamps keep it: the log holds no clock times)."""
     out = []
@@ -263,8 +272,9 @@ def training_metrics(records: list[dict[str, Any]], t0_ms: int) -> list[tuple[st
     return out
 
 
-def log_run(cfg: TrainConfig, ok: bool, ending: str,
-            tags: dict[str, str] | None = None) -> dict[str, str]:
+def log_run(
+    cfg: TrainConfig, ok: bool, ending: str, tags: dict[str, str] | None = None
+) -> dict[str, str]:
     """Log the run dir's training and its dataset's prep as a new MLflow run (FINISHED when
     `ok`, else FAILED); returns {run_id, uri, experiment}. TrackingError with one line when
     the store cannot be reached or refuses what is logged."""
@@ -277,19 +287,23 @@ def log_run(cfg: TrainConfig, ok: bool, ending: str,
     except TrackingError:
         raise
     except Exception as e:
-        raise TrackingError(f"logging {rd} to MLflow at {st.uri} failed: "
-                            f"{_one_line(e)}") from None
+        raise TrackingError(f"logging {rd} to MLflow at {st.uri} failed: {_one_line(e)}") from None
     return {"run_id": run_id, "uri": st.uri, "experiment": cfg.tracking.experiment}
 
 
-def _log(st: MlflowStore, cfg: TrainConfig, rd: Path, ok: bool, ending: str,
-         tags: dict[str, str]) -> str:
+def _log(
+    st: MlflowStore, cfg: TrainConfig, rd: Path, ok: bool, ending: str, tags: dict[str, str]
+) -> str:
     from mlflow.entities import Metric, Param
 
     client = st.client
     stamp = time.strftime("%Y-%m-%d-%H%M%S", time.gmtime())
-    all_tags = {"ballast.run_dir": str(rd.resolve()), "ballast.ending": ending,
-                "ballast.checkpoint_fingerprint": cfg.checkpoint_fingerprint(), **tags}
+    all_tags = {
+        "ballast.run_dir": str(rd.resolve()),
+        "ballast.ending": ending,
+        "ballast.checkpoint_fingerprint": cfg.checkpoint_fingerprint(),
+        **tags,
+    }
     params = flatten("train", cfg.model_dump(mode="json"))
     metrics: dict[str, float] = {}
     try:
@@ -299,19 +313,35 @@ def _log(st: MlflowStore, cfg: TrainConfig, rd: Path, ok: bool, ending: str,
         all_tags["ballast.prep"] = f"not logged: {_one_line(e)}"
     if prep is not None:
         m = prep.manifest
-        all_tags.update({"ballast.dataset": prep.dataset,
-                         "ballast.dataset_fingerprint": str(m.get("config_fingerprint"))})
-        params.update(flatten("dataset", {
-            "uri": prep.dataset, "config_fingerprint": m.get("config_fingerprint"),
-            "seq_len": m.get("seq_len"), "seed": m.get("seed"),
-            "version": (m.get("version") or {}).get("version"),
-            "tokenizer": {k: v for k, v in (m.get("tokenizer") or {}).items()
-                          if k in ("kind", "vocab_size", "eos_id", "pad_id")}}))
+        all_tags.update(
+            {
+                "ballast.dataset": prep.dataset,
+                "ballast.dataset_fingerprint": str(m.get("config_fingerprint")),
+            }
+        )
+        params.update(
+            flatten(
+                "dataset",
+                {
+                    "uri": prep.dataset,
+                    "config_fingerprint": m.get("config_fingerprint"),
+                    "seq_len": m.get("seq_len"),
+                    "seed": m.get("seed"),
+                    "version": (m.get("version") or {}).get("version"),
+                    "tokenizer": {
+                        k: v
+                        for k, v in (m.get("tokenizer") or {}).items()
+                        if k in ("kind", "vocab_size", "eos_id", "pad_id")
+                    },
+                },
+            )
+        )
         if prep.config is not None:
             params.update(flatten("prep", prep.config))
         metrics.update(prep_metrics(m, prep.report))
-    run = client.create_run(st.experiment_id, run_name=f"{rd.resolve().name}-{stamp}",
-                            tags=all_tags)
+    run = client.create_run(
+        st.experiment_id, run_name=f"{rd.resolve().name}-{stamp}", tags=all_tags
+    )
     run_id = run.info.run_id
     try:
         t0 = int(time.time() * 1000)
@@ -330,10 +360,9 @@ def _log(st: MlflowStore, cfg: TrainConfig, rd: Path, ok: bool, ending: str,
                     client.set_tag(run_id, f"ballast.{k}", str(env[k]))
         items = sorted(params.items())
         for i in range(0, len(items), BATCH_PARAMS):
-            client.log_batch(run_id, params=[Param(k, v) for k, v in
-                                             items[i:i + BATCH_PARAMS]])
+            client.log_batch(run_id, params=[Param(k, v) for k, v in items[i : i + BATCH_PARAMS]])
         for i in range(0, len(batch), BATCH_METRICS):
-            client.log_batch(run_id, metrics=batch[i:i + BATCH_METRICS])
+            client.log_batch(run_id, metrics=batch[i : i + BATCH_METRICS])
         with tempfile.TemporaryDirectory(prefix="ballast-mlflow-") as tmp:
             _artifacts(client, run_id, Path(tmp), rd, cfg, prep, records)
         client.set_tag(run_id, "mlflow.note.content", _note(cfg, ending, final))
@@ -352,8 +381,15 @@ def _json_file(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _artifacts(client: Any, run_id: str, tmp: Path, rd: Path, cfg: TrainConfig,
-               prep: PrepRecord | None, records: list[dict[str, Any]]) -> None:
+def _artifacts(
+    client: Any,
+    run_id: str,
+    tmp: Path,
+    rd: Path,
+    cfg: TrainConfig,
+    prep: PrepRecord | None,
+    records: list[dict[str, Any]],
+) -> None:
     def put(name: str, data: Any, where: str) -> None:
         path = tmp / where / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -379,10 +415,14 @@ def _artifacts(client: Any, run_id: str, tmp: Path, rd: Path, cfg: TrainConfig,
 
 def _note(cfg: TrainConfig, ending: str, final: dict[str, Any] | None) -> str:
     """The run's description in the MLflow UI."""
-    lines = [f"Ballast training run `{Path(cfg.run_dir).resolve()}`: **{ending}**",
-             f"on dataset `{cfg.dataset}`."]
+    lines = [
+        f"Ballast training run `{Path(cfg.run_dir).resolve()}`: **{ending}**",
+        f"on dataset `{cfg.dataset}`.",
+    ]
     if final is not None and isinstance(final.get("tokens_seen"), int):
         lines.append(f"Final step {final.get('step')}, {final['tokens_seen']:,} tokens.")
-    lines.append("Prep accounting under `prep/...`, mixture under `mixture/...`, training "
-                 "under `train/...` and `eval/...`; artifacts `prep/` and `training/`.")
+    lines.append(
+        "Prep accounting under `prep/...`, mixture under `mixture/...`, training "
+        "under `train/...` and `eval/...`; artifacts `prep/` and `training/`."
+    )
     return " ".join(lines)

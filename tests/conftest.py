@@ -36,10 +36,13 @@ _TESTS = Path(__file__).resolve().parent
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "unit: a test under tests/unit (set here): in-process and "
-                            "fast, what make test-fast runs")
-    config.addinivalue_line("markers", "e2e: a test under tests/e2e (set here): whole runs, "
-                            "processes and servers")
+    config.addinivalue_line(
+        "markers",
+        "unit: a test under tests/unit (set here): in-process and fast, what make test-fast runs",
+    )
+    config.addinivalue_line(
+        "markers", "e2e: a test under tests/e2e (set here): whole runs, processes and servers"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -119,13 +122,26 @@ def train_dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
     text = shared_file("tinyshakespeare.txt").read_text(encoding="utf-8")[:120_000]
     (root / "shakespeare.txt").write_text(text, encoding="utf-8")
     out = root / "prep"
-    run_prep(parse_config({
-        "output": str(out), "workers": 1,
-        "sources": [{"name": "tiny", "paths": [str(root / "shakespeare.txt")],
-                     "txt_unit": "paragraph"}],
-        "dedup": {"exact": False, "near": False}, "quality": [],
-        "pack": {"seq_len": 64}, "dataset": {"validation_fraction": 0.1, "pack_partitions": 2},
-    }), progress=False)
+    run_prep(
+        parse_config(
+            {
+                "output": str(out),
+                "workers": 1,
+                "sources": [
+                    {
+                        "name": "tiny",
+                        "paths": [str(root / "shakespeare.txt")],
+                        "txt_unit": "paragraph",
+                    }
+                ],
+                "dedup": {"exact": False, "near": False},
+                "quality": [],
+                "pack": {"seq_len": 64},
+                "dataset": {"validation_fraction": 0.1, "pack_partitions": 2},
+            }
+        ),
+        progress=False,
+    )
     return str(out / "dataset")
 
 

@@ -17,8 +17,9 @@ OVERRIDES: dict[str, tuple[str, type]] = {
 }
 
 
-def add_train_overrides(parser: argparse.ArgumentParser,
-                  keys: tuple[str, ...] = tuple(OVERRIDES)) -> None:
+def add_train_overrides(
+    parser: argparse.ArgumentParser, keys: tuple[str, ...] = tuple(OVERRIDES)
+) -> None:
     for key in keys:
         flag, kind = OVERRIDES[key]
         parser.add_argument(flag, type=kind, help=f"override the training config's `{key}:`")

@@ -83,9 +83,11 @@ class Timeline:
             kind, ev = r.get("kind"), r.get("event")
             if kind == "train":
                 if "samples_seen" not in r:
-                    raise BlameError("the metrics log has no sampler positions (train records "
-                                     "without samples_seen: written by a ballast before "
-                                     "blame); blame cannot map its steps to data")
+                    raise BlameError(
+                        "the metrics log has no sampler positions (train records "
+                        "without samples_seen: written by a ballast before "
+                        "blame); blame cannot map its steps to data"
+                    )
                 i = int(r["step"]) - 1
                 k = micro_batch * int(r["accum"])
                 b = Batch(i, int(r["samples_seen"]) - k, k, int(r["accum"]))
@@ -120,8 +122,20 @@ class Timeline:
         for i, skip in sorted(skips.items()):  # a skip whose train record never came
             prev = t.steps.get(i - 1)
             accum = prev.accum if prev is not None else 1
-            t.events.append(Event(skip, [Batch(i, t.position(i), micro_batch * accum, accum,
-                                               skipped=str(skip.get("reason")))]))
+            t.events.append(
+                Event(
+                    skip,
+                    [
+                        Batch(
+                            i,
+                            t.position(i),
+                            micro_batch * accum,
+                            accum,
+                            skipped=str(skip.get("reason")),
+                        )
+                    ],
+                )
+            )
         return t
 
     def abandon(self, from_step: int, keep: bool = False) -> None:
@@ -154,19 +168,26 @@ class Timeline:
             raise BlameError(f"step {step} is not in the metrics log")
         j = bisect.bisect_left(known, step)
         if j == len(known):
-            raise BlameError(f"step {step} was not trained: the run's last step is "
-                             f"{known[-1]} (train record {known[-1] + 1})")
+            raise BlameError(
+                f"step {step} was not trained: the run's last step is "
+                f"{known[-1]} (train record {known[-1] + 1})"
+            )
         after = self.steps[known[j]]
         before = self.steps[known[j - 1]] if j else Batch(-1, 0, after.samples, after.accum)
         gap = known[j] - before.step - 1
-        if (after.samples == before.samples
-                and after.start - (before.start + before.samples) == gap * after.samples):
+        if (
+            after.samples == before.samples
+            and after.start - (before.start + before.samples) == gap * after.samples
+        ):
             k = after.samples
-            return Batch(step, before.start + before.samples + (step - before.step - 1) * k,
-                         k, after.accum)
-        raise BlameError(f"step {step} has no train record and the batch size changed "
-                         f"between steps {before.step} and {after.step}: train with "
-                         "log_every: 1 to blame every step")
+            return Batch(
+                step, before.start + before.samples + (step - before.step - 1) * k, k, after.accum
+            )
+        raise BlameError(
+            f"step {step} has no train record and the batch size changed "
+            f"between steps {before.step} and {after.step}: train with "
+            "log_every: 1 to blame every step"
+        )
 
 
 def input_path(inputs: list[dict[str, Any]], source: str, location: str) -> str:
@@ -174,9 +195,12 @@ def input_path(inputs: list[dict[str, Any]], source: str, location: str) -> str:
     each source's relative path was read from): a.jsonl:12 -> s3://corpus/web/a.jsonl:12."""
     for inp in inputs:
         rel = str(inp.get("rel", ""))
-        if (inp.get("source") == source and location.startswith(rel)
-                and location[len(rel):len(rel) + 1] in (":", "#")):
-            return f"{inp['uri']}{location[len(rel):]}"
+        if (
+            inp.get("source") == source
+            and location.startswith(rel)
+            and location[len(rel) : len(rel) + 1] in (":", "#")
+        ):
+            return f"{inp['uri']}{location[len(rel) :]}"
     return location
 
 
@@ -212,11 +236,23 @@ class BlameRun:
             docs = []
             for sp in self.prov.spans("train", int(row)):
                 docs.append({**self.document(sp.doc), "start": sp.start, "end": sp.end})
-            out.append({"row": int(row), "micro_batch": j // mb, "rank": (j % mb) // per_rank,
-                        "documents": docs})
-        return {"step": b.step, "train_record_step": b.step + 1, "samples": [b.start,
-                b.start + b.samples], "accum": b.accum, "skipped": b.skipped,
-                "rolled_back": b.rolled_back, "rows": out}
+            out.append(
+                {
+                    "row": int(row),
+                    "micro_batch": j // mb,
+                    "rank": (j % mb) // per_rank,
+                    "documents": docs,
+                }
+            )
+        return {
+            "step": b.step,
+            "train_record_step": b.step + 1,
+            "samples": [b.start, b.start + b.samples],
+            "accum": b.accum,
+            "skipped": b.skipped,
+            "rolled_back": b.rolled_back,
+            "rows": out,
+        }
 
     def steps_with(self, doc_id: str) -> dict[str, Any]:
         """Every step that trained on a piece of the document(s) with id `doc_id`."""
@@ -233,8 +269,11 @@ class BlameRun:
             # The sampler's order, an epoch at a time (Sampler.take reads the same
             # permutations), searched for the rows instead of walked step by step.
             for e in range(-(-end // self.n_rows)):
-                perm = (epoch_permutation(self.n_rows, self.cfg.seed, e) if self.cfg.shuffle
-                        else np.arange(self.n_rows))
+                perm = (
+                    epoch_permutation(self.n_rows, self.cfg.seed, e)
+                    if self.cfg.shuffle
+                    else np.arange(self.n_rows)
+                )
                 for p in np.flatnonzero(np.isin(perm, wanted)).tolist():
                     positions[e * self.n_rows + p] = int(perm[p])
             pos = sorted(positions)
@@ -243,12 +282,22 @@ class BlameRun:
                 hi = bisect.bisect_left(pos, b.start + b.samples)
                 for p in pos[lo:hi]:
                     row = positions[p]
-                    hits.append({"step": b.step, "row": row,
-                                 "micro_batch": (p - b.start) // self.cfg.micro_batch,
-                                 "skipped": b.skipped, "rolled_back": b.rolled_back,
-                                 "pieces": [[s.start, s.end] for s in rows[row]]})
-        return {"id": doc_id, "documents": [self.document(d) for d in docs],
-                "rows": sorted(rows), "steps": hits}
+                    hits.append(
+                        {
+                            "step": b.step,
+                            "row": row,
+                            "micro_batch": (p - b.start) // self.cfg.micro_batch,
+                            "skipped": b.skipped,
+                            "rolled_back": b.rolled_back,
+                            "pieces": [[s.start, s.end] for s in rows[row]],
+                        }
+                    )
+        return {
+            "id": doc_id,
+            "documents": [self.document(d) for d in docs],
+            "rows": sorted(rows),
+            "steps": hits,
+        }
 
 
 def run_config(run_dir: Path, config: str | None = None) -> TrainConfig:
@@ -266,8 +315,10 @@ def run_config(run_dir: Path, config: str | None = None) -> TrainConfig:
         steps = ckpt.steps(d) if d.is_dir() else []
         if steps:
             return TrainConfig.model_validate(ckpt.load(d, max(steps))["config"])
-    raise BlameError(f"{run_dir}: no final.json and no checkpoint to read the training "
-                     "config from; pass --config")
+    raise BlameError(
+        f"{run_dir}: no final.json and no checkpoint to read the training "
+        "config from; pass --config"
+    )
 
 
 def local_dataset(uri: str) -> Path:
@@ -286,8 +337,12 @@ def run_world_size(run_dir: Path) -> int | None:
     return int(size) if size else None
 
 
-def open_run(run_dir: str | Path, config: str | None = None, dataset: str | None = None,
-             world_size: int | None = None) -> BlameRun:
+def open_run(
+    run_dir: str | Path,
+    config: str | None = None,
+    dataset: str | None = None,
+    world_size: int | None = None,
+) -> BlameRun:
     """`world_size`: None takes the run's own (final.json), else 1."""
     rd = Path(run_dir)
     if not rd.is_dir():
@@ -299,16 +354,22 @@ def open_run(run_dir: str | Path, config: str | None = None, dataset: str | None
         raise BlameError(f"{rd}: no metrics.jsonl (not a training run directory)")
     root = local_dataset(dataset or cfg.dataset)
     if not (root / "manifest.json").is_file():
-        raise BlameError(f"{root}: no manifest.json (the run's dataset is gone? pass "
-                         "--dataset)")
+        raise BlameError(f"{root}: no manifest.json (the run's dataset is gone? pass --dataset)")
     manifest = read_manifest(str(root))
     try:
         prov = Provenance(root, manifest)
     except ProvenanceError as e:
         raise BlameError(str(e)) from None
     timeline = Timeline.from_records(read_metrics(rd / "metrics.jsonl"), cfg.micro_batch)
-    return BlameRun(rd, cfg, timeline, prov, int(manifest["splits"]["train"]["rows"]), world_size,
-               list(manifest.get("inputs", [])))
+    return BlameRun(
+        rd,
+        cfg,
+        timeline,
+        prov,
+        int(manifest["splits"]["train"]["rows"]),
+        world_size,
+        list(manifest.get("inputs", [])),
+    )
 
 
 def step_report(run: BlameRun, step: int) -> dict[str, Any]:
@@ -323,8 +384,10 @@ def step_report(run: BlameRun, step: int) -> dict[str, Any]:
 
 def events_report(run: BlameRun) -> list[dict[str, Any]]:
     """`--event`: every guard event with the batches it concerns."""
-    return [{"event": e.record, "batches": [run.describe(b) for b in e.batches]}
-            for e in run.timeline.events]
+    return [
+        {"event": e.record, "batches": [run.describe(b) for b in e.batches]}
+        for e in run.timeline.events
+    ]
 
 
 def event_documents(data: TrainData) -> Callable[[list[str | int]], dict[str, Any]] | None:
@@ -341,16 +404,21 @@ def event_documents(data: TrainData) -> Callable[[list[str | int]], dict[str, An
 
     def describe(ids: list[str | int]) -> dict[str, Any]:
         try:
-            return documents_of(prov, [int(i) for i in ids],
-                                inputs=list(data.manifest.get("inputs", [])))
+            return documents_of(
+                prov, [int(i) for i in ids], inputs=list(data.manifest.get("inputs", []))
+            )
         except (ProvenanceError, OSError, ValueError, KeyError) as e:
             return {"documents_error": str(e)}
 
     return describe
 
 
-def documents_of(prov: Provenance, rows: list[int], limit: int = EVENT_DOCS,
-                 inputs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def documents_of(
+    prov: Provenance,
+    rows: list[int],
+    limit: int = EVENT_DOCS,
+    inputs: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     tokens: dict[int, int] = {}
     for r in rows:
         for sp in prov.spans("train", r):
@@ -359,12 +427,21 @@ def documents_of(prov: Provenance, rows: list[int], limit: int = EVENT_DOCS,
     docs = []
     for d, n in top:
         doc: Document = prov.document(d)
-        docs.append({"doc": d, "id": doc.id, "source": doc.source, "location": doc.location,
-                     "path": input_path(inputs or [], doc.source, doc.location), "tokens": n})
+        docs.append(
+            {
+                "doc": d,
+                "id": doc.id,
+                "source": doc.source,
+                "location": doc.location,
+                "path": input_path(inputs or [], doc.source, doc.location),
+                "tokens": n,
+            }
+        )
     return {"documents": docs, "documents_total": len(tokens)}
 
 
 # -- text output ------------------------------------------------------------------------
+
 
 def _stats(stats: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:.4g}" for k, v in sorted(stats.items())) or "(none recorded)"
@@ -380,14 +457,18 @@ def batch_text(d: dict[str, Any], world_size: int = 1) -> list[str]:
         state = "applied, then rolled back"
     else:
         state = "applied"
-    lines = [f"step {d['step']} (train record {d['train_record_step']}): samples {lo}..{hi} "
-             f"of the training order, {hi - lo} rows (accum {d['accum']}); {state}"]
+    lines = [
+        f"step {d['step']} (train record {d['train_record_step']}): samples {lo}..{hi} "
+        f"of the training order, {hi - lo} rows (accum {d['accum']}); {state}"
+    ]
     for r in d["rows"]:
         rank = f", rank {r['rank']}" if world_size > 1 else ""
         lines.append(f"  micro-batch {r['micro_batch']}{rank}: row {r['row']}")
         for doc in r["documents"]:
-            lines.append(f"    {doc['path']}  source {doc['source']}  doc {doc['doc']}  "
-                         f"tokens {doc['start']}..{doc['end']}  (id {doc['id']})")
+            lines.append(
+                f"    {doc['path']}  source {doc['source']}  doc {doc['doc']}  "
+                f"tokens {doc['start']}..{doc['end']}  (id {doc['id']})"
+            )
             lines.append(f"      quality: {_stats(doc['stats'])}")
     return lines
 
@@ -395,8 +476,11 @@ def batch_text(d: dict[str, Any], world_size: int = 1) -> list[str]:
 def step_text(d: dict[str, Any], world_size: int = 1) -> list[str]:
     lines = batch_text(d, world_size)
     for a in d.get("abandoned", []):
-        lines += ["", "the same step number on a timeline a rollback abandoned:",
-                  *batch_text(a, world_size)]
+        lines += [
+            "",
+            "the same step number on a timeline a rollback abandoned:",
+            *batch_text(a, world_size),
+        ]
     return lines
 
 
@@ -416,19 +500,25 @@ def events_text(events: list[dict[str, Any]], world_size: int = 1) -> list[str]:
 def doc_text(d: dict[str, Any]) -> list[str]:
     lines = []
     for doc in d["documents"]:
-        lines.append(f"{doc['path']}  source {doc['source']}  doc {doc['doc']}  (id "
-                     f"{doc['id']})")
+        lines.append(f"{doc['path']}  source {doc['source']}  doc {doc['doc']}  (id {doc['id']})")
         lines.append(f"  quality: {_stats(doc['stats'])}")
     if not d["rows"]:
         lines.append("  not in the train split (validation, or left out by the mixture)")
     elif not d["steps"]:
         lines.append(f"  in train rows {d['rows'][:20]}, which no step has reached yet")
     for h in d["steps"]:
-        state = ("skipped by the guard: " + h["skipped"] if h["skipped"]
-                 else "rolled back" if h["rolled_back"] else "applied")
+        state = (
+            "skipped by the guard: " + h["skipped"]
+            if h["skipped"]
+            else "rolled back"
+            if h["rolled_back"]
+            else "applied"
+        )
         pieces = ", ".join(f"{a}..{b}" for a, b in h["pieces"])
-        lines.append(f"  step {h['step']}: row {h['row']} (micro-batch {h['micro_batch']}), "
-                     f"tokens {pieces}; {state}")
+        lines.append(
+            f"  step {h['step']}: row {h['row']} (micro-batch {h['micro_batch']}), "
+            f"tokens {pieces}; {state}"
+        )
     return lines
 
 
@@ -437,9 +527,12 @@ def event_header(r: dict[str, Any]) -> str:
         v = r.get(key)
         return f"{v:.4g}" if isinstance(v, float) else str(v)
 
-    head = (f"{r.get('event')} at step {r.get('step')}: {r.get('reason')}, loss {num('loss')}"
-            f" (z {num('loss_z')}), grad norm {num('grad_norm')} (z {num('grad_z')})")
+    head = (
+        f"{r.get('event')} at step {r.get('step')}: {r.get('reason')}, loss {num('loss')}"
+        f" (z {num('loss_z')}), grad norm {num('grad_norm')} (z {num('grad_z')})"
+    )
     if r.get("event") in ("rollback", "abort"):
-        head += (f"; window steps {r.get('start_step')}..{r.get('end_step')}"
-                 + (f", rolled back to step {r['to_step']}" if "to_step" in r else ""))
+        head += f"; window steps {r.get('start_step')}..{r.get('end_step')}" + (
+            f", rolled back to step {r['to_step']}" if "to_step" in r else ""
+        )
     return head

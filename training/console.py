@@ -32,7 +32,8 @@ EVENTS_FILE = "events.jsonl"
 NARRATIVE = re.compile(
     r"^(step \d+/\d+, loss |step \d+: validation loss |training from step 0 |resumed from "
     r"|checkpoint at step \d+$|training finished at step |training: step \d+, "
-    r"|validation loss: |final checkpoint: |loss curve: )")
+    r"|validation loss: |final checkpoint: |loss curve: )"
+)
 
 
 def is_narrative(line: str) -> bool:
@@ -42,8 +43,11 @@ def is_narrative(line: str) -> bool:
 
 def _eta(seconds: float) -> str:
     s = int(seconds)
-    return f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s" if s >= 3600 else \
-        f"{s // 60}m{s % 60:02d}s"
+    return (
+        f"{s // 3600}h{s % 3600 // 60:02d}m{s % 60:02d}s"
+        if s >= 3600
+        else f"{s // 60}m{s % 60:02d}s"
+    )
 
 
 def progress_line(ev: dict[str, Any]) -> str:
@@ -71,11 +75,15 @@ def event_line(ev: dict[str, Any]) -> str:
         return f"checkpoint at step {ev.get('step')}"
     if kind == "done":
         why = " (early stopping)" if ev.get("reason") == "early_stopping" else ""
-        return f"training finished at step {ev.get('step')}{why}, " \
-               f"{ev.get('tokens_seen', 0):,} tokens seen"
+        return (
+            f"training finished at step {ev.get('step')}{why}, "
+            f"{ev.get('tokens_seen', 0):,} tokens seen"
+        )
     if kind == "diverged":
-        return (f"diverged at step {ev.get('step')} beyond the rollback budget "
-                f"({ev.get('rollbacks')} rollbacks): exit 3")
+        return (
+            f"diverged at step {ev.get('step')} beyond the rollback budget "
+            f"({ev.get('rollbacks')} rollbacks): exit 3"
+        )
     rest = ", ".join(f"{k} {v}" for k, v in ev.items() if k not in ("event", "step"))
     return f"step {ev.get('step')}: {kind}" + (f" ({rest})" if rest else "")
 
@@ -105,23 +113,37 @@ class Console:
                 f.write(json.dumps(event, default=str) + "\n")
 
 
-def closing_block(final: dict[str, Any], evals: list[dict[str, Any]], run_dir: Path,
-                  remote: str | None) -> list[str]:
+def closing_block(
+    final: dict[str, Any], evals: list[dict[str, Any]], run_dir: Path, remote: str | None
+) -> list[str]:
     """The lines a finished run ends with (`final`: final.json's content; `evals`: the
     metrics log's eval records)."""
-    lines = [f"training: step {final['step']}, {final['tokens_seen']:,} tokens seen"
-             + (f", {len(final['rollbacks'])} rollbacks" if final.get("rollbacks") else "")
-             + (f", {final['skipped_non_finite'] + final['skipped_spikes']} steps skipped"
-                if final.get("skipped_non_finite") or final.get("skipped_spikes") else "")]
-    finite = [e for e in evals if isinstance(e.get("val_loss"), int | float)
-              and e["val_loss"] == e["val_loss"]]
+    lines = [
+        f"training: step {final['step']}, {final['tokens_seen']:,} tokens seen"
+        + (f", {len(final['rollbacks'])} rollbacks" if final.get("rollbacks") else "")
+        + (
+            f", {final['skipped_non_finite'] + final['skipped_spikes']} steps skipped"
+            if final.get("skipped_non_finite") or final.get("skipped_spikes")
+            else ""
+        )
+    ]
+    finite = [
+        e
+        for e in evals
+        if isinstance(e.get("val_loss"), int | float) and e["val_loss"] == e["val_loss"]
+    ]
     if finite:
         last, best = finite[-1], min(finite, key=lambda e: e["val_loss"])
-        lines.append(f"validation loss: {last['val_loss']:.4f} at step {last['step']} "
-                     f"(best {best['val_loss']:.4f} at step {best['step']})")
-    lines.append(f"final checkpoint: {final['checkpoint']}"
-                 + (f" (copied to {remote})" if remote else ""))
-    lines.append(f"loss curve: {(run_dir / 'loss.png').resolve()}; metrics: "
-                 f"{(run_dir / 'metrics.jsonl').resolve()}; run record: "
-                 f"{(run_dir / 'final.json').resolve()}")
+        lines.append(
+            f"validation loss: {last['val_loss']:.4f} at step {last['step']} "
+            f"(best {best['val_loss']:.4f} at step {best['step']})"
+        )
+    lines.append(
+        f"final checkpoint: {final['checkpoint']}" + (f" (copied to {remote})" if remote else "")
+    )
+    lines.append(
+        f"loss curve: {(run_dir / 'loss.png').resolve()}; metrics: "
+        f"{(run_dir / 'metrics.jsonl').resolve()}; run record: "
+        f"{(run_dir / 'final.json').resolve()}"
+    )
     return lines

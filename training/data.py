@@ -107,8 +107,9 @@ def fetch_dataset(uri: str, cache_root: Path, options: StorageOptions | None = N
 
 
 def dataset_cache() -> Path:
-    return Path(os.environ.get("BALLAST_DATASET_CACHE")
-                or Path.home() / ".cache" / "ballast" / "datasets")
+    return Path(
+        os.environ.get("BALLAST_DATASET_CACHE") or Path.home() / ".cache" / "ballast" / "datasets"
+    )
 
 
 def load_data(uri: str, check: bool = True, options: StorageOptions | None = None) -> TrainData:
@@ -191,9 +192,14 @@ class Loader:
     synchronously, in the caller's thread. `close()` (or `with`) stops the thread; at most
     `depth` micro-batch loads are ever pending, so neither close nor exit can hang."""
 
-    def __init__(self, split: Split, sampler: Sampler,
-                 select: Callable[[np.ndarray], np.ndarray] | None = None,
-                 pin_memory: bool = False, depth: int = 2) -> None:
+    def __init__(
+        self,
+        split: Split,
+        sampler: Sampler,
+        select: Callable[[np.ndarray], np.ndarray] | None = None,
+        pin_memory: bool = False,
+        depth: int = 2,
+    ) -> None:
         if depth < 0:
             raise ValueError(f"depth must be >= 0, got {depth}")
         self.split, self.sampler, self.depth = split, sampler, depth
@@ -201,8 +207,9 @@ class Loader:
         self._pin = pin_memory
         self._ahead: collections.deque[tuple[tuple[int, int], Future[dict[str, torch.Tensor]]]]
         self._ahead = collections.deque()
-        self._pool = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
-                      if depth else None)
+        self._pool = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch") if depth else None
+        )
 
     def load(self, pos: int, k: int) -> dict[str, torch.Tensor]:
         """The micro-batch of the `k` samples from position `pos`, loaded now."""

@@ -57,8 +57,10 @@ def shutdown() -> None:
 def rank_slice(idx: np.ndarray, world: World) -> np.ndarray:
     """This rank's contiguous share of a micro-batch of global sample indices."""
     if len(idx) % world.size:
-        raise ValueError(f"micro_batch {len(idx)} is not divisible by the world size "
-                         f"{world.size}; the global batch must split evenly across ranks")
+        raise ValueError(
+            f"micro_batch {len(idx)} is not divisible by the world size "
+            f"{world.size}; the global batch must split evenly across ranks"
+        )
     n = len(idx) // world.size
     return idx[world.rank * n : (world.rank + 1) * n]
 

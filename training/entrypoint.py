@@ -58,8 +58,7 @@ def decide(torchrun_code: int, codes: list[int]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
-        print("usage: python -m training.entrypoint [torchrun args] -- --config X",
-              file=sys.stderr)
+        print("usage: python -m training.entrypoint [torchrun args] -- --config X", file=sys.stderr)
         return 1
     cut = argv.index("--")
     ap = argparse.ArgumentParser(add_help=False)
@@ -67,9 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-restarts", default="0")
     known, passthrough = ap.parse_known_args(argv[:cut])
     with tempfile.TemporaryDirectory(prefix="ballast-exit-") as exit_dir:
-        cmd = [sys.executable, "-m", "torch.distributed.run",
-               f"--nproc-per-node={known.nproc_per_node}",
-               f"--max-restarts={known.max_restarts}", *passthrough]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc-per-node={known.nproc_per_node}",
+            f"--max-restarts={known.max_restarts}",
+            *passthrough,
+        ]
         if not any(a.startswith(("--rdzv", "--nnodes", "--standalone")) for a in passthrough):
             # One node: torchrun with its rendezvous on loopback, not --standalone's
             # stores on every interface.

@@ -36,8 +36,16 @@ from core.store import StorageOptions, open_store
 from training import checkpoint as ckpt
 from training.config import ModelConfig, TrainConfig
 
-__all__ = ["ExportError", "UnsupportedArchitecture", "architecture", "export_hf",
-           "find_checkpoint", "hf_config", "hf_state_dict", "hf_tokenizer"]
+__all__ = [
+    "ExportError",
+    "UnsupportedArchitecture",
+    "architecture",
+    "export_hf",
+    "find_checkpoint",
+    "hf_config",
+    "hf_state_dict",
+    "hf_tokenizer",
+]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -52,7 +60,8 @@ class UnsupportedArchitecture(ExportError):
 
 def _refuse(what: str) -> UnsupportedArchitecture:
     return UnsupportedArchitecture(
-        f"cannot export to Hugging Face transformers: {what} has no exact equivalent")
+        f"cannot export to Hugging Face transformers: {what} has no exact equivalent"
+    )
 
 
 def architecture(cfg: ModelConfig) -> str:
@@ -105,37 +114,65 @@ def hf_config(cfg: ModelConfig, vocab_size: int, seq_len: int, special: Special)
     arch = architecture(cfg)
     head_dim = cfg.d_model // cfg.n_head
     common: dict[str, Any] = {
-        "vocab_size": vocab_size, "tie_word_embeddings": not _untied(cfg),
+        "vocab_size": vocab_size,
+        "tie_word_embeddings": not _untied(cfg),
         # EOS doubles as BOS, as in GPT-2: in packed training data every document follows
         # an EOS. transformers' own defaults (bos 1, eos 2 for Llama) would be wrong ids.
-        "bos_token_id": special.eos_id, "eos_token_id": special.eos_id,
-        "pad_token_id": special.pad_id, "architectures": [arch],
+        "bos_token_id": special.eos_id,
+        "eos_token_id": special.eos_id,
+        "pad_token_id": special.pad_id,
+        "architectures": [arch],
     }
     rope = {"rope_type": "default", "rope_theta": cfg.rope_theta}
     if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM"):
         kw: dict[str, Any] = dict(
-            hidden_size=cfg.d_model, intermediate_size=_swiglu_hidden(cfg),
-            num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
-            num_key_value_heads=cfg.n_head, head_dim=head_dim, hidden_act="silu",
-            max_position_embeddings=seq_len, rms_norm_eps=cfg.norm_eps,
-            rope_parameters=rope, attention_bias=cfg.bias, attention_dropout=0.0, **common)
+            hidden_size=cfg.d_model,
+            intermediate_size=_swiglu_hidden(cfg),
+            num_hidden_layers=cfg.n_layer,
+            num_attention_heads=cfg.n_head,
+            num_key_value_heads=cfg.n_head,
+            head_dim=head_dim,
+            hidden_act="silu",
+            max_position_embeddings=seq_len,
+            rms_norm_eps=cfg.norm_eps,
+            rope_parameters=rope,
+            attention_bias=cfg.bias,
+            attention_dropout=0.0,
+            **common,
+        )
         if arch == "LlamaForCausalLM":
             return transformers.LlamaConfig(mlp_bias=cfg.bias, **kw)
         return transformers.Qwen3Config(use_sliding_window=False, **kw)
     if arch == "GPTNeoXForCausalLM":
         return transformers.GPTNeoXConfig(
-            hidden_size=cfg.d_model, intermediate_size=int(cfg.mlp_ratio * cfg.d_model),
-            num_hidden_layers=cfg.n_layer, num_attention_heads=cfg.n_head,
+            hidden_size=cfg.d_model,
+            intermediate_size=int(cfg.mlp_ratio * cfg.d_model),
+            num_hidden_layers=cfg.n_layer,
+            num_attention_heads=cfg.n_head,
             hidden_act="gelu",  # exact erf GELU, as F.gelu
-            max_position_embeddings=seq_len, layer_norm_eps=cfg.norm_eps,
-            use_parallel_residual=cfg.parallel_block, attention_bias=cfg.bias,
+            max_position_embeddings=seq_len,
+            layer_norm_eps=cfg.norm_eps,
+            use_parallel_residual=cfg.parallel_block,
+            attention_bias=cfg.bias,
             rope_parameters={**rope, "partial_rotary_factor": cfg.rotary_pct},
-            attention_dropout=0.0, hidden_dropout=0.0, **common)
+            attention_dropout=0.0,
+            hidden_dropout=0.0,
+            **common,
+        )
     return transformers.GPT2Config(
-        n_embd=cfg.d_model, n_layer=cfg.n_layer, n_head=cfg.n_head,
-        n_inner=int(cfg.mlp_ratio * cfg.d_model), activation_function="gelu",
-        n_positions=seq_len, layer_norm_epsilon=cfg.norm_eps, scale_attn_weights=True,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **common)
+        n_embd=cfg.d_model,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_inner=int(cfg.mlp_ratio * cfg.d_model),
+        activation_function="gelu",
+        n_positions=seq_len,
+        layer_norm_epsilon=cfg.norm_eps,
+        scale_attn_weights=True,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        **common,
+    )
 
 
 def _swiglu_hidden(cfg: ModelConfig) -> int:
@@ -182,13 +219,20 @@ def hf_state_dict(cfg: ModelConfig, sd: dict[str, Tensor]) -> dict[str, Tensor]:
             if cfg.qk_norm:  # the norm would remove a scale on W_Q: fold it into the gain
                 out[h + "self_attn.q_norm.weight"] = sd[b + "attn.q_norm.weight"] * q_scale
                 out[h + "self_attn.k_norm.weight"] = sd[b + "attn.k_norm.weight"]
-            for ours, theirs in (("w_q", "q_proj"), ("w_k", "k_proj"), ("w_v", "v_proj"),
-                                 ("w_o", "o_proj")):
+            for ours, theirs in (
+                ("w_q", "q_proj"),
+                ("w_k", "k_proj"),
+                ("w_v", "v_proj"),
+                ("w_o", "o_proj"),
+            ):
                 scale = q_scale if ours == "w_q" and not cfg.qk_norm else 1.0
                 for kind in ("weight", "bias") if cfg.bias else ("weight",):
                     out[f"{h}self_attn.{theirs}.{kind}"] = sd[f"{b}attn.{ours}.{kind}"] * scale
-            for ours, theirs in (("w_gate", "gate_proj"), ("w_up", "up_proj"),
-                                 ("w_down", "down_proj")):
+            for ours, theirs in (
+                ("w_gate", "gate_proj"),
+                ("w_up", "up_proj"),
+                ("w_down", "down_proj"),
+            ):
                 for kind in ("weight", "bias") if cfg.bias else ("weight",):
                     out[f"{h}mlp.{theirs}.{kind}"] = sd[f"{b}mlp.{ours}.{kind}"]
         out["lm_head.weight"] = head
@@ -203,8 +247,10 @@ def hf_state_dict(cfg: ModelConfig, sd: dict[str, Tensor]) -> dict[str, Tensor]:
             b, h = f"blocks.{i}.", f"gpt_neox.layers.{i}."
             # A parallel block has one norm shared by both branches: write it twice.
             ln2 = b + ("ln_1" if cfg.parallel_block else "ln_2")
-            for ours, theirs in ((b + "ln_1", "input_layernorm"),
-                                 (ln2, "post_attention_layernorm")):
+            for ours, theirs in (
+                (b + "ln_1", "input_layernorm"),
+                (ln2, "post_attention_layernorm"),
+            ):
                 out[h + theirs + ".weight"], out[h + theirs + ".bias"] = norm(ours)
             (wq, bq), (wk, bk), (wv, bv) = (lin(b + f"attn.{n}", d) for n in ("w_q", "w_k", "w_v"))
             wq, bq = wq * q_scale, bq * q_scale
@@ -217,10 +263,13 @@ def hf_state_dict(cfg: ModelConfig, sd: dict[str, Tensor]) -> dict[str, Tensor]:
                 per_head_b = [t.view(n_head, head_dim) for t in (bq, bk, bv)]
                 out[h + "attention.query_key_value.bias"] = torch.cat(per_head_b, 1).reshape(-1)
                 out[h + "attention.dense.bias"] = bo
-            for ours, theirs, n in (("w_up", "dense_h_to_4h", hidden),
-                                    ("w_down", "dense_4h_to_h", d)):
+            for ours, theirs, n in (
+                ("w_up", "dense_h_to_4h", hidden),
+                ("w_down", "dense_4h_to_h", d),
+            ):
                 out[f"{h}mlp.{theirs}.weight"], out[f"{h}mlp.{theirs}.bias"] = lin(
-                    f"{b}mlp.{ours}", n)
+                    f"{b}mlp.{ours}", n
+                )
         out["lm_head.weight"] = head
         return out
 
@@ -253,8 +302,11 @@ def hf_state_dict(cfg: ModelConfig, sd: dict[str, Tensor]) -> dict[str, Tensor]:
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table, which the ByteLevel pre-tokenizer uses."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-          *range(ord("®"), ord("ÿ") + 1)]
+    bs = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -297,10 +349,12 @@ def hf_tokenizer(tokenizer_json: str, special: Special, seq_len: int) -> Any:
         raise ExportError(f"the dataset's tokenizer file cannot be read: {e}") from None
     eos, pad = hf.id_to_token(special.eos_id), hf.id_to_token(special.pad_id)
     if eos is None or pad is None:
-        raise ExportError(f"the tokenizer has no token for eos id {special.eos_id} or pad id "
-                          f"{special.pad_id}")
-    return PreTrainedTokenizerFast(tokenizer_object=hf, eos_token=eos, pad_token=pad,
-                                   bos_token=eos, model_max_length=seq_len)
+        raise ExportError(
+            f"the tokenizer has no token for eos id {special.eos_id} or pad id {special.pad_id}"
+        )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=hf, eos_token=eos, pad_token=pad, bos_token=eos, model_max_length=seq_len
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -321,8 +375,10 @@ def find_checkpoint(path: str | Path) -> tuple[Path, int]:
             step = ckpt.steps(root)[-1]
         if step is not None:
             return root, step
-    raise ExportError(f"{path}: no checkpoint there (a step-N directory, a checkpoint "
-                      "directory or a run directory)")
+    raise ExportError(
+        f"{path}: no checkpoint there (a step-N directory, a checkpoint "
+        "directory or a run directory)"
+    )
 
 
 def load_checkpoint(root: Path, step: int) -> tuple[TrainConfig, dict[str, Tensor]]:
@@ -336,8 +392,10 @@ def load_checkpoint(root: Path, step: int) -> tuple[TrainConfig, dict[str, Tenso
     try:
         cfg = TrainConfig.model_validate(state["config"])
     except ValueError as e:  # pydantic's ValidationError is a ValueError
-        raise ExportError(f"{root / ckpt.step_name(step)}: its config is not valid here: "
-                          f"{' '.join(str(e).split())}") from None
+        raise ExportError(
+            f"{root / ckpt.step_name(step)}: its config is not valid here: "
+            f"{' '.join(str(e).split())}"
+        ) from None
     if "model" in state:
         return cfg, state["model"]
     if not ckpt.is_sharded(root, step):
@@ -370,14 +428,20 @@ def _load_dcp(d: Path) -> dict[str, Tensor]:
 # ---------------------------------------------------------------------------------------
 
 
-def export_hf(checkpoint: str | Path, out_dir: str | Path, dataset: str | None = None,
-              dtype: str = "float32", max_shard_size: str = "5GB") -> tuple[Path, str]:
+def export_hf(
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    dataset: str | None = None,
+    dtype: str = "float32",
+    max_shard_size: str = "5GB",
+) -> tuple[Path, str]:
     """Write the transformers directory; returns (out_dir, the class name)."""
     try:
         import transformers
     except ImportError:
-        raise ExportError("`ballast export hf` needs transformers: pip install "
-                          "'ballast-lm[hf]'") from None
+        raise ExportError(
+            "`ballast export hf` needs transformers: pip install 'ballast-lm[hf]'"
+        ) from None
 
     if dtype not in DTYPES:
         raise ExportError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
@@ -390,8 +454,10 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, dataset: str | None =
     seq_len = int(manifest["seq_len"])
     vocab_size = int(sd["wte.weight"].shape[0])
     if vocab_size != int(info["vocab_size"]):
-        raise ExportError(f"the checkpoint's vocabulary ({vocab_size}) is not the dataset's "
-                          f"({info['vocab_size']}, {uri})")
+        raise ExportError(
+            f"the checkpoint's vocabulary ({vocab_size}) is not the dataset's "
+            f"({info['vocab_size']}, {uri})"
+        )
     if "wpe.weight" in sd:
         seq_len = int(sd["wpe.weight"].shape[0])
 
@@ -402,12 +468,13 @@ def export_hf(checkpoint: str | Path, out_dir: str | Path, dataset: str | None =
     # Only the tied head may be missing (it is the embedding); anything else is a bug.
     missing = [k for k in missing if not (config.tie_word_embeddings and k == "lm_head.weight")]
     if missing or unexpected:
-        raise ExportError(f"{arch}: weights do not fit (missing {missing}, "
-                          f"unexpected {unexpected})")
+        raise ExportError(
+            f"{arch}: weights do not fit (missing {missing}, unexpected {unexpected})"
+        )
     model = model.to(DTYPES[dtype]).eval()
     model.generation_config = transformers.GenerationConfig(
-        bos_token_id=special.eos_id, eos_token_id=special.eos_id,
-        pad_token_id=special.pad_id)
+        bos_token_id=special.eos_id, eos_token_id=special.eos_id, pad_token_id=special.pad_id
+    )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, max_shard_size=max_shard_size, safe_serialization=True)
@@ -425,12 +492,15 @@ def _add_legacy_keys(out: Path, cfg: ModelConfig, arch: str) -> None:
         legacy["rope_theta"] = cfg.rope_theta
     if arch == "GPTNeoXForCausalLM":
         legacy |= {"rotary_pct": cfg.rotary_pct, "rotary_emb_base": cfg.rope_theta}
-    for name, extra in (("config.json", legacy),
-                        ("tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast"})):
+    for name, extra in (
+        ("config.json", legacy),
+        ("tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast"}),
+    ):
         path = out / name
         body = json.loads(path.read_text(encoding="utf-8"))
-        path.write_text(json.dumps({**body, **extra}, indent=2, sort_keys=True) + "\n",
-                        encoding="utf-8")
+        path.write_text(
+            json.dumps({**body, **extra}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
 
 
 def _dataset_tokenizer(uri: str, options: StorageOptions) -> tuple[str, dict[str, Any], str]:
@@ -443,6 +513,7 @@ def _dataset_tokenizer(uri: str, options: StorageOptions) -> tuple[str, dict[str
         name = manifest["tokenizer"]["file"]
         text = open_store(uri, options).get(name).decode("utf-8")
     except (StorageError, KeyError, ValueError) as e:
-        raise ExportError(f"dataset {uri}: cannot read its tokenizer ({e}); pass --dataset "
-                          "if it has moved") from None
+        raise ExportError(
+            f"dataset {uri}: cannot read its tokenizer ({e}); pass --dataset if it has moved"
+        ) from None
     return uri, manifest, text

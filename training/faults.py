@@ -64,8 +64,10 @@ class Faults(Hooks):
                 f.lr_blowup = (int(a), int(b))
                 f.persist = kind == "lr_blowup_persistent"
             else:
-                raise ValueError(f"unknown fault {spec!r} (nan@S, spike@S, kill@S, lr_blowup@A-B, "
-                                 "lr_blowup_persistent@A-B)")
+                raise ValueError(
+                    f"unknown fault {spec!r} (nan@S, spike@S, kill@S, lr_blowup@A-B, "
+                    "lr_blowup_persistent@A-B)"
+                )
         return f
 
     def before_step(self, step: int, rollbacks: list[dict[str, Any]]) -> None:
@@ -78,7 +80,8 @@ class Faults(Hooks):
         # after a rollback (unless `persist`, which tests the rollback budget; it lasts
         # until the supervisor's recovery, which tests that).
         persists = self.persist and not any(
-            r.get("reason") == "supervisor_recovery" for r in rollbacks)
+            r.get("reason") == "supervisor_recovery" for r in rollbacks
+        )
         if blow and blow[0] <= step < blow[1] and (persists or not rollbacks):
             return self.lr_blowup_factor
         return 1.0

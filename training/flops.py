@@ -37,24 +37,36 @@ T = 1e12
 # it contains (H100, which alone means the SXM part: torch names it "NVIDIA H100 80GB
 # HBM3").
 PEAKS: list[tuple[str, str, dict[str, float]]] = [
-    (r"H100.*PCIE", "H100 PCIe", {"bf16": 756.5 * T, "fp16": 756.5 * T, "tf32": 378 * T,
-                                    "fp32": 51 * T}),
-    (r"H100.*NVL", "H100 NVL", {"bf16": 835.5 * T, "fp16": 835.5 * T, "tf32": 417.5 * T,
-                                "fp32": 60 * T}),
-    (r"H200.*NVL", "H200 NVL", {"bf16": 835.5 * T, "fp16": 835.5 * T, "tf32": 417.5 * T,
-                                "fp32": 60 * T}),
-    (r"H100|GH200", "H100 SXM", {"bf16": 989.5 * T, "fp16": 989.5 * T, "tf32": 494.5 * T,
-                                 "fp32": 67 * T}),
-    (r"H200", "H200 SXM", {"bf16": 989.5 * T, "fp16": 989.5 * T, "tf32": 494.5 * T,
-                           "fp32": 67 * T}),
+    (
+        r"H100.*PCIE",
+        "H100 PCIe",
+        {"bf16": 756.5 * T, "fp16": 756.5 * T, "tf32": 378 * T, "fp32": 51 * T},
+    ),
+    (
+        r"H100.*NVL",
+        "H100 NVL",
+        {"bf16": 835.5 * T, "fp16": 835.5 * T, "tf32": 417.5 * T, "fp32": 60 * T},
+    ),
+    (
+        r"H200.*NVL",
+        "H200 NVL",
+        {"bf16": 835.5 * T, "fp16": 835.5 * T, "tf32": 417.5 * T, "fp32": 60 * T},
+    ),
+    (
+        r"H100|GH200",
+        "H100 SXM",
+        {"bf16": 989.5 * T, "fp16": 989.5 * T, "tf32": 494.5 * T, "fp32": 67 * T},
+    ),
+    (
+        r"H200",
+        "H200 SXM",
+        {"bf16": 989.5 * T, "fp16": 989.5 * T, "tf32": 494.5 * T, "fp32": 67 * T},
+    ),
     (r"A100", "A100", {"bf16": 312 * T, "fp16": 312 * T, "tf32": 156 * T, "fp32": 19.5 * T}),
-    (r"L40S", "L40S", {"bf16": 362.05 * T, "fp16": 362.05 * T, "tf32": 183 * T,
-                       "fp32": 91.6 * T}),
-    (r"L40\b", "L40", {"bf16": 181.05 * T, "fp16": 181.05 * T, "tf32": 90.5 * T,
-                       "fp32": 90.5 * T}),
+    (r"L40S", "L40S", {"bf16": 362.05 * T, "fp16": 362.05 * T, "tf32": 183 * T, "fp32": 91.6 * T}),
+    (r"L40\b", "L40", {"bf16": 181.05 * T, "fp16": 181.05 * T, "tf32": 90.5 * T, "fp32": 90.5 * T}),
     (r"\bL4\b", "L4", {"bf16": 121 * T, "fp16": 121 * T, "tf32": 60 * T, "fp32": 30.3 * T}),
-    (r"\bA10\b", "A10", {"bf16": 125 * T, "fp16": 125 * T, "tf32": 62.5 * T,
-                         "fp32": 31.2 * T}),
+    (r"\bA10\b", "A10", {"bf16": 125 * T, "fp16": 125 * T, "tf32": 62.5 * T, "fp32": 31.2 * T}),
     (r"V100.*PCIE", "V100 PCIe", {"fp16": 112 * T, "fp32": 14 * T}),
     (r"V100", "V100 SXM2", {"fp16": 125 * T, "fp32": 15.7 * T}),
     (r"\bT4\b", "T4", {"fp16": 65 * T, "fp32": 8.1 * T}),
@@ -76,8 +88,10 @@ def matmul_dtype(precision: str) -> str:
     autocast; fp32 is TF32 on tensor cores only when PyTorch is told to allow it."""
     if precision in ("bf16", "fp16"):
         return precision
-    tf32 = (torch.backends.cuda.matmul.allow_tf32
-            or torch.get_float32_matmul_precision() in ("high", "medium"))
+    tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() in (
+        "high",
+        "medium",
+    )
     return "tf32" if tf32 else "fp32"
 
 

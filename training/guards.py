@@ -87,8 +87,15 @@ from typing import Any, Literal
 from training.config import GuardConfig
 
 Action = Literal["ok", "skip", "rollback", "abort"]
-Reason = Literal["ok", "non_finite_loss", "non_finite_grad", "loss_spike", "grad_spike",
-                 "divergence", "rollback_budget_exhausted"]
+Reason = Literal[
+    "ok",
+    "non_finite_loss",
+    "non_finite_grad",
+    "loss_spike",
+    "grad_spike",
+    "divergence",
+    "rollback_budget_exhausted",
+]
 # How a divergence was called: "spikes", "loss_level" (or both, joined by "+"), "non_finite"
 # (a streak of non-finite steps), or whatever the trainer passes to divergence()
 # ("non_finite_val_loss", "non_finite_weights").
@@ -196,8 +203,9 @@ def _fmt_ids(ids: list[str | int]) -> str:
 class StabilityGuard:
     """Per-step stability decisions; see the module docstring for the policy."""
 
-    def __init__(self, cfg: GuardConfig,
-                 describe: Callable[[list[str | int]], dict[str, Any]] | None = None):
+    def __init__(
+        self, cfg: GuardConfig, describe: Callable[[list[str | int]], dict[str, Any]] | None = None
+    ):
         self.cfg = cfg
         # Fields an event gets about its sample ids (the trainer's: the documents of those
         # dataset rows, from the dataset's provenance); None: the ids alone.
@@ -224,8 +232,9 @@ class StabilityGuard:
 
     # -- the per-step check -----------------------------------------------------------------
 
-    def observe(self, step: int, loss: float, grad_norm: float,
-                sample_ids: SampleIds = None) -> Decision:
+    def observe(
+        self, step: int, loss: float, grad_norm: float, sample_ids: SampleIds = None
+    ) -> Decision:
         cfg = self.cfg
         loss, grad_norm = float(loss), float(grad_norm)
         if sample_ids is not None and len(sample_ids):
@@ -240,17 +249,28 @@ class StabilityGuard:
             self._nonfinite_streak += 1
             start = step if self._nonfinite_start is None else self._nonfinite_start
             if self._nonfinite_streak >= cfg.max_nonfinite_steps:
-                trigger = (f"{self._nonfinite_streak} non-finite steps in a row (steps "
-                           f"{start}..{step}; limit max_nonfinite_steps="
-                           f"{cfg.max_nonfinite_steps}); the weights are probably NaN")
-                return self._diverge(step, loss, grad_norm, start, "non_finite", trigger,
-                                     f"loss={loss}, grad_norm={grad_norm}",
-                                     {"nonfinite_streak": self._nonfinite_streak})
+                trigger = (
+                    f"{self._nonfinite_streak} non-finite steps in a row (steps "
+                    f"{start}..{step}; limit max_nonfinite_steps="
+                    f"{cfg.max_nonfinite_steps}); the weights are probably NaN"
+                )
+                return self._diverge(
+                    step,
+                    loss,
+                    grad_norm,
+                    start,
+                    "non_finite",
+                    trigger,
+                    f"loss={loss}, grad_norm={grad_norm}",
+                    {"nonfinite_streak": self._nonfinite_streak},
+                )
             self.skipped_non_finite += 1
             reason: Reason = "non_finite_loss" if not math.isfinite(loss) else "non_finite_grad"
             what = "loss" if reason == "non_finite_loss" else "grad norm"
-            detail = (f"step {step}: non-finite {what} (loss={loss}, grad_norm={grad_norm}; "
-                      f"{self._nonfinite_streak}/{cfg.max_nonfinite_steps} in a row)")
+            detail = (
+                f"step {step}: non-finite {what} (loss={loss}, grad_norm={grad_norm}; "
+                f"{self._nonfinite_streak}/{cfg.max_nonfinite_steps} in a row)"
+            )
             return self._emit("skip", reason, detail, step, loss, grad_norm, _ids(sample_ids))
         self._nonfinite_streak = 0
         self._nonfinite_start = None
@@ -291,23 +311,38 @@ class StabilityGuard:
         if spike:
             self.skipped_spikes += 1
             reason = "loss_spike" if loss_spike else "grad_spike"
-            detail = (f"step {step}: {reason.replace('_', ' ')}: "
-                      f"{self._values(loss, lz, grad_norm, gz)}; "
-                      f"{len(self._spike_steps)}/{cfg.spikes_to_rollback} spikes in the last "
-                      f"{cfg.window} steps")
-            return self._emit("skip", reason, detail, step, loss, grad_norm, _ids(sample_ids),
-                              z=lz if loss_spike else gz, loss_z=lz, grad_z=gz,
-                              extra=self._stats_fields())
+            detail = (
+                f"step {step}: {reason.replace('_', ' ')}: "
+                f"{self._values(loss, lz, grad_norm, gz)}; "
+                f"{len(self._spike_steps)}/{cfg.spikes_to_rollback} spikes in the last "
+                f"{cfg.window} steps"
+            )
+            return self._emit(
+                "skip",
+                reason,
+                detail,
+                step,
+                loss,
+                grad_norm,
+                _ids(sample_ids),
+                z=lz if loss_spike else gz,
+                loss_z=lz,
+                grad_z=gz,
+                extra=self._stats_fields(),
+            )
         if high:
             # Applied, but kept out of the statistics so the mean cannot follow a divergence.
-            detail = (f"step {step}: loss {loss:.6g} above {cfg.divergence_factor:g} x mean "
-                      f"= {threshold:.6g} ({self._high_streak}/{cfg.divergence_steps} in a row)")
+            detail = (
+                f"step {step}: loss {loss:.6g} above {cfg.divergence_factor:g} x mean "
+                f"= {threshold:.6g} ({self._high_streak}/{cfg.divergence_steps} in a row)"
+            )
             return Decision("ok", "ok", detail, None, lz, gz)
         self._accept(loss, log_grad)
         return Decision("ok", "ok", "", None, lz, gz)
 
-    def divergence(self, step: int, trigger: str, what: str,
-                   start_step: int | None = None) -> Decision:
+    def divergence(
+        self, step: int, trigger: str, what: str, start_step: int | None = None
+    ) -> Decision:
         """A divergence the trainer found itself (`trigger` e.g. "non_finite_val_loss";
         `what`: a human-readable description): ``rollback``, or ``abort`` when the budget
         is spent, exactly as for the guard's own divergences. The divergence is taken to
@@ -315,21 +350,25 @@ class StabilityGuard:
         `step`): the rollback goes to a checkpoint at or before it."""
         if start_step is None:
             start_step = step if self._nonfinite_start is None else self._nonfinite_start
-        return self._diverge(step, math.nan, math.nan, min(start_step, step), trigger, what,
-                             "", {})
+        return self._diverge(step, math.nan, math.nan, min(start_step, step), trigger, what, "", {})
 
     # -- rollbacks ----------------------------------------------------------------------------
 
-    def rolled_back(self, to_step: int, from_step: int,
-                    stats_from: dict[str, Any] | None = None) -> None:
+    def rolled_back(
+        self, to_step: int, from_step: int, stats_from: dict[str, Any] | None = None
+    ) -> None:
         """The trainer restored the checkpoint of `to_step` at `from_step`. Counts it, files it
         for the abort message, and resets what describes the abandoned steps. `stats_from`:
         optionally the guard state saved with that checkpoint, whose running statistics then
         replace the current ones (counters and rollback history are kept either way)."""
         self.rollbacks += 1
         record = {"to_step": int(to_step), "from_step": int(from_step)}
-        pending = self._pending or {"start_step": None, "end_step": None, "trigger": None,
-                                    "sample_ids": []}
+        pending = self._pending or {
+            "start_step": None,
+            "end_step": None,
+            "trigger": None,
+            "sample_ids": [],
+        }
         self._history.append({**pending, **record})
         self._pending = None
         self._spike_steps.clear()
@@ -383,8 +422,10 @@ class StabilityGuard:
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         if d.get("version") != STATE_VERSION:
-            raise ValueError(f"guard state version {d.get('version')!r} is not "
-                             f"{STATE_VERSION}; this checkpoint was written by another version")
+            raise ValueError(
+                f"guard state version {d.get('version')!r} is not "
+                f"{STATE_VERSION}; this checkpoint was written by another version"
+            )
         self.loss_stats.load_state_dict(d["loss_stats"])
         self.grad_stats.load_state_dict(d["grad_stats"])
         self.skipped_non_finite = int(d["skipped_non_finite"])
@@ -415,14 +456,19 @@ class StabilityGuard:
     def _values(self, loss: float, lz: float, grad_norm: float, gz: float) -> str:
         # Only formatted for non-ok decisions: observe() runs on every step.
         ls, gs, cfg = self.loss_stats, self.grad_stats, self.cfg
-        return (f"loss={loss:.6g} (mean {ls.mean:.6g}, std {ls.std():.3g}, "
-                f"z={lz:.2f} vs {cfg.loss_z:g}), grad_norm={grad_norm:.6g} (geometric mean "
-                f"{math.exp(gs.mean):.6g}, log-std {gs.std():.3g}, z={gz:.2f} vs {cfg.grad_z:g})")
+        return (
+            f"loss={loss:.6g} (mean {ls.mean:.6g}, std {ls.std():.3g}, "
+            f"z={lz:.2f} vs {cfg.loss_z:g}), grad_norm={grad_norm:.6g} (geometric mean "
+            f"{math.exp(gs.mean):.6g}, log-std {gs.std():.3g}, z={gz:.2f} vs {cfg.grad_z:g})"
+        )
 
     def _stats_fields(self) -> dict[str, Any]:
-        return {"loss_mean": self.loss_stats.mean, "loss_std": self.loss_stats.std(),
-                "grad_mean": math.exp(self.grad_stats.mean),
-                "grad_log_std": self.grad_stats.std()}
+        return {
+            "loss_mean": self.loss_stats.mean,
+            "loss_std": self.loss_stats.std(),
+            "grad_mean": math.exp(self.grad_stats.mean),
+            "grad_log_std": self.grad_stats.std(),
+        }
 
     def _ids_in(self, start: int, end: int) -> list[str | int]:
         ids: list[str | int] = []
@@ -431,71 +477,163 @@ class StabilityGuard:
                 ids.extend(step_ids)
         return ids[-MAX_IDS:]
 
-    def _divergence(self, step: int, loss: float, grad_norm: float, lz: float, gz: float,
-                    threshold: float, by_spikes: bool, by_level: bool) -> Decision:
+    def _divergence(
+        self,
+        step: int,
+        loss: float,
+        grad_norm: float,
+        lz: float,
+        gz: float,
+        threshold: float,
+        by_spikes: bool,
+        by_level: bool,
+    ) -> Decision:
         cfg = self.cfg
         starts: list[int] = []
         triggers: list[str] = []
         if by_spikes:
             starts.append(self._spike_steps[0])
-            triggers.append(f"{len(self._spike_steps)} spikes in the last {cfg.window} steps "
-                            f"(steps {list(self._spike_steps)}; limit {cfg.spikes_to_rollback})")
+            triggers.append(
+                f"{len(self._spike_steps)} spikes in the last {cfg.window} steps "
+                f"(steps {list(self._spike_steps)}; limit {cfg.spikes_to_rollback})"
+            )
         if by_level and self._high_start is not None:
             starts.append(self._high_start)
-            triggers.append(f"loss above {cfg.divergence_factor:g} x mean = {threshold:.6g} for "
-                            f"{self._high_streak} steps in a row (limit {cfg.divergence_steps})")
+            triggers.append(
+                f"loss above {cfg.divergence_factor:g} x mean = {threshold:.6g} for "
+                f"{self._high_streak} steps in a row (limit {cfg.divergence_steps})"
+            )
         # "spikes", "loss_level" or "spikes+loss_level"
         trigger = "+".join(t for t, on in (("spikes", by_spikes), ("loss_level", by_level)) if on)
-        extra = {"spike_steps": list(self._spike_steps), "high_streak": self._high_streak,
-                 "divergence_threshold": threshold}
-        return self._diverge(step, loss, grad_norm, min(starts, default=step), trigger,
-                             "; ".join(triggers), self._values(loss, lz, grad_norm, gz), extra,
-                             lz, gz)
+        extra = {
+            "spike_steps": list(self._spike_steps),
+            "high_streak": self._high_streak,
+            "divergence_threshold": threshold,
+        }
+        return self._diverge(
+            step,
+            loss,
+            grad_norm,
+            min(starts, default=step),
+            trigger,
+            "; ".join(triggers),
+            self._values(loss, lz, grad_norm, gz),
+            extra,
+            lz,
+            gz,
+        )
 
-    def _diverge(self, step: int, loss: float, grad_norm: float, start: int, trigger: str,
-                 why: str, values: str, extra: dict[str, Any], lz: float | None = None,
-                 gz: float | None = None) -> Decision:
+    def _diverge(
+        self,
+        step: int,
+        loss: float,
+        grad_norm: float,
+        start: int,
+        trigger: str,
+        why: str,
+        values: str,
+        extra: dict[str, Any],
+        lz: float | None = None,
+        gz: float | None = None,
+    ) -> Decision:
         """A divergence over steps start..step: ``rollback`` within the budget, else
         ``abort`` with the whole story (every rollback so far, and this one)."""
         cfg = self.cfg
         window_ids = self._ids_in(start, step)
-        divergence = {"start_step": start, "end_step": step, "trigger": trigger,
-                      "sample_ids": window_ids}
-        extra = {**self._stats_fields(), **divergence, **extra,
-                 "rollbacks_done": self.rollbacks, "max_rollbacks": cfg.max_rollbacks}
+        divergence = {
+            "start_step": start,
+            "end_step": step,
+            "trigger": trigger,
+            "sample_ids": window_ids,
+        }
+        extra = {
+            **self._stats_fields(),
+            **divergence,
+            **extra,
+            "rollbacks_done": self.rollbacks,
+            "max_rollbacks": cfg.max_rollbacks,
+        }
         what = f"divergence over steps {start}..{step}: {why}"
         if values:
             what += f"; at step {step}: {values}"
         if self.rollbacks < cfg.max_rollbacks:
             self._pending = _copy_event(divergence)
-            detail = (f"step {step}: rolling back ({self.rollbacks + 1}/{cfg.max_rollbacks}): "
-                      f"{what}; data seen: {_fmt_ids(window_ids)}")
-            return self._emit("rollback", "divergence", detail, step, loss, grad_norm,
-                              window_ids, z=lz, loss_z=lz, grad_z=gz, extra=extra)
+            detail = (
+                f"step {step}: rolling back ({self.rollbacks + 1}/{cfg.max_rollbacks}): "
+                f"{what}; data seen: {_fmt_ids(window_ids)}"
+            )
+            return self._emit(
+                "rollback",
+                "divergence",
+                detail,
+                step,
+                loss,
+                grad_norm,
+                window_ids,
+                z=lz,
+                loss_z=lz,
+                grad_z=gz,
+                extra=extra,
+            )
 
-        lines = [f"training diverged beyond the rollback budget ({self.rollbacks} of "
-                 f"max_rollbacks={cfg.max_rollbacks} used) at step {step}:"]
+        lines = [
+            f"training diverged beyond the rollback budget ({self.rollbacks} of "
+            f"max_rollbacks={cfg.max_rollbacks} used) at step {step}:"
+        ]
         for k, h in enumerate(self._history, 1):
-            span = (f"divergence over steps {h['start_step']}..{h['end_step']}"
-                    if h["start_step"] is not None else "rollback requested by the trainer")
+            span = (
+                f"divergence over steps {h['start_step']}..{h['end_step']}"
+                if h["start_step"] is not None
+                else "rollback requested by the trainer"
+            )
             if h.get("trigger"):
                 span += f" ({h['trigger']})"
-            lines.append(f"  rollback {k}: {span}, rolled back from step {h['from_step']} "
-                         f"to step {h['to_step']}; data: {_fmt_ids(h['sample_ids'])}")
+            lines.append(
+                f"  rollback {k}: {span}, rolled back from step {h['from_step']} "
+                f"to step {h['to_step']}; data: {_fmt_ids(h['sample_ids'])}"
+            )
         lines.append(f"  now: {what}")
         lines.append(f"  data: {_fmt_ids(window_ids)}")
         extra["rollbacks"] = self.rollback_history
-        return self._emit("abort", "rollback_budget_exhausted", "\n".join(lines), step, loss,
-                          grad_norm, window_ids, z=lz, loss_z=lz, grad_z=gz, extra=extra)
+        return self._emit(
+            "abort",
+            "rollback_budget_exhausted",
+            "\n".join(lines),
+            step,
+            loss,
+            grad_norm,
+            window_ids,
+            z=lz,
+            loss_z=lz,
+            grad_z=gz,
+            extra=extra,
+        )
 
-    def _emit(self, action: Action, reason: Reason, detail: str, step: int, loss: float,
-              grad_norm: float, ids: list[str | int], z: float | None = None,
-              loss_z: float | None = None, grad_z: float | None = None,
-              extra: dict[str, Any] | None = None) -> Decision:
+    def _emit(
+        self,
+        action: Action,
+        reason: Reason,
+        detail: str,
+        step: int,
+        loss: float,
+        grad_norm: float,
+        ids: list[str | int],
+        z: float | None = None,
+        loss_z: float | None = None,
+        grad_z: float | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> Decision:
         event: dict[str, Any] = {
-            "kind": "event", "event": action, "reason": reason, "step": int(step),
-            "loss": _num(loss), "grad_norm": _num(grad_norm), "z": _num(z),
-            "loss_z": _num(loss_z), "grad_z": _num(grad_z), "sample_ids": list(ids),
+            "kind": "event",
+            "event": action,
+            "reason": reason,
+            "step": int(step),
+            "loss": _num(loss),
+            "grad_norm": _num(grad_norm),
+            "z": _num(z),
+            "loss_z": _num(loss_z),
+            "grad_z": _num(grad_z),
+            "sample_ids": list(ids),
         }
         for k, v in (extra or {}).items():
             event[k] = _num(v) if isinstance(v, float) else v

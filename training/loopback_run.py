@@ -56,10 +56,18 @@ class LoopbackRendezvous(RendezvousHandler):
             self._sock.bind((HOST, 0))
             self._sock.listen(128)
             self._port = self._sock.getsockname()[1]
-            self._store = TCPStore(HOST, self._port, 1, True, self.timeout, multi_tenant=True,
-                                   master_listen_fd=self._sock.fileno())
-        return RendezvousInfo(PrefixStore(self.run_id, self._store), 0, 1,
-                              RendezvousStoreInfo(HOST, self._port))
+            self._store = TCPStore(
+                HOST,
+                self._port,
+                1,
+                True,
+                self.timeout,
+                multi_tenant=True,
+                master_listen_fd=self._sock.fileno(),
+            )
+        return RendezvousInfo(
+            PrefixStore(self.run_id, self._store), 0, 1, RendezvousStoreInfo(HOST, self._port)
+        )
 
     def is_closed(self) -> bool:
         return False
@@ -81,15 +89,21 @@ class LoopbackRendezvous(RendezvousHandler):
 
 def _create(params: RendezvousParameters) -> RendezvousHandler:
     if params.max_nodes != 1:
-        raise ValueError(f"the {BACKEND} rendezvous is for one node (--nnodes=1), "
-                         f"got --nnodes={params.min_nodes}:{params.max_nodes}")
+        raise ValueError(
+            f"the {BACKEND} rendezvous is for one node (--nnodes=1), "
+            f"got --nnodes={params.min_nodes}:{params.max_nodes}"
+        )
     return LoopbackRendezvous(params.run_id, int(params.config.get("timeout", TIMEOUT_S)))
 
 
 def rendezvous_args() -> list[str]:
     """torchrun's rendezvous arguments for one node on loopback."""
-    return [f"--rdzv-backend={BACKEND}", f"--rdzv-endpoint={HOST}:0",
-            f"--rdzv-id={uuid.uuid4()}", "--nnodes=1"]
+    return [
+        f"--rdzv-backend={BACKEND}",
+        f"--rdzv-endpoint={HOST}:0",
+        f"--rdzv-id={uuid.uuid4()}",
+        "--nnodes=1",
+    ]
 
 
 def main() -> None:

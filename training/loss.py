@@ -16,8 +16,9 @@ __all__ = ["IGNORE_INDEX", "lm_loss", "shift_targets"]
 IGNORE_INDEX = -100
 
 
-def shift_targets(input_ids: Tensor, segment_ids: Tensor | None = None,
-                  loss_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def shift_targets(
+    input_ids: Tensor, segment_ids: Tensor | None = None, loss_mask: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Targets (B, T): the next token, IGNORE_INDEX where invalid; valid (B, T) bool.
 
     Position t is valid when token t + 1 exists, is real (loss_mask[t + 1], and segment
@@ -38,8 +39,13 @@ def shift_targets(input_ids: Tensor, segment_ids: Tensor | None = None,
     return targets.masked_fill(~valid, IGNORE_INDEX), valid
 
 
-def lm_loss(logits: Tensor, targets: Tensor, valid: Tensor, z_loss: float = 0.0,
-            label_smoothing: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+def lm_loss(
+    logits: Tensor,
+    targets: Tensor,
+    valid: Tensor,
+    z_loss: float = 0.0,
+    label_smoothing: float = 0.0,
+) -> tuple[Tensor, Tensor, Tensor]:
     """(total, ce, z), all float32 scalars, means over the valid positions.
 
     ce = mean(logsumexp(logits) - logits[target]); z = z_loss * mean(logsumexp(logits)^2);

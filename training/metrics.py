@@ -35,7 +35,7 @@ class MetricsLog:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(self._fd, view):]
+                view = view[os.write(self._fd, view) :]
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, end)
@@ -67,8 +67,11 @@ def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
             continue
         if isinstance(v, int | float):
             out.append((f"{kind}/{key}", float(v)))
-        elif isinstance(v, list) and v and all(
-                isinstance(x, int | float) and not isinstance(x, bool) for x in v):
+        elif (
+            isinstance(v, list)
+            and v
+            and all(isinstance(x, int | float) and not isinstance(x, bool) for x in v)
+        ):
             out += [(f"{kind}/{key}/{i}", float(x)) for i, x in enumerate(v)]
     return out
 
@@ -114,8 +117,9 @@ def plot_loss(metrics_path: str | Path, png_path: str | Path) -> None:
     if val:
         ax.plot(*zip(*val, strict=True), "o-", label="validation loss", lw=1.5, ms=3)
     for e in events:
-        ax.axvline(e["step"], color="red" if e.get("event") == "rollback" else "orange",
-                   alpha=0.3, lw=0.8)
+        ax.axvline(
+            e["step"], color="red" if e.get("event") == "rollback" else "orange", alpha=0.3, lw=0.8
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
     ax.set_title("ballast training (red: rollbacks, orange: skipped steps)")

@@ -106,7 +106,7 @@ class Rotary(nn.Module):
     def forward(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
         half = self.rotary_dim // 2
         exponent = torch.arange(half, device=position_ids.device, dtype=torch.float32) / half
-        inv_freq = self.theta ** -exponent  # theta^(-2i/d), i < d/2
+        inv_freq = self.theta**-exponent  # theta^(-2i/d), i < d/2
         angles = position_ids.float()[..., None] * inv_freq  # (B, T, half)
         angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, rotary_dim)
         return angles.cos(), angles.sin()
@@ -179,8 +179,9 @@ def flex_document_mask(segment_ids: Tensor) -> BlockMask:
         seg_q, seg_kv = segment_ids[b, q], segment_ids[b, kv]
         return (q == kv) | ((q >= kv) & (seg_q == seg_kv) & (seg_q > 0))
 
-    return create_block_mask(document_causal, B, None, T, T, device=segment_ids.device,
-                             _compile=segment_ids.is_cuda)
+    return create_block_mask(
+        document_causal, B, None, T, T, device=segment_ids.device, _compile=segment_ids.is_cuda
+    )
 
 
 @functools.cache
@@ -257,14 +258,19 @@ class CausalSelfAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask) -> Tensor:
         p = self.dropout if self.training else 0.0
         if mask is None:  # fast path: the fused causal kernels, no mask tensor at all
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p,
-                                                  scale=self.scale)
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=p, scale=self.scale
+            )
         if isinstance(mask, Tensor):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                                  scale=self.scale)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=p, scale=self.scale
+            )
         # Inside the trainer's torch.compile, plain flex_attention is what gets compiled.
-        flex = (flex_attention if torch.compiler.is_compiling() or not q.is_cuda
-                else _compiled_flex_attention())
+        flex = (
+            flex_attention
+            if torch.compiler.is_compiling() or not q.is_cuda
+            else _compiled_flex_attention()
+        )
         out = flex(q, k, v, block_mask=mask, scale=self.scale)
         assert isinstance(out, Tensor)
         return out
@@ -363,8 +369,9 @@ class Block(nn.Module):
         # A separate path so the default forward stays exactly today's.
         if self.ln_2 is None:
             h = self.ln_1(x)
-            return (x + drop_path(self.attn(h, rope, mask), r, True)
-                    + drop_path(self.mlp(h), r, True))
+            return (
+                x + drop_path(self.attn(h, rope, mask), r, True) + drop_path(self.mlp(h), r, True)
+            )
         x = x + drop_path(self.attn(self.ln_1(x), rope, mask), r, True)
         return x + drop_path(self.mlp(self.ln_2(x)), r, True)
 
@@ -396,14 +403,18 @@ class GPT(nn.Module):
 
         self.wte = nn.Embedding(vocab_size, cfg.d_model)
         self.wpe = nn.Embedding(max_seq_len, cfg.d_model) if cfg.position == "learned" else None
-        self.rotary = (Rotary(cfg.d_model // cfg.n_head, cfg.rotary_pct, cfg.rope_theta)
-                       if cfg.position == "rope" else None)
+        self.rotary = (
+            Rotary(cfg.d_model // cfg.n_head, cfg.rotary_pct, cfg.rope_theta)
+            if cfg.position == "rope"
+            else None
+        )
         self.drop = nn.Dropout(embd_dropout(cfg))
         self.blocks = nn.ModuleList(Block(cfg, mup, rate) for rate in drop_path_rates(cfg))
         self.ln_f = make_norm(cfg)
         # Tied: the head is wte's matrix (Press & Wolf 2017); untied: a matrix of its own.
-        self.lm_head = (None if cfg.tie_embeddings
-                        else nn.Linear(cfg.d_model, vocab_size, bias=False))
+        self.lm_head = (
+            None if cfg.tie_embeddings else nn.Linear(cfg.d_model, vocab_size, bias=False)
+        )
         self._kinds = self._classify_params()
         self.init_weights()
 
@@ -469,8 +480,11 @@ class GPT(nn.Module):
                 if name.startswith("blocks."):
                     s /= math.sqrt(self.width_mult)
                     if name.endswith(("attn.w_o", "mlp.w_down")):
-                        s = (s / math.sqrt(2 * cfg.n_layer) if resid_std is None
-                             else resid_std / math.sqrt(self.width_mult))
+                        s = (
+                            s / math.sqrt(2 * cfg.n_layer)
+                            if resid_std is None
+                            else resid_std / math.sqrt(self.width_mult)
+                        )
                 nn.init.normal_(module.weight, mean=0.0, std=s)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
@@ -491,13 +505,12 @@ class GPT(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
-                if name.endswith(("attn.w_v", "attn.w_o", "mlp.w_gate", "mlp.w_up",
-                                  "mlp.w_down")):
+                if name.endswith(("attn.w_v", "attn.w_o", "mlp.w_gate", "mlp.w_up", "mlp.w_down")):
                     module.weight.mul_(scale)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, mean=0.0, std=self.cfg.d_model ** -0.5 * scale)
+                nn.init.normal_(module.weight, mean=0.0, std=self.cfg.d_model**-0.5 * scale)
             elif isinstance(module, RMSNorm | LayerNorm):
                 nn.init.ones_(module.weight)
                 if getattr(module, "bias", None) is not None:
@@ -526,8 +539,9 @@ class GPT(nn.Module):
     # -- forward -------------------------------------------------------------------------
 
     @torch.compiler.disable  # data-dependent (host sync); stays eager under torch.compile
-    def attention_mask(self, segment_ids: Tensor | None, training: bool,
-                       single_segment: bool | None = None) -> AttnMask:
+    def attention_mask(
+        self, segment_ids: Tensor | None, training: bool, single_segment: bool | None = None
+    ) -> AttnMask:
         """None (plain causal) when that is exact, else the document mask for the backend.
         `single_segment`: the caller's answer, found on the host (spares the sync)."""
         if is_single_segment(segment_ids) if single_segment is None else single_segment:
@@ -541,9 +555,13 @@ class GPT(nn.Module):
             return flex_document_mask(segment_ids)
         return dense_document_mask(segment_ids)
 
-    def forward(self, input_ids: Tensor, position_ids: Tensor | None = None,
-                segment_ids: Tensor | None = None,
-                single_segment: bool | None = None) -> Tensor:
+    def forward(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor | None = None,
+        segment_ids: Tensor | None = None,
+        single_segment: bool | None = None,
+    ) -> Tensor:
         """Logits (B, T, vocab) in float32.
 
         position_ids: (B, T), restarting at 0 per document; default: derived from
@@ -555,8 +573,11 @@ class GPT(nn.Module):
         if self.max_seq_len < T:
             raise ValueError(f"sequence length {T} exceeds max_seq_len {self.max_seq_len}")
         if position_ids is None:
-            position_ids = (positions_from_segments(segment_ids) if segment_ids is not None
-                            else torch.arange(T, device=input_ids.device).expand(B, T))
+            position_ids = (
+                positions_from_segments(segment_ids)
+                if segment_ids is not None
+                else torch.arange(T, device=input_ids.device).expand(B, T)
+            )
 
         x = self.wte(input_ids)
         if self.wpe is not None:

@@ -34,8 +34,7 @@ class NoiseScale:
     s: float | None = None
     accum: int | None = None
 
-    def observe(self, small_sq: float, big_sq: float, b_small: float,
-                b_big: float) -> float | None:
+    def observe(self, small_sq: float, big_sq: float, b_small: float, b_big: float) -> float | None:
         """Fold in one estimate; returns B_noise (None while |G|^2 is not positive or the
         inputs are not finite, e.g. a skipped or non-finite step)."""
         if not (b_big > b_small > 0 and math.isfinite(small_sq) and math.isfinite(big_sq)):
@@ -51,8 +50,7 @@ class NoiseScale:
             return None
         return self.s / self.g2
 
-    def propose(self, current: int, micro_batch: int, max_accum: int,
-                target: float = 1.0) -> int:
+    def propose(self, current: int, micro_batch: int, max_accum: int, target: float = 1.0) -> int:
         """The accumulation the controller wants: ceil(target * B_noise / micro_batch), at
         least `current` (it never lowers it) and at most `max_accum`."""
         b = self.b_noise()

@@ -129,10 +129,13 @@ def param_groups(model: GroupedModel | nn.Module, cfg: OptimConfig) -> list[dict
         }
         if cfg.lr_layer_decay is not None or cfg.param_groups:
             rule_wd = cfg.param_groups[rule].weight_decay if rule >= 0 else None  # type: ignore[index]
-            group.update(name=f"{key}@{lr_mult:.6g}" + (f"#{rule}" if rule >= 0 else ""),
-                         weight_decay=wd if rule_wd is None else rule_wd, lr_mult=lr_mult,
-                         initial_lr=base_lr * lr_scale * lr_mult,
-                         lr=base_lr * lr_scale * lr_mult)
+            group.update(
+                name=f"{key}@{lr_mult:.6g}" + (f"#{rule}" if rule >= 0 else ""),
+                weight_decay=wd if rule_wd is None else rule_wd,
+                lr_mult=lr_mult,
+                initial_lr=base_lr * lr_scale * lr_mult,
+                lr=base_lr * lr_scale * lr_mult,
+            )
         if use_muon:
             group["muon"] = is_muon
         groups.append(group)
@@ -144,8 +147,9 @@ def param_groups(model: GroupedModel | nn.Module, cfg: OptimConfig) -> list[dict
 _BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
 
 
-def _splitter(named: list[tuple[str, nn.Parameter]], kinds: dict[str, str],
-              cfg: OptimConfig) -> Callable[[str, str], tuple[float, int]]:
+def _splitter(
+    named: list[tuple[str, nn.Parameter]], kinds: dict[str, str], cfg: OptimConfig
+) -> Callable[[str, str], tuple[float, int]]:
     """name, kind -> (lr multiplier, index of the first matching `cfg.param_groups` rule or
     -1). Layer-wise decay (see OptimConfig.lr_layer_decay): block i (from the name
     "blocks.<i>.") gets decay ** (n_layer - 1 - i), "embedding" kinds decay ** n_layer,
@@ -153,8 +157,10 @@ def _splitter(named: list[tuple[str, nn.Parameter]], kinds: dict[str, str],
     rules = [re.compile(r.pattern) for r in cfg.param_groups or []]
     for i, rx in enumerate(rules):
         if named and not any(rx.search(n) for n, _ in named):
-            raise ValueError(f"optim.param_groups[{i}].pattern {rx.pattern!r} matches no "
-                             f"parameter (names look like {named[0][0]!r})")
+            raise ValueError(
+                f"optim.param_groups[{i}].pattern {rx.pattern!r} matches no "
+                f"parameter (names look like {named[0][0]!r})"
+            )
     decay = cfg.lr_layer_decay
     blocks = [int(m.group(1)) for n, _ in named if (m := _BLOCK.search(n))]
     n_layer = max(blocks) + 1 if blocks else 0
@@ -166,7 +172,7 @@ def _splitter(named: list[tuple[str, nn.Parameter]], kinds: dict[str, str],
             if m:
                 mult = decay ** (n_layer - 1 - int(m.group(1)))
             elif kind == "embedding":
-                mult = decay ** n_layer
+                mult = decay**n_layer
         rule = next((i for i, rx in enumerate(rules) if rx.search(name)), -1)
         if rule >= 0:
             mult *= cfg.param_groups[rule].lr_mult  # type: ignore[index]
@@ -220,9 +226,15 @@ def _adamw(groups: list[dict[str, Any]], cfg: OptimConfig) -> torch.optim.AdamW:
     # foreach is the default multi-tensor path; `fused` is torch's single-kernel update (CPU
     # and CUDA), a few per cent faster on small models. Both are deterministic (exact resume
     # is tested on CPU for each).
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                             weight_decay=cfg.weight_decay, foreach=not cfg.fused,
-                             fused=cfg.fused)
+    return torch.optim.AdamW(
+        groups,
+        lr=cfg.lr,
+        betas=cfg.betas,
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+        foreach=not cfg.fused,
+        fused=cfg.fused,
+    )
 
 
 @register("lion")
@@ -270,8 +282,13 @@ class Lion(torch.optim.Optimizer):
     One state tensor per parameter (`exp_avg`), half of AdamW's memory. The update has
     magnitude lr per coordinate, so use an lr 3-10x below AdamW's (and wd 3-10x above)."""
 
-    def __init__(self, params: ParamsT, lr: float = 1e-4,
-                 betas: tuple[float, float] = LION_BETAS, weight_decay: float = 0.0) -> None:
+    def __init__(
+        self,
+        params: ParamsT,
+        lr: float = 1e-4,
+        betas: tuple[float, float] = LION_BETAS,
+        weight_decay: float = 0.0,
+    ) -> None:
         if lr < 0:
             raise ValueError(f"invalid learning rate {lr}")
         if not all(0.0 <= b < 1.0 for b in betas):
@@ -327,10 +344,18 @@ class MuonWithAdamW(torch.optim.Optimizer):
     steps, and `scaler.step(opt)` works unchanged for fp16. Do not pass the inner optimizers
     to the scaler separately."""
 
-    def __init__(self, muon_params: Iterable[Any], adamw_params: Iterable[Any], *,
-                 muon_lr: float = 0.02, muon_momentum: float = 0.95, lr: float = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.1) -> None:
+    def __init__(
+        self,
+        muon_params: Iterable[Any],
+        adamw_params: Iterable[Any],
+        *,
+        muon_lr: float = 0.02,
+        muon_momentum: float = 0.95,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.1,
+    ) -> None:
         muon_cls = getattr(torch.optim, "Muon", None)
         if muon_cls is None:
             raise RuntimeError(f"torch {torch.__version__} has no torch.optim.Muon (torch>=2.9)")
@@ -340,11 +365,23 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self._muon: torch.optim.Optimizer | None = None
         self._adamw: torch.optim.Optimizer | None = None
         if muon_groups:
-            self._muon = muon_cls(muon_groups, lr=muon_lr, momentum=muon_momentum,
-                                  weight_decay=weight_decay, nesterov=True)
+            self._muon = muon_cls(
+                muon_groups,
+                lr=muon_lr,
+                momentum=muon_momentum,
+                weight_decay=weight_decay,
+                nesterov=True,
+            )
         if adamw_groups:
-            self._adamw = torch.optim.AdamW(adamw_groups, lr=lr, betas=betas, eps=eps,
-                                            weight_decay=weight_decay, foreach=True, fused=False)
+            self._adamw = torch.optim.AdamW(
+                adamw_groups,
+                lr=lr,
+                betas=betas,
+                eps=eps,
+                weight_decay=weight_decay,
+                foreach=True,
+                fused=False,
+            )
         # The inner optimizers filled each group dict with their defaults in place; this
         # Optimizer's add_param_group appends the same dict objects (and checks disjointness).
         self._linked = False  # add_param_group: plain appends until __init__ is done
@@ -383,8 +420,12 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
     def __getstate__(self) -> dict[str, Any]:
         # Keep the inner optimizers through pickle/deepcopy (the base keeps only 3 fields).
-        return {**super().__getstate__(), "_muon": self._muon, "_adamw": self._adamw,
-                "_linked": self._linked}
+        return {
+            **super().__getstate__(),
+            "_muon": self._muon,
+            "_adamw": self._adamw,
+            "_linked": self._linked,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
@@ -429,9 +470,11 @@ def agc_params(model: GroupedModel | nn.Module) -> list[nn.Parameter]:
     """The parameters adaptive gradient clipping acts on: 2-D "hidden" matrices. Brock et
     al. 2021 leave the final classifier unclipped, and embeddings, norm gains and biases are
     not the unit-wise weight matrices the rule is written for."""
-    return [p for name, p in model.named_parameters()
-            if p.requires_grad and p.ndim == 2
-            and model.param_kind(name) == "hidden"]  # type: ignore[operator]
+    return [
+        p
+        for name, p in model.named_parameters()
+        if p.requires_grad and p.ndim == 2 and model.param_kind(name) == "hidden"
+    ]  # type: ignore[operator]
 
 
 @torch.no_grad()
@@ -449,6 +492,7 @@ def clip_grad_agc_(params: Iterable[nn.Parameter], clip: float, eps: float = 1e-
         w_norm = p.detach().norm(dim=1, keepdim=True).clamp_min(eps)
         g_norm = g.norm(dim=1, keepdim=True)
         max_norm = clip * w_norm
-        scale = torch.where(g_norm > max_norm, max_norm / g_norm.clamp_min(1e-6),
-                            torch.ones_like(g_norm))
+        scale = torch.where(
+            g_norm > max_norm, max_norm / g_norm.clamp_min(1e-6), torch.ones_like(g_norm)
+        )
         g.mul_(scale)

@@ -10,9 +10,9 @@ from training.distributed import World
 from training.model import GPT
 
 
-def parallelize(model: GPT, world: World, device: torch.device, parallel: str
-                ) -> tuple[torch.nn.Module, torch.nn.parallel.DistributedDataParallel | None,
-                           bool]:
+def parallelize(
+    model: GPT, world: World, device: torch.device, parallel: str
+) -> tuple[torch.nn.Module, torch.nn.parallel.DistributedDataParallel | None, bool]:
     """(the module to call for the forward pass, the DDP wrapper or None, whether FSDP2
     shards the model)."""
     if not world.active:
@@ -28,5 +28,6 @@ def parallelize(model: GPT, world: World, device: torch.device, parallel: str
         return model, None, True
     # Same seed on every rank gives the same init; DDP also broadcasts rank 0's.
     ddp = torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=[device.index] if device.type == "cuda" else None)
+        model, device_ids=[device.index] if device.type == "cuda" else None
+    )
     return ddp, ddp, False

@@ -67,8 +67,11 @@ def stopped_by_marker(run_dir: Path, recovering: bool, world: World) -> bool:
     elif marker.is_file():
         # torchrun restarts a worker whatever its exit code; a run that diverged
         # beyond its rollback budget must not quietly train on.
-        print(f"{marker} exists: this run diverged beyond its rollback budget "
-              f"(delete the file to train anyway):\n{marker.read_text()}", file=sys.stderr)
+        print(
+            f"{marker} exists: this run diverged beyond its rollback budget "
+            f"(delete the file to train anyway):\n{marker.read_text()}",
+            file=sys.stderr,
+        )
         return True
     return False
 
@@ -88,15 +91,26 @@ class CheckpointChoice:
         it), and a checkpoint_corrupt event for the metrics log."""
         moved = ckpt.move_aside(self.root, step)
         where = f"moved aside to {moved.name}" if moved is not None else "nothing to move aside"
-        print(f"warning: not using checkpoint {ckpt.step_name(step)}: {error}; {where}",
-              file=sys.stderr, flush=True)
-        self.events.append({
-            "kind": "event", "event": "checkpoint_corrupt", "step": now,
-            "checkpoint": ckpt.step_name(step), "checkpoint_step": step,
-            "moved_to": None if moved is None else str(moved), "error": str(error)})
+        print(
+            f"warning: not using checkpoint {ckpt.step_name(step)}: {error}; {where}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.events.append(
+            {
+                "kind": "event",
+                "event": "checkpoint_corrupt",
+                "step": now,
+                "checkpoint": ckpt.step_name(step),
+                "checkpoint_step": step,
+                "moved_to": None if moved is None else str(moved),
+                "error": str(error),
+            }
+        )
 
-    def newest_valid(self, at_most: int | None, now: int, also: int | None = None,
-                     suspect: bool = False) -> int | None:
+    def newest_valid(
+        self, at_most: int | None, now: int, also: int | None = None, suspect: bool = False
+    ) -> int | None:
         """The newest checkpoint at or before step `at_most` (None: any) that verifies, or
         None. Local ones first, newest first (plus step `also`, which `latest` names even if
         its directory is gone); each bad one is set aside. Object storage is asked only when
@@ -119,14 +133,21 @@ class CheckpointChoice:
         if self.remote is None or (best is not None and not bad):
             return best
         try:
-            newer = [r for r in self.remote.remote_steps()
-                     if (at_most is None or r <= at_most) and (best is None or r > best)]
+            newer = [
+                r
+                for r in self.remote.remote_steps()
+                if (at_most is None or r <= at_most) and (best is None or r > best)
+            ]
             got = self.remote.restore_at_most(root, max(newer)) if newer else None
         except StorageError as e:
             if best is None:
                 raise  # unreachable is not "nothing there": a crash, restarted later
-            print(f"warning: object storage {self.remote.uri} cannot be read ({e}); using "
-                  f"the local checkpoint {ckpt.step_name(best)}", file=sys.stderr, flush=True)
+            print(
+                f"warning: object storage {self.remote.uri} cannot be read ({e}); using "
+                f"the local checkpoint {ckpt.step_name(best)}",
+                file=sys.stderr,
+                flush=True,
+            )
             return best
         return got if got is not None and (best is None or got > best) else best
 
@@ -140,8 +161,11 @@ class CheckpointChoice:
         try:
             named = ckpt.latest_step(root)
         except ckpt.CheckpointError as e:
-            print(f"warning: {e}; looking for the newest valid checkpoint", file=sys.stderr,
-                  flush=True)
+            print(
+                f"warning: {e}; looking for the newest valid checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
             named, garbled = None, True
         if named is None and not garbled:
             if self.remote is None:
@@ -153,13 +177,17 @@ class CheckpointChoice:
         best = self.newest_valid(named, now, also=named, suspect=garbled)
         if best is None:
             where = f"{root}" + (f" or {self.remote.uri}" if self.remote is not None else "")
-            what = (f"{root / ckpt.LATEST} names {ckpt.step_name(named)}" if named is not None
-                    else f"{root / ckpt.LATEST} is unreadable")
+            what = (
+                f"{root / ckpt.LATEST} names {ckpt.step_name(named)}"
+                if named is not None
+                else f"{root / ckpt.LATEST} is unreadable"
+            )
             raise ckpt.CheckpointError(
                 f"no valid checkpoint to resume from: {what}, and no complete checkpoint "
                 f"at or before it is left in {where} (bad ones were moved aside as "
                 f"step-*.corrupt-*); put a good checkpoint back, or delete {root} to start "
-                f"from step 0")
+                f"from step 0"
+            )
         if best != named:
             ckpt.write_latest(root, best)
         return best
@@ -183,8 +211,9 @@ class Recoverable(Protocol):
     choice: CheckpointChoice
     rewind_remote: bool  # the next upload to object storage follows a rollback
 
-    def restore(self, step: int, modules_only: bool = False,
-                verified: bool = False) -> dict[str, Any]: ...
+    def restore(
+        self, step: int, modules_only: bool = False, verified: bool = False
+    ) -> dict[str, Any]: ...
 
     def save(self) -> None: ...
 
@@ -206,8 +235,15 @@ def diverge(t: Recoverable, d: Decision, log: MetricsLog, samples: int) -> bool:
     if t.world.is_main:
         (t.run_dir / DIVERGED_MARKER).write_text(d.detail + "\n")
     ev = d.event or {}
-    t.emit({"event": "diverged", "step": s.step, "start_step": ev.get("start_step"),
-            "samples_seen": s.samples_seen + samples, "rollbacks": len(s.rollbacks)})
+    t.emit(
+        {
+            "event": "diverged",
+            "step": s.step,
+            "start_step": ev.get("start_step"),
+            "samples_seen": s.samples_seen + samples,
+            "rollbacks": len(s.rollbacks),
+        }
+    )
     return True
 
 
@@ -222,11 +258,14 @@ def rollback(t: Recoverable, d: Decision, log: MetricsLog) -> None:
     t.choice.flush(log)
     target = distributed.broadcast_object(target, t.world, t.device)
     if target is None:
-        raise ckpt.CheckpointError(f"no valid checkpoint at or before step {start} left "
-                                   f"in {t.ckpts.root} to roll back to")
+        raise ckpt.CheckpointError(
+            f"no valid checkpoint at or before step {start} left in {t.ckpts.root} to roll back to"
+        )
     samples_seen, tokens_seen = s.samples_seen, s.tokens_seen
-    history = [*s.rollbacks, {"from_step": s.step, "to_step": target,
-                              "reason": d.reason, "detail": d.detail}]
+    history = [
+        *s.rollbacks,
+        {"from_step": s.step, "to_step": target, "reason": d.reason, "detail": d.detail},
+    ]
     lr_scale = s.lr_scale * t.cfg.guards.rollback_lr_scale
     st = t.restore(target, modules_only=True, verified=True)
     t.state = State(target, samples_seen, tokens_seen, lr_scale, history)
@@ -234,10 +273,18 @@ def rollback(t: Recoverable, d: Decision, log: MetricsLog) -> None:
     # The guard keeps its counters and history (the budget must run out), but takes the
     # running statistics that match the restored weights.
     t.guard.rolled_back(to_step=target, from_step=s.step, stats_from=st["guard"])
-    log.write({"kind": "event", **(d.event or {}), "event": "rollback", "step": s.step,
-               "to_step": target, "lr_scale": lr_scale,
-               "data_skipped": f"samples {st['trainer']['samples_seen']}..{samples_seen} "
-                               f"of the training order are not replayed"})
+    log.write(
+        {
+            "kind": "event",
+            **(d.event or {}),
+            "event": "rollback",
+            "step": s.step,
+            "to_step": target,
+            "lr_scale": lr_scale,
+            "data_skipped": f"samples {st['trainer']['samples_seen']}..{samples_seen} "
+            f"of the training order are not replayed",
+        }
+    )
 
 
 def recover(t: Recoverable, r: Recovery, log: MetricsLog) -> None:
@@ -245,8 +292,9 @@ def recover(t: Recoverable, r: Recovery, log: MetricsLog) -> None:
     rollback, but across processes, with a fresh budget (see Recovery)."""
     s = t.state
     key = {"rollback_to": r.rollback_to, "skip_to_sample": r.skip_to_sample}
-    if any(h.get("reason") == "supervisor_recovery" and h.get("request") == key
-           for h in s.rollbacks):
+    if any(
+        h.get("reason") == "supervisor_recovery" and h.get("request") == key for h in s.rollbacks
+    ):
         return  # applied before this process restarted (torchrun --max-restarts)
     cap = s.step if r.rollback_to is None else min(r.rollback_to, s.step)
     target = None
@@ -260,16 +308,28 @@ def recover(t: Recoverable, r: Recovery, log: MetricsLog) -> None:
     target = distributed.broadcast_object(target, t.world, t.device)
     root = t.ckpts.root
     if target is None:
-        raise ckpt.CheckpointError(f"no valid checkpoint at or before step {s.step} "
-                                   f"left in {root} to recover from")
+        raise ckpt.CheckpointError(
+            f"no valid checkpoint at or before step {s.step} left in {root} to recover from"
+        )
     from_step = s.step
     st = t.restore(target, verified=True)
     now = t.state
-    t.state = State(target, max(now.samples_seen, r.skip_to_sample or 0), now.tokens_seen,
-                    now.lr_scale * r.lr_scale,
-                    [*now.rollbacks, {"from_step": from_step, "to_step": target,
-                                      "reason": "supervisor_recovery", "request": key,
-                                      "detail": f"lr x {r.lr_scale}"}])
+    t.state = State(
+        target,
+        max(now.samples_seen, r.skip_to_sample or 0),
+        now.tokens_seen,
+        now.lr_scale * r.lr_scale,
+        [
+            *now.rollbacks,
+            {
+                "from_step": from_step,
+                "to_step": target,
+                "reason": "supervisor_recovery",
+                "request": key,
+                "detail": f"lr x {r.lr_scale}",
+            },
+        ],
+    )
     t.guard.reset_budget()
     if t.world.is_main:  # the abandoned trajectory must never be resumed
         for c in ckpt.steps(root):
@@ -278,7 +338,11 @@ def recover(t: Recoverable, r: Recovery, log: MetricsLog) -> None:
     t.rewind_remote = True
     t.save()  # overwrites step `target` with the new position and LR scale
     t.ckpts.finish()
-    event = {"event": "recovered", "step": from_step, "to_step": target,
-             "samples_skipped": f"{st['trainer']['samples_seen']}..{t.state.samples_seen}",
-             "lr_scale": t.state.lr_scale}
+    event = {
+        "event": "recovered",
+        "step": from_step,
+        "to_step": target,
+        "samples_skipped": f"{st['trainer']['samples_seen']}..{t.state.samples_seen}",
+        "lr_scale": t.state.lr_scale,
+    }
     t.record(log, event)

@@ -21,13 +21,27 @@ if TYPE_CHECKING:
 
 def environment() -> dict[str, Any]:
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+                timeout=5,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         commit = None
-    return {"torch": torch.__version__, "python": platform.python_version(),
-            "platform": platform.platform(), "cuda": torch.version.cuda,
-            "git_commit": commit, "threads": torch.get_num_threads(), "pid": os.getpid()}
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cuda": torch.version.cuda,
+        "git_commit": commit,
+        "threads": torch.get_num_threads(),
+        "pid": os.getpid(),
+    }
 
 
 def write_final(t: Trainer, metrics_path: Path) -> None:
@@ -35,16 +49,26 @@ def write_final(t: Trainer, metrics_path: Path) -> None:
     extra: dict[str, Any] = {}
     for c in t.components:
         extra.update(c.final_fields())
-    (t.run_dir / "final.json").write_text(json.dumps({
-        "step": t.state.step, "tokens_seen": t.state.tokens_seen,
-        "rollbacks": t.state.rollbacks,
-        "skipped_non_finite": t.guard.skipped_non_finite,
-        "skipped_spikes": t.guard.skipped_spikes,
-        "config": t.cfg.model_dump(mode="json"), "seed": t.cfg.seed,
-        "dataset": {"uri": t.cfg.dataset,
-                    "config_fingerprint": t.data.manifest.get("config_fingerprint")},
-        # world_size: how the samples of a micro-batch were split over ranks (blame).
-        "environment": {**environment(), "world_size": t.world.size},
-        "checkpoint": str(t.ckpt_dir / ckpt.step_name(t.state.step)),
-        **extra,
-    }, indent=2, default=str))
+    (t.run_dir / "final.json").write_text(
+        json.dumps(
+            {
+                "step": t.state.step,
+                "tokens_seen": t.state.tokens_seen,
+                "rollbacks": t.state.rollbacks,
+                "skipped_non_finite": t.guard.skipped_non_finite,
+                "skipped_spikes": t.guard.skipped_spikes,
+                "config": t.cfg.model_dump(mode="json"),
+                "seed": t.cfg.seed,
+                "dataset": {
+                    "uri": t.cfg.dataset,
+                    "config_fingerprint": t.data.manifest.get("config_fingerprint"),
+                },
+                # world_size: how the samples of a micro-batch were split over ranks (blame).
+                "environment": {**environment(), "world_size": t.world.size},
+                "checkpoint": str(t.ckpt_dir / ckpt.step_name(t.state.step)),
+                **extra,
+            },
+            indent=2,
+            default=str,
+        )
+    )

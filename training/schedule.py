@@ -64,7 +64,7 @@ def lr_multiplier(step: int, total_steps: int, cfg: ScheduleConfig) -> float:
     if cfg.kind == "linear":
         return 1.0 - p * (1.0 - floor)
     if cfg.kind == "exponential":
-        return floor ** p
+        return floor**p
     if cfg.kind == "polynomial":
         return floor + (1.0 - floor) * (1.0 - p) ** cfg.power
     raise ValueError(f"unknown schedule kind {cfg.kind!r}")
@@ -77,8 +77,9 @@ def _progress(step: int, start: int, end: int) -> float:
     return min(1.0, max(0.0, (step - start) / (end - start)))
 
 
-def set_lr(optimizer: Any, step: int, total_steps: int, cfg: ScheduleConfig,
-           extra_scale: float = 1.0) -> float:
+def set_lr(
+    optimizer: Any, step: int, total_steps: int, cfg: ScheduleConfig, extra_scale: float = 1.0
+) -> float:
     """Set every group's lr to initial_lr * lr_multiplier * extra_scale (`extra_scale`: e.g.
     the guard's lr cut after a rollback). Groups built by `training.optim.param_groups` carry
     `initial_lr` (base lr * muP `lr_scale`); one without it takes its current lr as initial
@@ -95,8 +96,7 @@ def set_lr(optimizer: Any, step: int, total_steps: int, cfg: ScheduleConfig,
     return lr / first["lr_mult"] if "lr_mult" in first else lr
 
 
-def accum_steps_at(step: int, cfg: ScheduleConfig, accum_steps: int,
-                   tokens_seen: int = 0) -> int:
+def accum_steps_at(step: int, cfg: ScheduleConfig, accum_steps: int, tokens_seen: int = 0) -> int:
     """Gradient-accumulation steps at `step` under batch-size warmup: a linear integer ramp
     from `cfg.batch_warmup_start_accum` at step 0 to `accum_steps` at
     `cfg.batch_warmup_steps` (floor, so non-decreasing; `accum_steps` from then on), or
@@ -111,8 +111,10 @@ def accum_steps_at(step: int, cfg: ScheduleConfig, accum_steps: int,
         return accum_steps
     if start > accum_steps:
         # A "warmup" that shrinks the batch is a config mistake, not a schedule.
-        raise ValueError(f"schedule.batch_warmup_start_accum ({start}) is larger than "
-                         f"accum_steps ({accum_steps})")
+        raise ValueError(
+            f"schedule.batch_warmup_start_accum ({start}) is larger than "
+            f"accum_steps ({accum_steps})"
+        )
     at = tokens_seen if by_tokens else step
     if at >= ramp:
         return accum_steps

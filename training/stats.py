@@ -47,12 +47,14 @@ class LayerStats:
     def _act_hook(self, i: int) -> Any:
         def hook(module: nn.Module, args: Any, out: Tensor) -> None:
             self.act_rms[i] = out.detach().float().pow(2).mean().sqrt()
+
         return hook
 
     def _logit_hook(self, i: int) -> Any:
         def hook(module: nn.Module, args: Any, out: Tensor) -> None:
             x, rope, mask = args
             self.logit_max[i] = module.max_logit(x.detach(), rope, mask)  # type: ignore[operator]
+
         return hook
 
     def _block_params(self) -> list[list[Tensor]]:
@@ -80,18 +82,20 @@ class LayerStats:
         block's parameters; 0 for a step the guard skipped)."""
         ratios = []
         for params, before in zip(self._block_params(), self.before, strict=True):
-            diff = torch.stack([(p.detach() - b).float().pow(2).sum()
-                                for p, b in zip(params, before, strict=True)]).sum()
+            diff = torch.stack(
+                [(p.detach() - b).float().pow(2).sum() for p, b in zip(params, before, strict=True)]
+            ).sum()
             norm = torch.stack([b.float().pow(2).sum() for b in before]).sum()
             ratios.append((diff / norm.clamp_min(1e-30)).sqrt())
         n = len(ratios)
         missing = torch.full((), float("nan"), device=ratios[0].device)
-        rows = torch.stack([
-            torch.stack([a if a is not None else missing for a in self.act_rms]),
-            self.grad_rms if self.grad_rms is not None else missing.expand(n),
-            torch.stack([m if m is not None else missing for m in self.logit_max]).float(),
-            torch.stack(ratios),
-        ]).double()
+        rows = torch.stack(
+            [
+                torch.stack([a if a is not None else missing for a in self.act_rms]),
+                self.grad_rms if self.grad_rms is not None else missing.expand(n),
+                torch.stack([m if m is not None else missing for m in self.logit_max]).float(),
+                torch.stack(ratios),
+            ]
+        ).double()
         act, grad, logit, ratio = rows.tolist()  # the statistics step's one extra transfer
-        return {"act_rms": act, "grad_rms": grad, "attn_logit_max": logit,
-                "update_ratio": ratio}
+        return {"act_rms": act, "grad_rms": grad, "attn_logit_max": logit, "update_ratio": ratio}

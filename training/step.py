@@ -96,8 +96,13 @@ def train_step(t: Trainer) -> StepResult:
         accum = c.accum(s.step, accum)
     for c in comps:
         c.step_begin(s.step, accum)
-    lr = set_lr(t.optimizer, s.step, cfg.steps, cfg.schedule,
-                s.lr_scale * hooks.lr_factor(s.step, s.rollbacks))
+    lr = set_lr(
+        t.optimizer,
+        s.step,
+        cfg.steps,
+        cfg.schedule,
+        s.lr_scale * hooks.lr_factor(s.step, s.rollbacks),
+    )
     idx = t.sampler.take(s.samples_seen, cfg.micro_batch * accum)
     t.model.train()
     sums = torch.zeros(4, dtype=torch.float64, device=t.device)  # total, ce, z, tokens
@@ -105,18 +110,22 @@ def train_step(t: Trainer) -> StepResult:
         host = t.loader.get(s.samples_seen + k * cfg.micro_batch, cfg.micro_batch)
         b = to_device(host, t.device)
         targets, valid = shift_targets(b["input_ids"], b["segment_ids"], b["loss_mask"])
-        sync = (t.ddp.no_sync() if t.ddp is not None and k < accum - 1
-                else contextlib.nullcontext())
+        sync = t.ddp.no_sync() if t.ddp is not None and k < accum - 1 else contextlib.nullcontext()
         if t.fsdp:  # reduce-scatter gradients only after the last micro-batch
             t.model.set_requires_gradient_sync(k == accum - 1)
         with sync:
             with autocast(cfg, t.device), contextlib.ExitStack() as around:
                 for c in comps:
                     around.enter_context(c.forward_context(k))
-                logits = t.forward(b["input_ids"], b["position_ids"], b["segment_ids"],
-                                   single_segment=single_segment(host["segment_ids"]))
-            loss, ce, z = lm_loss(logits.float(), targets, valid, cfg.precision.z_loss,
-                                  cfg.label_smoothing)
+                logits = t.forward(
+                    b["input_ids"],
+                    b["position_ids"],
+                    b["segment_ids"],
+                    single_segment=single_segment(host["segment_ids"]),
+                )
+            loss, ce, z = lm_loss(
+                logits.float(), targets, valid, cfg.precision.z_loss, cfg.label_smoothing
+            )
             if world.active:
                 # Token-weighted across ranks: DDP averages gradients over ranks, so
                 # weight each rank's mean by its share of the micro-batch's tokens.
@@ -131,9 +140,14 @@ def train_step(t: Trainer) -> StepResult:
             t.scaler.scale(loss / accum).backward()
         for c in comps:
             c.after_backward(k, accum)
-        sums += torch.stack([loss.detach().double() / accum, ce.detach().double() / accum,
-                             z.detach().double() / accum,
-                             b["loss_mask"].sum(dtype=torch.float64)])
+        sums += torch.stack(
+            [
+                loss.detach().double() / accum,
+                ce.detach().double() / accum,
+                z.detach().double() / accum,
+                b["loss_mask"].sum(dtype=torch.float64),
+            ]
+        )
     if world.active:  # the logged values are the global ones, the same on every rank
         distributed.all_sum_tensor(sums, world)
         sums[:3] /= world.size
@@ -155,12 +169,11 @@ def train_step(t: Trainer) -> StepResult:
     # on the found-inf flag (PyTorch's, once per step).
     extra = [c.host_tensors() for c in comps]
     total, ce_sum, z_sum, grad_norm, tokens, *rest = torch.cat(
-        [sums[:3], norm.detach().double().reshape(1), sums[3:],
-         *(x for xs in extra for x in xs)]).tolist()
+        [sums[:3], norm.detach().double().reshape(1), sums[3:], *(x for xs in extra for x in xs)]
+    ).tolist()
     # An fp16 overflow shows in the (scaled) gradients only; a non-finite loss came out
     # of the forward pass (NaN weights, say), which no loss scale explains.
-    fp16_overflow = (t.scaler.is_enabled() and math.isfinite(total)
-                     and not math.isfinite(grad_norm))
+    fp16_overflow = t.scaler.is_enabled() and math.isfinite(total) and not math.isfinite(grad_norm)
     decision = None
     if fp16_overflow:
         # Dynamic loss scaling: the scaler skips this step and lowers the scale;
@@ -182,13 +195,23 @@ def train_step(t: Trainer) -> StepResult:
     applied = decision is not None and decision.action == "ok"
     extras = {}
     for c, xs in zip(comps, extra, strict=True):
-        host_values, rest = rest[:sum(x.numel() for x in xs)], rest[sum(x.numel() for x in xs):]
+        host_values, rest = rest[: sum(x.numel() for x in xs)], rest[sum(x.numel() for x in xs) :]
         value = c.step_end(applied, host_values, grad_norm, accum)
         if value is not None:
             extras[c.name] = value
-    return StepResult(loss=total, ce=ce_sum, z_loss=z_sum, lr=lr, grad_norm=grad_norm,
-                      accum=accum, samples=len(idx), real_tokens=int(tokens),
-                      decision=decision, fp16_overflow=fp16_overflow, extras=extras)
+    return StepResult(
+        loss=total,
+        ce=ce_sum,
+        z_loss=z_sum,
+        lr=lr,
+        grad_norm=grad_norm,
+        accum=accum,
+        samples=len(idx),
+        real_tokens=int(tokens),
+        decision=decision,
+        fp16_overflow=fp16_overflow,
+        extras=extras,
+    )
 
 
 @torch.no_grad()

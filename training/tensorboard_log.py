@@ -22,8 +22,9 @@ class TensorBoardLog:
     def __init__(self, log_dir: str | Path, purge_step: int | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step,
-                                    flush_secs=FLUSH_SECS)
+        self.writer = SummaryWriter(
+            log_dir=str(log_dir), purge_step=purge_step, flush_secs=FLUSH_SECS
+        )
 
     def write(self, record: dict[str, Any]) -> None:
         step = record.get("step")

@@ -34,31 +34,46 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m training.train",
-                                 description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m training.train", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--config", required=True)
     add_train_overrides(ap)
-    ap.add_argument("--recover", action="store_true",
-                    help="restart after exit 3 (the supervisor passes this): back to a "
-                         "checkpoint, skip data, scale the LR, fresh rollback budget")
+    ap.add_argument(
+        "--recover",
+        action="store_true",
+        help="restart after exit 3 (the supervisor passes this): back to a "
+        "checkpoint, skip data, scale the LR, fresh rollback budget",
+    )
     ap.add_argument("--rollback-to", type=int, help="with --recover: newest checkpoint <= this")
-    ap.add_argument("--skip-to-sample", type=int,
-                    help="with --recover: resume the training order at this sample")
-    ap.add_argument("--lr-scale", type=float, default=0.5,
-                    help="with --recover: multiply the learning rate (default 0.5)")
-    ap.add_argument("--fault", action="append", default=[],
-                    help="inject a fault (tests): nan@S[,S], spike@S[,S], kill@S, lr_blowup@A-B, "
-                         "lr_blowup_persistent@A-B")
+    ap.add_argument(
+        "--skip-to-sample",
+        type=int,
+        help="with --recover: resume the training order at this sample",
+    )
+    ap.add_argument(
+        "--lr-scale",
+        type=float,
+        default=0.5,
+        help="with --recover: multiply the learning rate (default 0.5)",
+    )
+    ap.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        help="inject a fault (tests): nan@S[,S], spike@S[,S], kill@S, lr_blowup@A-B, "
+        "lr_blowup_persistent@A-B",
+    )
     args = ap.parse_args(argv)
     try:
         cfg = load_train_config(args.config, train_overrides(args))
         if not 0 < args.lr_scale <= 1:
             raise ValueError(f"--lr-scale must be in (0, 1], got {args.lr_scale}")
-        request = (Recovery(args.rollback_to, args.skip_to_sample, args.lr_scale)
-                   if args.recover else None)
+        request = (
+            Recovery(args.rollback_to, args.skip_to_sample, args.lr_scale) if args.recover else None
+        )
         trainer = Trainer(cfg, Faults.parse(args.fault), request)
-    except (TrainConfigError, DatasetError, ckpt.CheckpointError, ValueError,
-            BucketMissing) as e:
+    except (TrainConfigError, DatasetError, ckpt.CheckpointError, ValueError, BucketMissing) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
     except StorageError as e:  # unreachable or failing storage at start: worth a restart

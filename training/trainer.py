@@ -48,8 +48,9 @@ from training.step import StepResult, evaluate, pick_device, train_step
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, hooks: Hooks | None = None,
-                 recovery: Recovery | None = None):
+    def __init__(
+        self, cfg: TrainConfig, hooks: Hooks | None = None, recovery: Recovery | None = None
+    ):
         self.cfg, self.hooks, self.recovery = cfg, hooks or Hooks(), recovery
         self.rewind_remote = False  # the next remote upload follows a rollback
         self.device = pick_device(cfg)
@@ -60,23 +61,26 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=self.device.type == "cuda")
         self.data: TrainData = load_data(cfg.dataset, options=cfg.storage)
         self.model = GPT(cfg.model, self.data.vocab_size, self.data.seq_len).to(self.device)
-        wrapped, self.ddp, self.fsdp = parallelize(self.model, self.world, self.device,
-                                                   cfg.parallel)
+        wrapped, self.ddp, self.fsdp = parallelize(
+            self.model, self.world, self.device, cfg.parallel
+        )
         self.forward = torch.compile(wrapped) if cfg.model.compile else wrapped
         self.optimizer = build_optimizer(self.model, cfg.optim)
         # Events found outside the loop's reach (a restore's overrides): written at the
         # next step.
         self.pending_events: list[dict[str, Any]] = []
         self.agc_params = agc_params(self.model) if cfg.optim.agc is not None else []
-        self.scaler = torch.amp.GradScaler(self.device.type,
-                                           enabled=cfg.precision.dtype == "fp16")
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=cfg.precision.dtype == "fp16")
         # Its skip and rollback events name the documents of their rows (provenance).
         self.guard = StabilityGuard(cfg.guards, describe=event_documents(self.data))
         self.sampler = Sampler(self.data.train.rows, cfg.seed, cfg.shuffle)
         # The next micro-batches load in a background thread while this step computes.
-        self.loader = Loader(self.data.train, self.sampler,
-                             lambda idx: distributed.rank_slice(idx, self.world),
-                             pin_memory=self.device.type == "cuda")
+        self.loader = Loader(
+            self.data.train,
+            self.sampler,
+            lambda idx: distributed.rank_slice(idx, self.world),
+            pin_memory=self.device.type == "cuda",
+        )
         self.state = State()
         self.run_dir = Path(cfg.run_dir)
         self.ckpt_dir = Path(cfg.checkpoint_dir())
@@ -84,23 +88,44 @@ class Trainer:
         self.console = Console(self.run_dir, self.world.is_main)
         self._eval_tokens = 0  # tokens the last evaluate() scored
         c = cfg.checkpoint
-        self.ckpts = open_checkpoints(self.ckpt_dir, self.world, self.device, self.model,
-                                      self.optimizer, self._after_save, sharded=self.fsdp,
-                                      async_save=c.async_save)
+        self.ckpts = open_checkpoints(
+            self.ckpt_dir,
+            self.world,
+            self.device,
+            self.model,
+            self.optimizer,
+            self._after_save,
+            sharded=self.fsdp,
+            async_save=c.async_save,
+        )
         # The recipe options this config turns on (training/components/).
         self.components: list[Component] = []
         self.components = components.build(self)
         self.progress = self.component("progress")
         assert isinstance(self.progress, Progress)
         remote_uri = cfg.remote_checkpoint_uri()  # <checkpoint.remote>/<run name>
-        self.remote = (RemoteCheckpoints(remote_uri, cfg.storage, c.keep_last, c.keep_every,
-                                         c.remote_max_failures,
-                                         log=lambda m: print(m, file=sys.stderr))
-                       if remote_uri and self.world.is_main else None)
+        self.remote = (
+            RemoteCheckpoints(
+                remote_uri,
+                cfg.storage,
+                c.keep_last,
+                c.keep_every,
+                c.remote_max_failures,
+                log=lambda m: print(m, file=sys.stderr),
+            )
+            if remote_uri and self.world.is_main
+            else None
+        )
         self.choice = CheckpointChoice(self.ckpt_dir, self.remote)
         # Before anything is restored from, uploaded to or pruned in the remote prefix.
-        claim_everywhere(self.remote, bool(cfg.checkpoint.remote), cfg.run_name(),
-                         cfg.checkpoint_fingerprint(), self.world, self.device)
+        claim_everywhere(
+            self.remote,
+            bool(cfg.checkpoint.remote),
+            cfg.run_name(),
+            cfg.checkpoint_fingerprint(),
+            self.world,
+            self.device,
+        )
 
     def component(self, name: str) -> Component | None:
         """The component called `name`, if this run's config turned it on."""
@@ -110,16 +135,25 @@ class Trainer:
     def snapshot(self) -> dict[str, Any]:
         """What a checkpoint holds besides the model and optimizer."""
         s = self.state
-        trainer = {"step": s.step, "samples_seen": s.samples_seen, "tokens_seen": s.tokens_seen,
-                   "lr_scale": s.lr_scale, "rollbacks": s.rollbacks}
+        trainer = {
+            "step": s.step,
+            "samples_seen": s.samples_seen,
+            "tokens_seen": s.tokens_seen,
+            "lr_scale": s.lr_scale,
+            "rollbacks": s.rollbacks,
+        }
         for c in self.components:
             trainer.update(c.trainer_state())
         # Component entries only with the option on, so a default run's checkpoints are
         # unchanged.
-        return {"scaler": self.scaler.state_dict(), "rng": ckpt.rng_state(),
-                "guard": self.guard.state_dict(), "config": self.cfg.model_dump(mode="json"),
-                "trainer": trainer,
-                **{c.key: c.state_dict() for c in self.components if c.key is not None}}
+        return {
+            "scaler": self.scaler.state_dict(),
+            "rng": ckpt.rng_state(),
+            "guard": self.guard.state_dict(),
+            "config": self.cfg.model_dump(mode="json"),
+            "trainer": trainer,
+            **{c.key: c.state_dict() for c in self.components if c.key is not None},
+        }
 
     def save(self) -> None:
         self.ckpts.save(self.state.step, self.snapshot())
@@ -134,8 +168,9 @@ class Trainer:
         self.emit({"event": "checkpoint", "step": step})
         self.hooks.after_save(step, self.ckpt_dir)
 
-    def restore(self, step: int, modules_only: bool = False,
-                verified: bool = False) -> dict[str, Any]:
+    def restore(
+        self, step: int, modules_only: bool = False, verified: bool = False
+    ) -> dict[str, Any]:
         """Load checkpoint `step` (`verified`: rank 0 has just checked its checksums),
         every component's state with it; `modules_only` keeps the loop's own position (a
         rollback sets it)."""
@@ -148,14 +183,16 @@ class Trainer:
                 f"checkpoint {ckpt.step_name(step)} in {self.ckpt_dir}: its optimizer state "
                 f"does not fit this run's optimizer ({e}); optim.name, optim.lr_layer_decay "
                 "and optim.param_groups must stay as the run began (resume_overrides can "
-                "switch the optimizer)") from None
+                "switch the optimizer)"
+            ) from None
         self.scaler.load_state_dict(st["scaler"])
         ckpt.set_rng_state(st["rng"])
         if not modules_only:
             self.guard.load_state_dict(st["guard"])
             t = st["trainer"]
-            self.state = State(t["step"], t["samples_seen"], t["tokens_seen"], t["lr_scale"],
-                               list(t["rollbacks"]))
+            self.state = State(
+                t["step"], t["samples_seen"], t["tokens_seen"], t["lr_scale"], list(t["rollbacks"])
+            )
         for comp in self.components:
             if comp.key is not None:
                 comp.load_state_dict(st.get(comp.key))
@@ -211,9 +248,11 @@ class Trainer:
         except OSError as e:  # a full disk, a quota, a file size limit, a read-only mount
             if e.errno not in WRITE_ERRNOS:
                 raise
-            print(f"error: {os_error_message(e)}; training stopped at step {self.state.step}: "
-                  "free space, then relaunch to resume from the last checkpoint",
-                  file=sys.stderr)
+            print(
+                f"error: {os_error_message(e)}; training stopped at step {self.state.step}: "
+                "free space, then relaunch to resume from the last checkpoint",
+                file=sys.stderr,
+            )
             return EXIT_ERROR
         finally:
             self.loader.close()
@@ -231,9 +270,12 @@ class Trainer:
         if self.world.is_main:
             removed = ckpt.clean_stale_tmp(self.ckpt_dir)
             if removed:
-                print(f"checkpoint: removed what an interrupted checkpoint write left in "
-                      f"{self.ckpt_dir} (its process is gone): {', '.join(removed)}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"checkpoint: removed what an interrupted checkpoint write left in "
+                    f"{self.ckpt_dir} (its process is gone): {', '.join(removed)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
             try:
                 choice = (self.choice.resume_step(self.state.step), None)
             except ckpt.CheckpointError as e:
@@ -260,8 +302,11 @@ class Trainer:
 
             # A directory named after the run: TensorBoard names runs by their directory
             # under --logdir (it showed "." for <run_dir>/tensorboard).
-            log.sinks.append(TensorBoardLog(self.run_dir / "tensorboard" / self.cfg.run_name(),
-                                            purge_step=latest))
+            log.sinks.append(
+                TensorBoardLog(
+                    self.run_dir / "tensorboard" / self.cfg.run_name(), purge_step=latest
+                )
+            )
         return log
 
     def _run(self) -> int:
@@ -281,21 +326,33 @@ class Trainer:
             self.save()  # step 0: the rollback target of last resort
             self.emit({"event": "start", "step": 0})
         else:
-            log.write({"kind": "event", "event": "resume", "step": s.step,
-                       "checkpoint": ckpt.step_name(latest)})
+            log.write(
+                {
+                    "kind": "event",
+                    "event": "resume",
+                    "step": s.step,
+                    "checkpoint": ckpt.step_name(latest),
+                }
+            )
             self.emit({"event": "resume", "step": s.step, "checkpoint": ckpt.step_name(latest)})
         if self.recovery is not None and latest is not None:
             recover(self, self.recovery, log)
             s = self.state
         if s.step > cfg.steps:  # asked for fewer steps than the run has trained
             log.close()
-            print(f"error: run dir {self.run_dir} is already at step {s.step}, past steps: "
-                  f"{cfg.steps}; nothing to train (raise steps, or give this run a run_dir "
-                  "of its own)", file=sys.stderr)
+            print(
+                f"error: run dir {self.run_dir} is already at step {s.step}, past steps: "
+                f"{cfg.steps}; nothing to train (raise steps, or give this run a run_dir "
+                "of its own)",
+                file=sys.stderr,
+            )
             return EXIT_ERROR
         if latest is not None and s.step == cfg.steps and self.world.is_main:
-            print(f"note: run dir {self.run_dir} is already at step {s.step} of {cfg.steps}; "
-                  "nothing to train", file=sys.stderr)
+            print(
+                f"note: run dir {self.run_dir} is already at step {s.step} of {cfg.steps}; "
+                "nothing to train",
+                file=sys.stderr,
+            )
         self.progress.begin()
         try:
             while s.step < cfg.steps and not self.stopped():
@@ -342,25 +399,37 @@ class Trainer:
             done.update(c.done_fields())
         self.console.event(done, say=False)  # the closing block says it
         if self.world.is_main:
-            for line in closing_block(json.loads((self.run_dir / "final.json").read_text()),
-                                      [r for r in read(metrics_path) if r.get("kind") == "eval"],
-                                      self.run_dir, self.cfg.remote_checkpoint_uri()):
+            for line in closing_block(
+                json.loads((self.run_dir / "final.json").read_text()),
+                [r for r in read(metrics_path) if r.get("kind") == "eval"],
+                self.run_dir,
+                self.cfg.remote_checkpoint_uri(),
+            ):
                 self.console.say(line)
         return EXIT_OK
 
     def _log_step(self, log: MetricsLog, out: StepResult) -> None:
         """The "train" record, then the progress event when one is due."""
         s = self.state
-        log.write({
-            "kind": "train", "step": s.step, "loss": out.loss, "ce": out.ce,
-            "z_loss": out.z_loss, "lr": out.lr, "grad_norm": out.grad_norm,
-            **self.progress.speed(), "tokens_seen": s.tokens_seen, "accum": out.accum,
-            # The sampler position after the step: `ballast blame` maps steps to data.
-            "samples_seen": s.samples_seen,
-            "skipped": self.guard.skipped_non_finite + self.guard.skipped_spikes,
-            "rollbacks": len(s.rollbacks),
-            "loss_scale": self.scaler.get_scale() if self.scaler.is_enabled() else None,
-        })
+        log.write(
+            {
+                "kind": "train",
+                "step": s.step,
+                "loss": out.loss,
+                "ce": out.ce,
+                "z_loss": out.z_loss,
+                "lr": out.lr,
+                "grad_norm": out.grad_norm,
+                **self.progress.speed(),
+                "tokens_seen": s.tokens_seen,
+                "accum": out.accum,
+                # The sampler position after the step: `ballast blame` maps steps to data.
+                "samples_seen": s.samples_seen,
+                "skipped": self.guard.skipped_non_finite + self.guard.skipped_spikes,
+                "rollbacks": len(s.rollbacks),
+                "loss_scale": self.scaler.get_scale() if self.scaler.is_enabled() else None,
+            }
+        )
         self.progress.report(out.loss)
 
     def _evaluate_and_save(self, log: MetricsLog) -> tuple[str, str] | None:
@@ -372,13 +441,18 @@ class Trainer:
         stop = False
         if s.step % cfg.eval_every == 0 or s.step == cfg.steps:
             val = self.evaluate()
-            record: dict[str, Any] = {"kind": "eval", "step": s.step, "val_loss": val,
-                                      "val_ppl": math.exp(val) if val < 50 else float("inf")}
+            record: dict[str, Any] = {
+                "kind": "eval",
+                "step": s.step,
+                "val_loss": val,
+                "val_ppl": math.exp(val) if val < 50 else float("inf"),
+            }
             for c in self.components:
                 record.update(c.eval_fields())
             log.write(record)
-            self.console.say(f"step {s.step}: validation loss {val:.4f} (perplexity "
-                             f"{record['val_ppl']:.4g})")
+            self.console.say(
+                f"step {s.step}: validation loss {val:.4f} (perplexity {record['val_ppl']:.4g})"
+            )
             if not math.isfinite(val) and self._eval_tokens > 0:
                 return "non_finite_val_loss", f"validation loss {val} at step {s.step}"
             for c in self.components:
@@ -387,8 +461,10 @@ class Trainer:
         # stopped run resumes there and ends at once.
         if s.step % cfg.checkpoint.every == 0 or s.step == cfg.steps or stop:
             if not self.weights_finite():
-                return ("non_finite_weights",
-                        f"non-finite weights at step {s.step} (checkpoint not written)")
+                return (
+                    "non_finite_weights",
+                    f"non-finite weights at step {s.step} (checkpoint not written)",
+                )
             self.save()
         return None
 

@@ -33,8 +33,10 @@ def check_shapes(theirs: dict[str, Tensor], ours: dict[str, Tensor], where: str)
         if tuple(theirs[name].shape) != tuple(t.shape):
             raise ckpt.CheckpointError(
                 f"init_from {where}: parameter {name} has shape {list(theirs[name].shape)} "
-                f"there, {list(t.shape)} here")
+                f"there, {list(t.shape)} here"
+            )
     extra = next((n for n in theirs if n not in ours), None)
     if extra is not None:
-        raise ckpt.CheckpointError(f"init_from {where}: its parameter {extra} has no place "
-                                   "in this model")
+        raise ckpt.CheckpointError(
+            f"init_from {where}: its parameter {extra} has no place in this model"
+        )

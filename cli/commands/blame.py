@@ -15,22 +15,37 @@ from training.arguments import add_train_overrides
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("blame", help="the documents a training step trained on: "
-                                            "sources, input locations, the quality "
-                                            "statistics that kept them")
+    p = subparsers.add_parser(
+        "blame",
+        help="the documents a training step trained on: "
+        "sources, input locations, the quality "
+        "statistics that kept them",
+    )
     p.add_argument("run_dir", help="the training run directory (its metrics.jsonl)")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--step", type=int, metavar="N",
-                      help="step N's batch, as the sampler ordered it after any rollback or "
-                           "skip (steps as guard events number them: from 0)")
-    what.add_argument("--event", action="store_true",
-                      help="every guard event (skipped spike, rollback window) with its batches")
+    what.add_argument(
+        "--step",
+        type=int,
+        metavar="N",
+        help="step N's batch, as the sampler ordered it after any rollback or "
+        "skip (steps as guard events number them: from 0)",
+    )
+    what.add_argument(
+        "--event",
+        action="store_true",
+        help="every guard event (skipped spike, rollback window) with its batches",
+    )
     what.add_argument("--doc", metavar="ID", help="every step that trained on document ID")
-    p.add_argument("--config", help="the run's training config (default: final.json's, or "
-                                    "its newest checkpoint's)")
+    p.add_argument(
+        "--config",
+        help="the run's training config (default: final.json's, or its newest checkpoint's)",
+    )
     add_train_overrides(p, ("dataset",))  # a moved dataset
-    p.add_argument("--world-size", type=int, help="ranks the run trained on, for the rank "
-                                                  "of each sample (default: the run's own)")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        help="ranks the run trained on, for the rank of each sample (default: the run's own)",
+    )
     p.add_argument("--json", action="store_true", help="JSON instead of text")
     p.set_defaults(func=run)
 

@@ -13,29 +13,42 @@ from core.protocol import EXIT_ERROR, EXIT_OK
 
 
 def add_parser(subparsers: Any) -> None:
-    exp = subparsers.add_parser("export", help="export a checkpoint or a dataset for other "
-                                               "tools")
+    exp = subparsers.add_parser("export", help="export a checkpoint or a dataset for other tools")
     sub = exp.add_subparsers(dest="format", required=True)
     hf = sub.add_parser("hf", help="as a Hugging Face transformers model directory")
-    hf.add_argument("checkpoint", help="a step-N checkpoint, a checkpoint directory or a run "
-                                       "directory (its latest checkpoint)")
+    hf.add_argument(
+        "checkpoint",
+        help="a step-N checkpoint, a checkpoint directory or a run "
+        "directory (its latest checkpoint)",
+    )
     hf.add_argument("out_dir", help="directory to write config.json, model.safetensors, ...")
-    hf.add_argument("--dataset", help="the dataset whose tokenizer to export (default: the "
-                                      "run's `dataset:`)")
+    hf.add_argument(
+        "--dataset", help="the dataset whose tokenizer to export (default: the run's `dataset:`)"
+    )
     hf.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    hf.add_argument("--max-shard-size", default="5GB",
-                    help="split model.safetensors above this size (with an index)")
+    hf.add_argument(
+        "--max-shard-size",
+        default="5GB",
+        help="split model.safetensors above this size (with an index)",
+    )
     hf.set_defaults(func=run_hf)
     ds = sub.add_parser("dataset", help="a prepared dataset in another trainer's format")
     ds.add_argument("dataset", help="dataset directory or s3:// URI (its newest version)")
     ds.add_argument("out", help="an empty or new directory (or s3:// prefix) to write to")
-    ds.add_argument("--format", required=True, choices=["megatron", "llmc", "mds"],
-                    help="megatron: indexed .bin/.idx (documents); llmc: llm.c/nanoGPT "
-                         ".bin shards; mds: MosaicML streaming shards (packed rows)")
-    ds.add_argument("--splits", default="train,validation",
-                    help="comma-separated splits to export")
-    ds.add_argument("--shard-tokens", type=int, default=10**8,
-                    help="llmc: tokens per shard (llm.c's fineweb.py: 10^8)")
+    ds.add_argument(
+        "--format",
+        required=True,
+        choices=["megatron", "llmc", "mds"],
+        help="megatron: indexed .bin/.idx (documents); llmc: llm.c/nanoGPT "
+        ".bin shards; mds: MosaicML streaming shards (packed rows)",
+    )
+    ds.add_argument("--splits", default="train,validation", help="comma-separated splits to export")
+    ds.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=10**8,
+        help="llmc: tokens per shard (llm.c's fineweb.py: 10^8)",
+    )
     ds.add_argument("--no-progress", action="store_true", help="no progress bars")
     ds.set_defaults(func=run_dataset)
 
@@ -44,13 +57,17 @@ def run_hf(args: argparse.Namespace) -> int:
     from training.export_hf import ExportError, export_hf
 
     try:
-        out, arch = export_hf(args.checkpoint, args.out_dir, dataset=args.dataset,
-                              dtype=args.dtype, max_shard_size=args.max_shard_size)
+        out, arch = export_hf(
+            args.checkpoint,
+            args.out_dir,
+            dataset=args.dataset,
+            dtype=args.dtype,
+            max_shard_size=args.max_shard_size,
+        )
     except ExportError as e:
         print_error(str(e))
         return EXIT_ERROR
-    Console().print(f"{out}: {arch} (load with AutoModelForCausalLM.from_pretrained)",
-                    markup=False)
+    Console().print(f"{out}: {arch} (load with AutoModelForCausalLM.from_pretrained)", markup=False)
     return EXIT_OK
 
 
@@ -62,22 +79,38 @@ def run_dataset(args: argparse.Namespace) -> int:
 
     splits = tuple(args.splits.split(","))
     try:
-        manifest = check(args.dataset, args.format, args.out, splits,
-                         shard_tokens=args.shard_tokens)[3]
+        manifest = check(
+            args.dataset, args.format, args.out, splits, shard_tokens=args.shard_tokens
+        )[3]
     except (DatasetExportError, StorageError) as e:
         print_error(str(e))
         return EXIT_ERROR
-    with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(),
-                  console=stderr_console(), disable=args.no_progress) as bars:
-        tasks = {s: bars.add_task(f"export {s} rows", total=int(
-            manifest.get("splits", {}).get(s, {}).get("rows", 0))) for s in splits}
+    with Progress(
+        TextColumn("{task.description:<22}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=stderr_console(),
+        disable=args.no_progress,
+    ) as bars:
+        tasks = {
+            s: bars.add_task(
+                f"export {s} rows", total=int(manifest.get("splits", {}).get(s, {}).get("rows", 0))
+            )
+            for s in splits
+        }
 
         def advance(split: str, rows: int) -> None:
             bars.advance(tasks[split], rows)
 
         try:
-            rec = export_dataset(args.dataset, args.format, args.out, splits,
-                                 shard_tokens=args.shard_tokens, progress=advance)
+            rec = export_dataset(
+                args.dataset,
+                args.format,
+                args.out,
+                splits,
+                shard_tokens=args.shard_tokens,
+                progress=advance,
+            )
         except (DatasetExportError, StorageError) as e:
             print_error(str(e))
             return EXIT_ERROR
@@ -85,9 +118,11 @@ def run_dataset(args: argparse.Namespace) -> int:
     for name, s in rec["splits"].items():
         count = s.get("documents", s.get("samples"))
         unit = "documents" if "documents" in s else "rows"
-        cut = f" ({s['cut_pieces']} of them pieces of cut documents)" if s.get("cut_pieces") \
-            else ""
+        cut = f" ({s['cut_pieces']} of them pieces of cut documents)" if s.get("cut_pieces") else ""
         out.print(f"{name}: {count} {unit}{cut}, {len(s['files'])} files", markup=False)
-    out.print(f"{args.out}: {args.format} export of {rec['dataset']} (checksums and the "
-              f"dataset's accounting in ballast_export.json)", markup=False)
+    out.print(
+        f"{args.out}: {args.format} export of {rec['dataset']} (checksums and the "
+        f"dataset's accounting in ballast_export.json)",
+        markup=False,
+    )
     return EXIT_OK

@@ -17,18 +17,27 @@ from flows.tuning.arguments import add_search_arguments
 def add_parser(subparsers: Any) -> None:
     hp = subparsers.add_parser("hpo", help="hyperparameter search on proxy models (Optuna)")
     sub = hp.add_subparsers(dest="hpo_command", required=True)
-    r = sub.add_parser("run", help="run the search a config describes (the `hpo` flow; "
-                                   "trials a study holds already are kept)")
+    r = sub.add_parser(
+        "run",
+        help="run the search a config describes (the `hpo` flow; "
+        "trials a study holds already are kept)",
+    )
     add_search_arguments(r)
     r.set_defaults(func=run_search)
-    t = sub.add_parser("transfer", help="write a training config at another width with the "
-                                        "study's best hyperparameters (muP)")
-    t.add_argument("--study", required=True, metavar="HPO_CONFIG",
-                   help="the search config the study was run with")
-    t.add_argument("--to-width", type=int, required=True, metavar="D",
-                   help="the target d_model")
-    t.add_argument("--out", required=True, metavar="CONFIG",
-                   help="where to write the training config (YAML)")
+    t = sub.add_parser(
+        "transfer",
+        help="write a training config at another width with the study's best hyperparameters (muP)",
+    )
+    t.add_argument(
+        "--study",
+        required=True,
+        metavar="HPO_CONFIG",
+        help="the search config the study was run with",
+    )
+    t.add_argument("--to-width", type=int, required=True, metavar="D", help="the target d_model")
+    t.add_argument(
+        "--out", required=True, metavar="CONFIG", help="where to write the training config (YAML)"
+    )
     t.set_defaults(func=run_transfer)
 
 
@@ -58,7 +67,11 @@ def run_transfer(args: argparse.Namespace) -> int:
     except (ConfigError, HpoError) as e:
         print_error(str(e))
         return EXIT_ERROR
-    Console().print(f"{t['out']}: d_model {t['width']} (muP base {t['base_width']}) with the "
-                    f"hyperparameters of trial {t['trial']} (validation loss "
-                    f"{t['value']:.4f}): {t['params']}", markup=False, highlight=False)
+    Console().print(
+        f"{t['out']}: d_model {t['width']} (muP base {t['base_width']}) with the "
+        f"hyperparameters of trial {t['trial']} (validation loss "
+        f"{t['value']:.4f}): {t['params']}",
+        markup=False,
+        highlight=False,
+    )
     return EXIT_OK

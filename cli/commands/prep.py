@@ -16,8 +16,7 @@ from dataprep.arguments import add_prep_arguments
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("prep", help="run data prep from a YAML config (no server "
-                                           "needed)")
+    p = subparsers.add_parser("prep", help="run data prep from a YAML config (no server needed)")
     add_prep_arguments(p)
     p.add_argument("--workers", type=int, help="override `workers:` (processes)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -51,29 +50,43 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, {"output": args.output, "workers": args.workers})
         output = cfg.output
         try:
-            report = run_prep(cfg, until=args.until, progress=not args.no_progress,
-                              from_scratch=args.from_scratch, runner=runner)
+            report = run_prep(
+                cfg,
+                until=args.until,
+                progress=not args.no_progress,
+                from_scratch=args.from_scratch,
+                runner=runner,
+            )
         except BaseException:
             if runner is not None:
                 runner.abort()  # this run's tasks leave the cluster
             raise
         if runner is not None:
             runner.close()
-    except (ConfigError, IngestError, OutputConflict, InputsChanged, StorageError,
-            ClusterError, ValueError) as e:
+    except (
+        ConfigError,
+        IngestError,
+        OutputConflict,
+        InputsChanged,
+        StorageError,
+        ClusterError,
+        ValueError,
+    ) as e:
         print_error(str(e))
         return EXIT_ERROR
     except AccountingError as e:
         print_error(str(e), label="accounting error")
         return EXIT_ERROR
     except OSError as e:
-        steps = [n[len(STEP_NOTE):] for n in getattr(e, "__notes__", [])
-                 if n.startswith(STEP_NOTE)]
+        steps = [
+            n[len(STEP_NOTE) :] for n in getattr(e, "__notes__", []) if n.startswith(STEP_NOTE)
+        ]
         print_error(os_error_message(e, output, steps[-1] if steps else None))
         return EXIT_ERROR
     except BrokenProcessPool:
-        print_error("a worker process died (killed by the system? out of memory?); run "
-                    "again to resume")
+        print_error(
+            "a worker process died (killed by the system? out of memory?); run again to resume"
+        )
         return EXIT_ERROR
     out.print(summary_table(report))
     out.print(reasons_table(report))
@@ -86,20 +99,28 @@ def run(args: argparse.Namespace) -> int:
         out.print(packing_line(report["packing"]), markup=False)
     near = report.get("near")
     if near:
-        out.print(f"near-dedup: {near['bands']} bands x {near['rows']} rows "
-                  f"(P[candidate | J={near['threshold']}] = {near['p_candidate_at_threshold']}), "
-                  f"{near['candidate_pairs']:,} candidate pairs checked, "
-                  f"{near['confirmed_pairs']:,} confirmed, {near['removed']:,} removed",
-                  markup=False)
+        out.print(
+            f"near-dedup: {near['bands']} bands x {near['rows']} rows "
+            f"(P[candidate | J={near['threshold']}] = {near['p_candidate_at_threshold']}), "
+            f"{near['candidate_pairs']:,} candidate pairs checked, "
+            f"{near['confirmed_pairs']:,} confirmed, {near['removed']:,} removed",
+            markup=False,
+        )
     if report.get("dataset"):
-        out.print(f"dataset: {report['dataset']['uri']}  (load with datasets.load_from_disk; "
-                  f"check with `ballast verify {report['dataset']['uri']}`)", markup=False)
+        out.print(
+            f"dataset: {report['dataset']['uri']}  (load with datasets.load_from_disk; "
+            f"check with `ballast verify {report['dataset']['uri']}`)",
+            markup=False,
+        )
     text_stage = [s for s in report["stages"] if s in TEXT_STAGES][-1]
     version = (report.get("version") or {}).get("version", 1)
     vuri = version_uri(cfg.model_copy(update={"version": version}))
-    out.print(f"output: {cfg.output}  (version {version}; report: "
-              f"{vuri.rstrip('/')}/report.json, kept documents: "
-              f"docs/{text_stage}/, dropped: dropped/<stage>/)", markup=False)
+    out.print(
+        f"output: {cfg.output}  (version {version}; report: "
+        f"{vuri.rstrip('/')}/report.json, kept documents: "
+        f"docs/{text_stage}/, dropped: dropped/<stage>/)",
+        markup=False,
+    )
     return EXIT_OK
 
 
@@ -114,9 +135,15 @@ def summary_table(report: dict[str, Any]) -> Table:
     secs = report.get("stage_seconds", {})
     for name, st in report["stages"].items():
         tot = st["total"]
-        t.add_row(name, f"{tot['docs_in']:,}", f"{tot['kept']:,}",
-                  f"{sum(tot['dropped'].values()):,}", _mb(tot["bytes_in"]),
-                  _mb(tot["bytes_kept"]), f"{secs.get(name, 0):.1f}")
+        t.add_row(
+            name,
+            f"{tot['docs_in']:,}",
+            f"{tot['kept']:,}",
+            f"{sum(tot['dropped'].values()):,}",
+            _mb(tot["bytes_in"]),
+            _mb(tot["bytes_kept"]),
+            f"{secs.get(name, 0):.1f}",
+        )
     return t
 
 
@@ -143,27 +170,40 @@ def sources_table(report: dict[str, Any]) -> Table:
     for src, s in stages[first]["sources"].items():
         k = stages[last]["sources"].get(src, {"kept": 0, "bytes_kept": 0})
         pct = 100 * k["kept"] / s["docs_in"] if s["docs_in"] else 0.0
-        t.add_row(src, f"{s['docs_in']:,}", f"{k['kept']:,}", _mb(s["bytes_in"]),
-                  _mb(k["bytes_kept"]), f"{pct:.1f}")
+        t.add_row(
+            src,
+            f"{s['docs_in']:,}",
+            f"{k['kept']:,}",
+            _mb(s["bytes_in"]),
+            _mb(k["bytes_kept"]),
+            f"{pct:.1f}",
+        )
     return t
 
 
 def mixture_table(mix: dict[str, Any]) -> Table:
     t = Table(title="mixture: planned vs realised training tokens", title_justify="left")
-    for col in ("source", "available", "planned", "realised", "planned %", "realised %",
-                "epochs"):
+    for col in ("source", "available", "planned", "realised", "planned %", "realised %", "epochs"):
         t.add_column(col, justify="left" if col == "source" else "right")
     for src, m in mix["sources"].items():
         avail = m["available_tokens"]
-        t.add_row(src, f"{avail:,}", f"{m['planned_tokens']:,}", f"{m['realised_tokens']:,}",
-                  f"{100 * m['planned_share']:.2f}", f"{100 * m['realised_share']:.2f}",
-                  f"{m['realised_tokens'] / avail:.2f}" if avail else "-")
+        t.add_row(
+            src,
+            f"{avail:,}",
+            f"{m['planned_tokens']:,}",
+            f"{m['realised_tokens']:,}",
+            f"{100 * m['planned_share']:.2f}",
+            f"{100 * m['realised_share']:.2f}",
+            f"{m['realised_tokens'] / avail:.2f}" if avail else "-",
+        )
     return t
 
 
 def packing_line(p: dict[str, Any]) -> str:
     tr, va = p["train"], p["validation"]
-    return (f"packing ({p['strategy']}, seq_len {p['seq_len']}): train {tr['rows']:,} rows, "
-            f"efficiency {100 * tr['efficiency']:.2f}% ({tr['split_docs']:,} of "
-            f"{tr['docs']:,} documents split); validation {va['rows']:,} rows, "
-            f"{100 * va['efficiency']:.2f}%")
+    return (
+        f"packing ({p['strategy']}, seq_len {p['seq_len']}): train {tr['rows']:,} rows, "
+        f"efficiency {100 * tr['efficiency']:.2f}% ({tr['split_docs']:,} of "
+        f"{tr['docs']:,} documents split); validation {va['rows']:,} rows, "
+        f"{100 * va['efficiency']:.2f}%"
+    )

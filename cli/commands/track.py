@@ -16,9 +16,12 @@ from training.arguments import add_train_overrides, train_overrides
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("track", help="log a training run (and its dataset's prep) to "
-                                            "MLflow as it is now (`tracking:` in its config, "
-                                            "or defaults)")
+    p = subparsers.add_parser(
+        "track",
+        help="log a training run (and its dataset's prep) to "
+        "MLflow as it is now (`tracking:` in its config, "
+        "or defaults)",
+    )
     p.add_argument("config", help="the run's training config (YAML)")
     add_train_overrides(p, ("dataset", "run_dir"))
     p.set_defaults(func=run)
@@ -51,6 +54,9 @@ def log_to_mlflow(cfg: Any, ok: bool, ending: str) -> bool:
     except TrackingError as e:
         print_error(f"{e}; log the run again with `ballast track` and the same arguments")
         return False
-    Console().print(f"mlflow: run {r['run_id']} in experiment {r['experiment']} at {r['uri']}",
-                    markup=False, highlight=False)
+    Console().print(
+        f"mlflow: run {r['run_id']} in experiment {r['experiment']} at {r['uri']}",
+        markup=False,
+        highlight=False,
+    )
     return True

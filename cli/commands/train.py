@@ -16,8 +16,11 @@ ENDINGS = {EXIT_OK: "done", EXIT_ERROR: "error", EXIT_DIVERGED: "diverged"}
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("train", help="train on a prepared dataset on this machine "
-                                            "(exit 0 done, 1 bad config/data, 3 diverged)")
+    p = subparsers.add_parser(
+        "train",
+        help="train on a prepared dataset on this machine "
+        "(exit 0 done, 1 bad config/data, 3 diverged)",
+    )
     p.add_argument("config", help="training config (YAML), or a run config with `train:`")
     add_train_overrides(p)
     p.set_defaults(func=run)
@@ -36,8 +39,11 @@ def run(args: argparse.Namespace) -> int:
     code = train_main(argv)
     # The run as the metrics log has it, whatever the exit code: a failed run is logged
     # as FAILED, not lost. A logging failure turns a done run's 0 into 1.
-    if (cfg is not None and (Path(cfg.run_dir) / "metrics.jsonl").is_file()
-            and not log_to_mlflow(cfg, code == EXIT_OK, ENDINGS.get(code, f"exit {code}"))):
+    if (
+        cfg is not None
+        and (Path(cfg.run_dir) / "metrics.jsonl").is_file()
+        and not log_to_mlflow(cfg, code == EXIT_OK, ENDINGS.get(code, f"exit {code}"))
+    ):
         code = code or EXIT_ERROR
     return code
 

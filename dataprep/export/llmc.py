@@ -24,8 +24,10 @@ from dataprep.export.rows import Sequences
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 # model_desc -> (magic, version, token dtype), as data_common.py's HEADERS_INFO.
-HEADERS = {"gpt-2": (20240520, 1, np.dtype(np.uint16)),
-           "llama-3": (20240801, 7, np.dtype(np.uint32))}
+HEADERS = {
+    "gpt-2": (20240520, 1, np.dtype(np.uint16)),
+    "llama-3": (20240801, 7, np.dtype(np.uint32)),
+}
 SHARD_TOKENS = 10**8
 MAX_SHARD_TOKENS = 2**31 - 1  # the header's count is an int32
 # llm.c's split names (fineweb_train_000001.bin, fineweb_val_000000.bin).
@@ -91,8 +93,14 @@ class _Shards:
             self._f = None
 
 
-def write_split(out: Path, split: str, seqs: Iterator[Sequences], vocab_size: int,
-                eos_id: int, shard_tokens: int = SHARD_TOKENS) -> dict[str, Any]:
+def write_split(
+    out: Path,
+    split: str,
+    seqs: Iterator[Sequences],
+    vocab_size: int,
+    eos_id: int,
+    shard_tokens: int = SHARD_TOKENS,
+) -> dict[str, Any]:
     """OUT/<train|val>_NNNNNN.bin from the split's sequences (no file for an empty split:
     llm.c's loader refuses a shard without tokens)."""
     if not 0 < shard_tokens <= MAX_SHARD_TOKENS:
@@ -110,5 +118,13 @@ def write_split(out: Path, split: str, seqs: Iterator[Sequences], vocab_size: in
     finally:
         shards.close()
     magic, version, dtype = HEADERS[desc]
-    return {"files": shards.files, "model_desc": desc, "magic": magic, "version": version,
-            "dtype": dtype.name, "documents": count, "cut_pieces": cut, "tokens": tokens}
+    return {
+        "files": shards.files,
+        "model_desc": desc,
+        "magic": magic,
+        "version": version,
+        "dtype": dtype.name,
+        "documents": count,
+        "cut_pieces": cut,
+        "tokens": tokens,
+    }

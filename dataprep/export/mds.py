@@ -18,8 +18,12 @@ import numpy as np
 
 from dataprep.export.rows import Rows
 
-COLUMNS = {"tokens": "ndarray:int32", "position_ids": "ndarray:int32",
-           "segment_ids": "ndarray:int32", "loss_mask": "ndarray:uint8"}
+COLUMNS = {
+    "tokens": "ndarray:int32",
+    "position_ids": "ndarray:int32",
+    "segment_ids": "ndarray:int32",
+    "loss_mask": "ndarray:uint8",
+}
 SIZE_LIMIT = 1 << 26  # bytes per shard, MDSWriter's default
 
 
@@ -45,16 +49,25 @@ def write_split(out: Path, split: str, rows: Iterator[Rows]) -> dict[str, Any]:
     """OUT/<split>/index.json and shard.NNNNN.mds, a sample per row."""
     writer_cls = import_streaming().MDSWriter
     n = tokens = 0
-    with writer_cls(out=str(out / split), columns=COLUMNS, compression=None,
-                    size_limit=SIZE_LIMIT, progress_bar=False) as w:
+    with writer_cls(
+        out=str(out / split),
+        columns=COLUMNS,
+        compression=None,
+        size_limit=SIZE_LIMIT,
+        progress_bar=False,
+    ) as w:
         for r in rows:
             mask = r.segment_ids > 0
             loss = mask.astype(np.uint8)
             for i in range(len(r)):
-                w.write({"tokens": r.input_ids[i].astype(np.int32, copy=False),
-                         "position_ids": r.position_ids[i].astype(np.int32, copy=False),
-                         "segment_ids": r.segment_ids[i].astype(np.int32, copy=False),
-                         "loss_mask": loss[i]})
+                w.write(
+                    {
+                        "tokens": r.input_ids[i].astype(np.int32, copy=False),
+                        "position_ids": r.position_ids[i].astype(np.int32, copy=False),
+                        "segment_ids": r.segment_ids[i].astype(np.int32, copy=False),
+                        "loss_mask": loss[i],
+                    }
+                )
             n += len(r)
             tokens += int(mask.sum())
     files = sorted(p.relative_to(out).as_posix() for p in (out / split).iterdir())

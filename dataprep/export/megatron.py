@@ -25,9 +25,16 @@ from dataprep.export.rows import Sequences
 HEADER = b"MMIDIDX\x00\x00"
 VERSION = 1
 # DType's codes in indexed_dataset.py.
-DTYPE_CODES = {np.dtype(np.uint8): 1, np.dtype(np.int8): 2, np.dtype(np.int16): 3,
-               np.dtype(np.int32): 4, np.dtype(np.int64): 5, np.dtype(np.float64): 6,
-               np.dtype(np.float32): 7, np.dtype(np.uint16): 8}
+DTYPE_CODES = {
+    np.dtype(np.uint8): 1,
+    np.dtype(np.int8): 2,
+    np.dtype(np.int16): 3,
+    np.dtype(np.int32): 4,
+    np.dtype(np.int64): 5,
+    np.dtype(np.float64): 6,
+    np.dtype(np.float32): 7,
+    np.dtype(np.uint16): 8,
+}
 _CHUNK = 1 << 20  # index entries per write when the index is assembled
 
 
@@ -61,8 +68,9 @@ def write_index(idx: Path, lengths_file: Path, count: int, dtype: np.dtype) -> N
             f.write(np.arange(lo, min(lo + _CHUNK, count + 1), dtype=np.int64).tobytes())
 
 
-def write_split(out: Path, split: str, seqs: Iterator[Sequences],
-                vocab_size: int) -> dict[str, Any]:
+def write_split(
+    out: Path, split: str, seqs: Iterator[Sequences], vocab_size: int
+) -> dict[str, Any]:
     """OUT/<split>_text_document.bin/.idx from the split's sequences."""
     dtype = token_dtype(vocab_size)
     prefix = document_prefix(split)
@@ -80,5 +88,12 @@ def write_split(out: Path, split: str, seqs: Iterator[Sequences],
         write_index(idx_path, lengths_file, count, dtype)
     finally:
         lengths_file.unlink(missing_ok=True)
-    return {"prefix": prefix, "files": [bin_path.name, idx_path.name], "dtype": dtype.name,
-            "sequences": count, "documents": count, "cut_pieces": cut, "tokens": tokens}
+    return {
+        "prefix": prefix,
+        "files": [bin_path.name, idx_path.name],
+        "dtype": dtype.name,
+        "sequences": count,
+        "documents": count,
+        "cut_pieces": cut,
+        "tokens": tokens,
+    }

@@ -67,12 +67,18 @@ def _local(store: Store, rel: str, tmp: str) -> Path:
 def shard_rows(store: Store, rel: str, seq_len: int) -> Iterator[Rows]:
     """The rows of one Arrow shard, a record batch at a time. A shard of a remote dataset
     is downloaded to a temporary file first and removed when it has been read."""
-    with (tempfile.TemporaryDirectory(prefix="ballast-export-") as tmp,
-          pa.memory_map(str(_local(store, rel, tmp))) as src):
+    with (
+        tempfile.TemporaryDirectory(prefix="ballast-export-") as tmp,
+        pa.memory_map(str(_local(store, rel, tmp))) as src,
+    ):
         for batch in pa.ipc.open_stream(src):
             if batch.num_rows:
-                yield Rows(*(_matrix(batch, c, seq_len) for c in
-                             ("input_ids", "position_ids", "segment_ids")))
+                yield Rows(
+                    *(
+                        _matrix(batch, c, seq_len)
+                        for c in ("input_ids", "position_ids", "segment_ids")
+                    )
+                )
 
 
 def split_rows(store: Store, manifest: dict[str, Any], split: str) -> Iterator[Rows]:
@@ -125,16 +131,15 @@ def sequences(batches: Iterator[Rows], eos_id: int, join: bool) -> Iterator[Sequ
             carry = []
         if cont[-1]:  # the last sequence goes on in the next batch
             keep = int(seq_lengths[-1])
-            carry = [tokens[tokens.size - keep:].copy()]
-            tokens, seq_lengths = tokens[:tokens.size - keep], seq_lengths[:-1]
+            carry = [tokens[tokens.size - keep :].copy()]
+            tokens, seq_lengths = tokens[: tokens.size - keep], seq_lengths[:-1]
         cut_ends = np.cumsum(seq_lengths) - 1
         cut = int(np.count_nonzero(tokens[cut_ends] != eos_id)) if seq_lengths.size else 0
         if seq_lengths.size:
             yield Sequences(tokens, seq_lengths, cut)
     if carry:  # a row stream that ends inside a document: what there is, as a cut piece
         tokens = np.concatenate(carry)
-        yield Sequences(tokens, np.array([tokens.size], np.int64),
-                        int(tokens[-1] != eos_id))
+        yield Sequences(tokens, np.array([tokens.size], np.int64), int(tokens[-1] != eos_id))
 
 
 @dataclass
@@ -156,19 +161,23 @@ def _read_spans(path: Path) -> tuple[Spans, np.ndarray]:
     offsets = doc.offsets.to_numpy().astype(np.int64)
     offsets = offsets - offsets[0]
     flat = [t.column(c).combine_chunks().flatten().to_numpy() for c in ("doc", "start", "end")]
-    return Spans(flat[0].astype(np.int64), flat[1].astype(np.int64),
-                 flat[2].astype(np.int64)), offsets
+    return Spans(
+        flat[0].astype(np.int64), flat[1].astype(np.int64), flat[2].astype(np.int64)
+    ), offsets
 
 
-def split_rows_with_spans(store: Store, manifest: dict[str, Any], split: str
-                          ) -> Iterator[tuple[Rows, Spans]]:
+def split_rows_with_spans(
+    store: Store, manifest: dict[str, Any], split: str
+) -> Iterator[tuple[Rows, Spans]]:
     """split_rows with each batch's provenance spans (manifest["provenance"]: one spans
     file per Arrow shard, row for row)."""
     files = manifest["provenance"]["splits"][split]
     shards = manifest["splits"][split]["files"]
     if len(files) != len(shards):
-        raise ValueError(f"the provenance of split {split} names {len(files)} files for "
-                         f"{len(shards)} Arrow shards")
+        raise ValueError(
+            f"the provenance of split {split} names {len(files)} files for "
+            f"{len(shards)} Arrow shards"
+        )
     seq_len = int(manifest["seq_len"])
     for shard, entry in zip(shards, files, strict=True):
         with tempfile.TemporaryDirectory(prefix="ballast-export-") as tmp:
@@ -179,8 +188,9 @@ def split_rows_with_spans(store: Store, manifest: dict[str, Any], split: str
             yield rows, Spans(spans.doc[lo:hi], spans.start[lo:hi], spans.end[lo:hi])
             row += len(rows)
         if row != len(offsets) - 1:
-            raise ValueError(f"{entry['file']}: {len(offsets) - 1} rows of spans for {row} "
-                             f"rows of {shard}")
+            raise ValueError(
+                f"{entry['file']}: {len(offsets) - 1} rows of spans for {row} rows of {shard}"
+            )
 
 
 def documents(batches: Iterator[tuple[Rows, Spans]], eos_id: int) -> Iterator[Sequences]:
@@ -207,7 +217,7 @@ def documents(batches: Iterator[tuple[Rows, Spans]], eos_id: int) -> Iterator[Se
             continue
         out: list[np.ndarray] = []
         for i in range(lengths.size):
-            piece = tokens[ends[i] - lengths[i]:ends[i]]
+            piece = tokens[ends[i] - lengths[i] : ends[i]]
             if whole[i]:
                 out.append(piece)
                 continue
@@ -224,5 +234,8 @@ def documents(batches: Iterator[tuple[Rows, Spans]], eos_id: int) -> Iterator[Se
             yield Sequences(np.concatenate(out), np.array([o.size for o in out], np.int64), 0)
     for d in sorted(pending):
         parts = [p for _, p in sorted(pending[d], key=lambda p: p[0])]
-        yield Sequences(np.concatenate(parts), np.array([p.size for p in parts], np.int64),
-                        sum(int(p[-1] != eos_id) for p in parts))
+        yield Sequences(
+            np.concatenate(parts),
+            np.array([p.size for p in parts], np.int64),
+            sum(int(p[-1] != eos_id) for p in parts),
+        )

@@ -32,12 +32,15 @@ __all__ = [
 ]
 
 # The order is the order the config's error message lists the choices in.
-FORMATS: dict[str, Format] = {f.name: f for f in (
-    jsonl.FORMAT,
-    parquet.FORMAT,
-    txt.FORMAT,
-    hf.FORMAT,
-)}
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        jsonl.FORMAT,
+        parquet.FORMAT,
+        txt.FORMAT,
+        hf.FORMAT,
+    )
+}
 
 # The config's `format` values: a registered name, or auto (told by extension, or by
 # directory contents for a directory format).
@@ -57,8 +60,7 @@ def format_from_name(name: str) -> str | None:
 def directory_format(has: Callable[[str], bool]) -> Format | None:
     """The directory format a directory is (`has(name)`: whether it holds a file of
     that name), or None for a plain directory."""
-    return next((f for f in FORMATS.values() if f.is_dir is not None and f.is_dir(has)),
-                None)
+    return next((f for f in FORMATS.values() if f.is_dir is not None and f.is_dir(has)), None)
 
 
 def extensions_shown(each: bool) -> str:
@@ -75,7 +77,10 @@ def extensions_shown(each: bool) -> str:
     for f in files:
         exts = ", ".join(f.extensions)
         if f.compressible:
-            exts += (f", each optionally {COMPRESSIONS_SHOWN}" if len(f.extensions) > 1
-                     else f"[{COMPRESSIONS_SHOWN}]")
+            exts += (
+                f", each optionally {COMPRESSIONS_SHOWN}"
+                if len(f.extensions) > 1
+                else f"[{COMPRESSIONS_SHOWN}]"
+            )
         shown.append(exts)
     return ", ".join(shown)

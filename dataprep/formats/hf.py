@@ -45,5 +45,5 @@ FORMAT = Format(
     is_dir=is_dir,
     dir_noun="datasets.save_to_disk directory",
     dir_hint=f"has neither {_DICT_MARKER} nor {' + '.join(_MARKERS)} (write it with "
-             "datasets' save_to_disk)",
+    "datasets' save_to_disk)",
 )

@@ -76,17 +76,30 @@ def read(recs: Records, f: InputFile, path: str) -> Iterator[RawDoc | BadRecord]
                         if not more or more[-1:] == b"\n":
                             ending = len(more) - len(more.rstrip(b"\r\n"))
                             break
-                    yield bad("too_large", f"line is {n} bytes, longer than any record "
-                                           f"that fits max_doc_bytes={max_doc_bytes}; "
-                                           "not parsed", loc, line, None, n - ending)
+                    yield bad(
+                        "too_large",
+                        f"line is {n} bytes, longer than any record "
+                        f"that fits max_doc_bytes={max_doc_bytes}; "
+                        "not parsed",
+                        loc,
+                        line,
+                        None,
+                        n - ending,
+                    )
                     offset += n
                     continue
                 try:
                     s = line.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    yield bad("invalid_utf8", f"invalid UTF-8 at byte {e.start} of the "
-                                              f"line (byte {offset + e.start} of the "
-                                              f"stream): {e.reason}", loc, line, None)
+                    yield bad(
+                        "invalid_utf8",
+                        f"invalid UTF-8 at byte {e.start} of the "
+                        f"line (byte {offset + e.start} of the "
+                        f"stream): {e.reason}",
+                        loc,
+                        line,
+                        None,
+                    )
                     offset += n
                     continue
                 offset += n
@@ -98,16 +111,24 @@ def read(recs: Records, f: InputFile, path: str) -> Iterator[RawDoc | BadRecord]
                     if not s or s.isspace():
                         yield bad("empty_line", "blank line", loc, line, None)
                     else:
-                        detail = ("a UTF-8 BOM (U+FEFF) that does not start the file"
-                                  if s.startswith("\ufeff") else str(e) or type(e).__name__)
+                        detail = (
+                            "a UTF-8 BOM (U+FEFF) that does not start the file"
+                            if s.startswith("\ufeff")
+                            else str(e) or type(e).__name__
+                        )
                         yield bad("invalid_json", detail, loc, line, None)
                     continue
                 except RecursionError:
                     # Python's parser recurses per level; the line may well be valid JSON.
-                    yield bad("too_deep", "nested deeper than the JSON parser can follow "
-                                          f"(Python's recursion limit, "
-                                          f"{sys.getrecursionlimit()}); not parsed", loc,
-                              line, None)
+                    yield bad(
+                        "too_deep",
+                        "nested deeper than the JSON parser can follow "
+                        f"(Python's recursion limit, "
+                        f"{sys.getrecursionlimit()}); not parsed",
+                        loc,
+                        line,
+                        None,
+                    )
                     continue
                 except NonFinite as e:
                     yield bad("non_finite_number", str(e), loc, line, None)
@@ -162,8 +183,9 @@ def split(f: InputFile, unit_bytes: int) -> list[InputFile]:
         # The last part reads to the end of the file, as a whole-file read would.
         end = starts[i + 1][0] if i + 1 < len(starts) else None
         size = (f.size if end is None else end) - start
-        parts.append(replace(f, size=size, start=start, end=end, first_record=line,
-                             file_size=f.size))
+        parts.append(
+            replace(f, size=size, start=start, end=end, first_record=line, file_size=f.size)
+        )
     return parts
 
 

@@ -58,10 +58,12 @@ def split(f: InputFile, unit_bytes: int) -> list[InputFile]:
         row += rg.num_rows
     if len(runs) <= 1:
         return [f]  # one (huge) row group, or all of them within one unit
-    return [replace(f, size=nbytes, row_groups=(first, stop), first_record=first_row,
-                    file_size=f.size)
-            for first, stop, first_row, nbytes in runs]
+    return [
+        replace(f, size=nbytes, row_groups=(first, stop), first_record=first_row, file_size=f.size)
+        for first, stop, first_row, nbytes in runs
+    ]
 
 
-FORMAT = Format(name="parquet", read=read, extensions=(".parquet",), parts="row_groups",
-                split=split)
+FORMAT = Format(
+    name="parquet", read=read, extensions=(".parquet",), parts="row_groups", split=split
+)

@@ -38,8 +38,9 @@ def read(recs: Records, f: InputFile, path: str) -> Iterator[RawDoc | BadRecord]
         yield from _paragraphs(recs, fh, rel, max_doc_bytes)
 
 
-def _paragraphs(recs: Records, fh: BinaryIO, rel: str, max_doc_bytes: int
-                ) -> Iterator[RawDoc | BadRecord]:
+def _paragraphs(
+    recs: Records, fh: BinaryIO, rel: str, max_doc_bytes: int
+) -> Iterator[RawDoc | BadRecord]:
     lines: list[bytes] = []
     size = 0
     para = 0
@@ -49,8 +50,14 @@ def _paragraphs(recs: Records, fh: BinaryIO, rel: str, max_doc_bytes: int
 
     def emit() -> RawDoc | BadRecord:
         loc = f"{rel}#para={para}"
-        return _doc(recs, b"".join(lines).rstrip(b"\r\n"), loc, f"{recs.name}/{loc}",
-                    too_large, size if too_large else None)
+        return _doc(
+            recs,
+            b"".join(lines).rstrip(b"\r\n"),
+            loc,
+            f"{recs.name}/{loc}",
+            too_large,
+            size if too_large else None,
+        )
 
     try:
         while True:
@@ -76,19 +83,32 @@ def _paragraphs(recs: Records, fh: BinaryIO, rel: str, max_doc_bytes: int
         yield corrupt(f"{rel}#para={para + (0 if lines else 1)}", e)
 
 
-def _doc(recs: Records, data: bytes, loc: str, doc_id: str, too_large: bool,
-         size: int | None = None) -> RawDoc | BadRecord:
+def _doc(
+    recs: Records, data: bytes, loc: str, doc_id: str, too_large: bool, size: int | None = None
+) -> RawDoc | BadRecord:
     """`size`: the document's bytes in the input when `data` is not all of them (a
     too-large document is only partly kept) or not just them (a file's last newline)."""
     if too_large:
         n = len(data) if size is None else size
-        return bad("too_large", f"document is {n} bytes, over max_doc_bytes="
-                                f"{recs.max_bytes}", loc, data, doc_id, n)
+        return bad(
+            "too_large",
+            f"document is {n} bytes, over max_doc_bytes={recs.max_bytes}",
+            loc,
+            data,
+            doc_id,
+            n,
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        return bad("invalid_utf8", f"invalid UTF-8 at byte {e.start} of the document: "
-                                   f"{e.reason}", loc, data, doc_id, size)
+        return bad(
+            "invalid_utf8",
+            f"invalid UTF-8 at byte {e.start} of the document: {e.reason}",
+            loc,
+            data,
+            doc_id,
+            size,
+        )
     if text.startswith("\ufeff"):
         text = text[1:]
     return recs.text(text, {}, doc_id, loc, data, size)

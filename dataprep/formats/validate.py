@@ -63,15 +63,17 @@ def _render(obj: Any) -> str:
         return repr(obj)
 
 
-def bad(reason: str, detail: str, loc: str, raw: Any, doc_id: str | None,
-        size: int | None = None) -> BadRecord:
+def bad(
+    reason: str, detail: str, loc: str, raw: Any, doc_id: str | None, size: int | None = None
+) -> BadRecord:
     """A bad record. `raw` is the record's source bytes (a jsonl line, txt data), a str,
     or an arrow record (rendered as JSON); it is cut for display, while `size` (unless
     given) is the whole of it in bytes, line ending excluded."""
     if isinstance(raw, bytes | bytearray):
         b = bytes(raw).rstrip(b"\r\n")
-        return BadRecord(reason, detail, loc, _raw_bytes(b), doc_id,
-                         len(b) if size is None else size)
+        return BadRecord(
+            reason, detail, loc, _raw_bytes(b), doc_id, len(b) if size is None else size
+        )
     s = raw if isinstance(raw, str) else _render(raw)
     if size is None:
         size = len(s.encode("utf-8", "surrogatepass"))
@@ -81,13 +83,21 @@ def bad(reason: str, detail: str, loc: str, raw: Any, doc_id: str | None,
 def corrupt(loc: str, e: BaseException) -> BadRecord:
     """A broken stream or file: nothing from `loc` on can be read."""
     msg = str(e) or type(e).__name__
-    return bad("corrupt_file", f"cannot read on from here: {type(e).__name__}: {msg}",
-               loc, "", None, 0)
+    return bad(
+        "corrupt_file", f"cannot read on from here: {type(e).__name__}: {msg}", loc, "", None, 0
+    )
 
 
 def _type_name(v: Any) -> str:
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
-             float: "number", type(None): "null"}
+    names = {
+        dict: "object",
+        list: "array",
+        str: "string",
+        bool: "boolean",
+        int: "integer",
+        float: "number",
+        type(None): "null",
+    }
     return names.get(type(v), type(v).__name__)
 
 
@@ -107,15 +117,16 @@ def _refuse_constant(token: str) -> Any:
 def _finite_float(token: str) -> float:
     v = float(token)
     if math.isinf(v):
-        raise NonFinite(f"the number {token} is out of range of a 64-bit float (it would "
-                        "be read and written back as Infinity)")
+        raise NonFinite(
+            f"the number {token} is out of range of a 64-bit float (it would "
+            "be read and written back as Infinity)"
+        )
     return v
 
 
 # json.loads, except that NaN/Infinity/-Infinity and overflowing numbers raise NonFinite:
 # Python reads them by default, and json.dumps would write them back as non-standard JSON.
-decode_json = json.JSONDecoder(parse_constant=_refuse_constant,
-                               parse_float=_finite_float).decode
+decode_json = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float).decode
 
 
 def _jsonable(v: Any) -> Any:
@@ -125,8 +136,9 @@ def _jsonable(v: Any) -> Any:
         return v
     if isinstance(v, float):
         if not math.isfinite(v):
-            raise NonFinite(f"holds {v!r}, which JSON cannot represent (RFC 8259 has no "
-                            "NaN or Infinity)")
+            raise NonFinite(
+                f"holds {v!r}, which JSON cannot represent (RFC 8259 has no NaN or Infinity)"
+            )
         return v
     if isinstance(v, dict):
         return {str(k): _jsonable(x) for k, x in v.items()}
@@ -162,8 +174,9 @@ class Records:
         """`raw` is the record's source bytes (jsonl) or the record itself (arrow); it is
         only rendered for bad records."""
         if type(obj) is not dict:
-            return bad("not_an_object", f"expected a JSON object, got {_type_name(obj)}",
-                       loc, raw, None)
+            return bad(
+                "not_an_object", f"expected a JSON object, got {_type_name(obj)}", loc, raw, None
+            )
         idf = self.id_field
         if idf is not None and idf in obj:
             v = obj[idf]
@@ -174,34 +187,57 @@ class Records:
                 doc_id = str(v)
             else:
                 got = "empty string" if v == "" else _type_name(v)
-                return bad("bad_id", f"field {idf!r} must be a non-empty string or an "
-                                     f"integer, got {got}", loc, raw, None)
+                return bad(
+                    "bad_id",
+                    f"field {idf!r} must be a non-empty string or an integer, got {got}",
+                    loc,
+                    raw,
+                    None,
+                )
         else:
             doc_id = f"{self.name}/{loc}"
         tf = self.text_field
         text = obj.get(tf, _MISSING)
         if text is _MISSING:
             keys = ", ".join(list(obj)[:20]) + (", …" if len(obj) > 20 else "")
-            return bad("missing_text", f"field {tf!r} is missing; fields present: "
-                                       f"{keys or '(none)'}", loc, raw, doc_id)
+            return bad(
+                "missing_text",
+                f"field {tf!r} is missing; fields present: {keys or '(none)'}",
+                loc,
+                raw,
+                doc_id,
+            )
         if type(text) is not str:
-            return bad("wrong_type", f"field {tf!r} must be a string, got "
-                                     f"{_type_name(text)}", loc, raw, doc_id)
+            return bad(
+                "wrong_type",
+                f"field {tf!r} must be a string, got {_type_name(text)}",
+                loc,
+                raw,
+                doc_id,
+            )
         if LOCATION_KEY in obj and tf != LOCATION_KEY:
             # Ingest stores the document's location under this name; overwriting the
             # record's own field would lose it, so the record is kept whole here instead.
-            return bad("reserved_field", f"field {LOCATION_KEY!r} is reserved: ingest "
-                                         "stores each document's location under it in "
-                                         "meta; rename the field", loc, raw, doc_id)
+            return bad(
+                "reserved_field",
+                f"field {LOCATION_KEY!r} is reserved: ingest "
+                "stores each document's location under it in "
+                "meta; rename the field",
+                loc,
+                raw,
+                doc_id,
+            )
         if arrow:
             # A new dict: `raw` is this same record and must keep its text for quarantine.
             # (Strings from arrow are valid UTF-8; floats may be NaN or infinite.)
             try:
-                meta = {k: v if isinstance(v, _JSON_NON_FLOAT_SCALARS) else _jsonable(v)
-                        for k, v in obj.items() if k != tf}
+                meta = {
+                    k: v if isinstance(v, _JSON_NON_FLOAT_SCALARS) else _jsonable(v)
+                    for k, v in obj.items()
+                    if k != tf
+                }
             except NonFinite as e:
-                return bad("non_finite_number", _non_finite_field(obj, tf, e), loc, raw,
-                           doc_id)
+                return bad("non_finite_number", _non_finite_field(obj, tf, e), loc, raw, doc_id)
         else:
             del obj[tf]  # jsonl's raw is the line's bytes, so the parsed dict is ours
             meta = obj
@@ -209,13 +245,19 @@ class Records:
             # name or the id, which no UTF-8 writer accepts (the text is checked below).
             # Only lines with such an escape (escaped pairs are common) pay for the check.
             if (b"\\ud" in raw or b"\\uD" in raw) and (surrogate := _surrogate_in(meta)):
-                return bad("invalid_utf8", f"metadata has an unpaired surrogate {surrogate} "
-                                           "(from a \\u escape), which is not UTF-8", loc,
-                           raw, doc_id)
+                return bad(
+                    "invalid_utf8",
+                    f"metadata has an unpaired surrogate {surrogate} "
+                    "(from a \\u escape), which is not UTF-8",
+                    loc,
+                    raw,
+                    doc_id,
+                )
         return self.text(text, meta, doc_id, loc, raw)
 
-    def text(self, text: str, meta: dict, doc_id: str, loc: str, raw: Any,
-             size: int | None = None) -> RawDoc | BadRecord:
+    def text(
+        self, text: str, meta: dict, doc_id: str, loc: str, raw: Any, size: int | None = None
+    ) -> RawDoc | BadRecord:
         """`size`: the record's bytes in the input when `raw` is not all of it."""
         # isascii() is O(1) on CPython and true for most web text: skip NFC and encoding.
         if text.isascii():
@@ -227,18 +269,43 @@ class Records:
             except UnicodeEncodeError as e:
                 # JSON "\ud800" escapes decode to lone surrogates, which no UTF-8 writer
                 # (Arrow included) accepts.
-                return bad("invalid_utf8", f"text has an unpaired surrogate "
-                                           f"U+{ord(text[e.start]):04X} at character "
-                                           f"{e.start}", loc, raw, doc_id, size)
+                return bad(
+                    "invalid_utf8",
+                    f"text has an unpaired surrogate "
+                    f"U+{ord(text[e.start]):04X} at character "
+                    f"{e.start}",
+                    loc,
+                    raw,
+                    doc_id,
+                    size,
+                )
         if nbytes > self.max_bytes:
-            return bad("too_large", f"text is {nbytes} bytes, over max_doc_bytes="
-                                    f"{self.max_bytes}", loc, raw, doc_id, size)
+            return bad(
+                "too_large",
+                f"text is {nbytes} bytes, over max_doc_bytes={self.max_bytes}",
+                loc,
+                raw,
+                doc_id,
+                size,
+            )
         if "\x00" in text:
-            return bad("nul_bytes", f"text has a NUL character at index "
-                                    f"{text.index(chr(0))}", loc, raw, doc_id, size)
+            return bad(
+                "nul_bytes",
+                f"text has a NUL character at index {text.index(chr(0))}",
+                loc,
+                raw,
+                doc_id,
+                size,
+            )
         if not text or text.isspace():
-            return bad("empty_text", "text is empty" if not text else
-                       "text is only whitespace", loc, raw, doc_id, size)
+            return bad(
+                "empty_text",
+                "text is empty" if not text else "text is only whitespace",
+                loc,
+                raw,
+                doc_id,
+                size,
+            )
         return RawDoc(doc_id, text, meta, loc)
 
 

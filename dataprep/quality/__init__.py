@@ -138,8 +138,11 @@ def filter_documents(
         if not alive:
             break
         batch = getattr(rule, "apply_batch", None)
-        verdicts = (batch([docs[i] for i in alive]) if batch is not None
-                    else [rule.apply(docs[i]) for i in alive])
+        verdicts = (
+            batch([docs[i] for i in alive])
+            if batch is not None
+            else [rule.apply(docs[i]) for i in alive]
+        )
         still = []
         for i, verdict in zip(alive, verdicts, strict=True):
             if isinstance(verdict, Drop):
@@ -188,8 +191,7 @@ def parse_rules(spec: list[str | dict[str, Any]]) -> list[Rule[Any]]:
             params = {}
         if not isinstance(params, dict):
             raise ValueError(
-                f"{where} {name}: parameters must be a mapping of name: value "
-                f"(got {params!r:.80})"
+                f"{where} {name}: parameters must be a mapping of name: value (got {params!r:.80})"
             )
         try:
             rules.append(cls(cls.Params.model_validate(params)))

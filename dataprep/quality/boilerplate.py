@@ -15,13 +15,18 @@ BOILERPLATE = ("lorem ipsum", "javascript is disabled", "enable cookies")
 
 
 class BoilerplateParams(RuleParams):
-    strings: tuple[str, ...] = Field(default=BOILERPLATE, description=(
-        "Strings that drop a document (not empty); replaces the built-in list when "
-        "given."))
-    file: str | None = Field(default=None, description=(
-        "A file of more strings, one a line, added to `strings`."))
-    case_sensitive: bool = Field(default=False, description=(
-        "Match case (line breaks are still ignored)."))
+    strings: tuple[str, ...] = Field(
+        default=BOILERPLATE,
+        description=(
+            "Strings that drop a document (not empty); replaces the built-in list when given."
+        ),
+    )
+    file: str | None = Field(
+        default=None, description=("A file of more strings, one a line, added to `strings`.")
+    )
+    case_sensitive: bool = Field(
+        default=False, description=("Match case (line breaks are still ignored).")
+    )
 
     @field_validator("strings")
     @classmethod

@@ -29,24 +29,31 @@ Limit = Annotated[int, Field(ge=1)]
 class C4Params(RuleParams):
     # Defaults are C4's (section 2.2 and TFDS c4_utils) and equal datatrove 0.10's
     # C4QualityFilter defaults; datatrove's -1 ("disabled") is None here.
-    remove_citations: bool = Field(default=True, description=(
-        "Remove Wikipedia-style \"[1]\", \"[edit]\", \"[citation needed]\"."))
-    filter_no_terminal_punct: bool = Field(default=True, description=(
-        "Keep only lines ending in . ? ! \" '."))
-    min_num_sentences: Limit | None = Field(default=5, description=(
-        "After line removal; fewer drops the page."))
-    min_words_per_line: Limit | None = Field(default=3, description=(
-        "A line with fewer words is removed."))
-    max_word_length: Limit | None = Field(default=1000, description=(
-        "A line with a longer word is removed."))
-    filter_lorem_ipsum: bool = Field(default=True, description=(
-        "\"lorem ipsum\" drops the page."))
-    filter_javascript: bool = Field(default=True, description=(
-        "A line mentioning javascript is removed."))
-    filter_curly_bracket: bool = Field(default=True, description=(
-        "A '{' drops the page ('{' marks code)."))
-    filter_policy: bool = Field(default=True, description=(
-        "Cookie / privacy / terms-of-use lines are removed."))
+    remove_citations: bool = Field(
+        default=True, description=('Remove Wikipedia-style "[1]", "[edit]", "[citation needed]".')
+    )
+    filter_no_terminal_punct: bool = Field(
+        default=True, description=("Keep only lines ending in . ? ! \" '.")
+    )
+    min_num_sentences: Limit | None = Field(
+        default=5, description=("After line removal; fewer drops the page.")
+    )
+    min_words_per_line: Limit | None = Field(
+        default=3, description=("A line with fewer words is removed.")
+    )
+    max_word_length: Limit | None = Field(
+        default=1000, description=("A line with a longer word is removed.")
+    )
+    filter_lorem_ipsum: bool = Field(default=True, description=('"lorem ipsum" drops the page.'))
+    filter_javascript: bool = Field(
+        default=True, description=("A line mentioning javascript is removed.")
+    )
+    filter_curly_bracket: bool = Field(
+        default=True, description=("A '{' drops the page ('{' marks code).")
+    )
+    filter_policy: bool = Field(
+        default=True, description=("Cookie / privacy / terms-of-use lines are removed.")
+    )
 
 
 class C4(Rule[C4Params]):

@@ -138,30 +138,48 @@ FASTTEXT_MAGIC = 793712314
 
 
 class ClassifierParams(RuleParams):
-    model: str = Field(min_length=1, description=(
-        "A fastText .bin: `ballast quality train` output, or any supervised fastText "
-        "model such as DCLM's published one (read with DCLM's preprocessing)."))
-    threshold: Fraction | None = Field(default=None, description=(
-        "Keep documents scoring at least this; None takes the threshold the training run "
-        "chose (MODEL.report.json), required for a model without one. There is no "
-        "universal default: a threshold belongs to a model."))
-    label: str = Field(default=GOOD, min_length=1, description=(
-        "The \"good\" label whose probability is the score (DCLM's `hq`)."))
-    key: str = Field(default="quality_score", min_length=1, description=(
-        "The metadata field the score is written to."))
+    model: str = Field(
+        min_length=1,
+        description=(
+            "A fastText .bin: `ballast quality train` output, or any supervised fastText "
+            "model such as DCLM's published one (read with DCLM's preprocessing)."
+        ),
+    )
+    threshold: Fraction | None = Field(
+        default=None,
+        description=(
+            "Keep documents scoring at least this; None takes the threshold the training run "
+            "chose (MODEL.report.json), required for a model without one. There is no "
+            "universal default: a threshold belongs to a model."
+        ),
+    )
+    label: str = Field(
+        default=GOOD,
+        min_length=1,
+        description=('The "good" label whose probability is the score (DCLM\'s `hq`).'),
+    )
+    key: str = Field(
+        default="quality_score",
+        min_length=1,
+        description=("The metadata field the score is written to."),
+    )
 
     @field_validator("model")
     @classmethod
     def _exists(cls, v: str) -> str:
         if not Path(v).is_file():
-            raise ValueError(f"{v}: no such model file (train one with `ballast quality "
-                             "train`, or give a fastText .bin)")
+            raise ValueError(
+                f"{v}: no such model file (train one with `ballast quality "
+                "train`, or give a fastText .bin)"
+            )
         # fastText's own header check, without loading a model that may be gigabytes.
         with open(v, "rb") as f:
             head = f.read(4)
         if len(head) < 4 or struct.unpack("<i", head)[0] != FASTTEXT_MAGIC:
-            raise ValueError(f"{v}: not a fastText model (a .bin written by fastText, e.g. "
-                             "`ballast quality train`)")
+            raise ValueError(
+                f"{v}: not a fastText model (a .bin written by fastText, e.g. "
+                "`ballast quality train`)"
+            )
         return v
 
     @model_validator(mode="after")
@@ -170,8 +188,10 @@ class ClassifierParams(RuleParams):
             report = _report(self.model)
             t = report.get("threshold") if report else None
             if not isinstance(t, int | float):
-                raise ValueError(f"threshold: required for {self.model} (no "
-                                 f"{report_path(self.model).name} with a chosen threshold)")
+                raise ValueError(
+                    f"threshold: required for {self.model} (no "
+                    f"{report_path(self.model).name} with a chosen threshold)"
+                )
         return self
 
 

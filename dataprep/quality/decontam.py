@@ -113,8 +113,9 @@ def _examples(path: str, field: str) -> Iterator[tuple[int, str]]:
                     row = None
                 text = row.get(field) if isinstance(row, dict) else None
                 if not isinstance(text, str):
-                    raise ValueError(f"{path} line {line}: not a JSON object with a string "
-                                     f"{field!r} field")
+                    raise ValueError(
+                        f"{path} line {line}: not a JSON object with a string {field!r} field"
+                    )
                 yield line, text
     except OSError as e:
         raise ValueError(f"cannot read {path}: {e.strerror}") from None
@@ -125,13 +126,25 @@ def _examples(path: str, field: str) -> Iterator[tuple[int, str]]:
 class DecontaminateParams(RuleParams):
     # Evaluation sets: JSON lines (.jsonl, .ndjson, .json; the text in `field`) or plain
     # text, one example a line. An example shorter than `ngram` words can never match.
-    files: tuple[str, ...] = Field(min_length=1, description=(
-        "Evaluation sets: JSON lines (.jsonl, .ndjson, .json; the text in `field`) or "
-        "plain text, one example a line. A missing file is a config error."))
-    field: str = Field(default="text", min_length=1, description=(
-        "The JSON field with the text; a JSON line without it is a config error."))
-    ngram: int = Field(default=13, ge=1, description=(
-        "Words per n-gram (lowercased, punctuation deleted, as GPT-3's decontamination)."))
+    files: tuple[str, ...] = Field(
+        min_length=1,
+        description=(
+            "Evaluation sets: JSON lines (.jsonl, .ndjson, .json; the text in `field`) or "
+            "plain text, one example a line. A missing file is a config error."
+        ),
+    )
+    field: str = Field(
+        default="text",
+        min_length=1,
+        description=("The JSON field with the text; a JSON line without it is a config error."),
+    )
+    ngram: int = Field(
+        default=13,
+        ge=1,
+        description=(
+            "Words per n-gram (lowercased, punctuation deleted, as GPT-3's decontamination)."
+        ),
+    )
 
     @field_validator("files")
     @classmethod

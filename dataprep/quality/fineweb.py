@@ -37,18 +37,22 @@ class FineWebParams(RuleParams):
     # Defaults are datatrove 0.10's FineWebQualityFilter defaults, the code FineWeb was
     # built with (Penedo et al. 2024, section 3, "custom filters"). Lines are the
     # non-blank "\n"-separated lines; None switches a check off.
-    line_punct_thr: Fraction | None = Field(default=0.12, description=(
-        "Least fraction of lines ending in terminal punctuation."))
-    line_punct_exclude_zero: bool = Field(default=False, description=(
-        "true: a page with no such line is not dropped."))
-    short_line_thr: Fraction | None = Field(default=0.67, description=(
-        "Most fraction of lines of <= short_line_length characters."))
-    short_line_length: int = Field(default=30, ge=0, description=(
-        "What a short line is, in characters."))
-    char_duplicates_ratio: Fraction | None = Field(default=0.01, description=(
-        "Most fraction of characters in repeated lines."))
-    new_line_ratio: float | None = Field(default=0.3, ge=0, description=(
-        "Most newlines per word."))
+    line_punct_thr: Fraction | None = Field(
+        default=0.12, description=("Least fraction of lines ending in terminal punctuation.")
+    )
+    line_punct_exclude_zero: bool = Field(
+        default=False, description=("true: a page with no such line is not dropped.")
+    )
+    short_line_thr: Fraction | None = Field(
+        default=0.67, description=("Most fraction of lines of <= short_line_length characters.")
+    )
+    short_line_length: int = Field(
+        default=30, ge=0, description=("What a short line is, in characters.")
+    )
+    char_duplicates_ratio: Fraction | None = Field(
+        default=0.01, description=("Most fraction of characters in repeated lines.")
+    )
+    new_line_ratio: float | None = Field(default=0.3, ge=0, description=("Most newlines per word."))
 
 
 class FineWeb(Rule[FineWebParams]):

@@ -27,14 +27,63 @@ Count = Annotated[int, Field(ge=0)]
 # (huggingface/fineweb-2 configs/cmn_Hani.yml, jpn_Jpan.yml, tha_Thai.yml), applied to a
 # document in that language unless the config sets the parameter itself.
 LANGUAGE_DEFAULTS: dict[str, dict[str, Any]] = {
-    "zh": {"min_avg_word_length": 1, "max_avg_word_length": 5, "min_alpha_words_ratio": 0.735,
-           "stop_words": ("的", "年", "在", "月", "是", "和", "日", "了", "於", "·", "為",
-                          "有", "被", "人", "中", "为", "他", "與", "後", "也", "而", "由")},
-    "ja": {"min_avg_word_length": 1, "max_avg_word_length": 5, "min_alpha_words_ratio": 0.759,
-           "stop_words": ("の", "に", "を", "は", "た", "て", "が", "と", "で", "年", "し",
-                          "・", "月", "れ", "さ")},
-    "th": {"min_avg_word_length": 2, "max_avg_word_length": 10, "min_alpha_words_ratio": 0.9,
-           "stop_words": ("ใน", "ที่", "และ", "ของ", "เป็น", "มี", "การ", "ได้")},
+    "zh": {
+        "min_avg_word_length": 1,
+        "max_avg_word_length": 5,
+        "min_alpha_words_ratio": 0.735,
+        "stop_words": (
+            "的",
+            "年",
+            "在",
+            "月",
+            "是",
+            "和",
+            "日",
+            "了",
+            "於",
+            "·",
+            "為",
+            "有",
+            "被",
+            "人",
+            "中",
+            "为",
+            "他",
+            "與",
+            "後",
+            "也",
+            "而",
+            "由",
+        ),
+    },
+    "ja": {
+        "min_avg_word_length": 1,
+        "max_avg_word_length": 5,
+        "min_alpha_words_ratio": 0.759,
+        "stop_words": (
+            "の",
+            "に",
+            "を",
+            "は",
+            "た",
+            "て",
+            "が",
+            "と",
+            "で",
+            "年",
+            "し",
+            "・",
+            "月",
+            "れ",
+            "さ",
+        ),
+    },
+    "th": {
+        "min_avg_word_length": 2,
+        "max_avg_word_length": 10,
+        "min_alpha_words_ratio": 0.9,
+        "stop_words": ("ใน", "ที่", "และ", "ของ", "เป็น", "มี", "การ", "ได้"),
+    },
 }
 
 
@@ -43,23 +92,30 @@ class GopherQualityParams(RuleParams):
     # GopherQualityFilter default; None switches a check off.
     min_doc_words: Count | None = Field(default=50, description="Fewest words.")
     max_doc_words: Count | None = Field(default=100_000, description="Most words.")
-    min_avg_word_length: float | None = Field(default=3, ge=0, description=(
-        "Shortest mean word length (characters)."))
-    max_avg_word_length: float | None = Field(default=10, ge=0, description=(
-        "Longest mean word length."))
-    max_symbol_word_ratio: float | None = Field(default=0.1, ge=0, description=(
-        "'#' per word and ('...' + '…') per word."))
-    max_bullet_lines_ratio: Fraction | None = Field(default=0.9, description=(
-        "Lines starting with a bullet ('•' or '-', as datatrove)."))
-    max_ellipsis_lines_ratio: Fraction | None = Field(default=0.3, description=(
-        "Lines ending in an ellipsis."))
+    min_avg_word_length: float | None = Field(
+        default=3, ge=0, description=("Shortest mean word length (characters).")
+    )
+    max_avg_word_length: float | None = Field(
+        default=10, ge=0, description=("Longest mean word length.")
+    )
+    max_symbol_word_ratio: float | None = Field(
+        default=0.1, ge=0, description=("'#' per word and ('...' + '…') per word.")
+    )
+    max_bullet_lines_ratio: Fraction | None = Field(
+        default=0.9, description=("Lines starting with a bullet ('•' or '-', as datatrove).")
+    )
+    max_ellipsis_lines_ratio: Fraction | None = Field(
+        default=0.3, description=("Lines ending in an ellipsis.")
+    )
     # datatrove calls this max_non_alpha_words_ratio (its own TODO says to rename it).
-    min_alpha_words_ratio: Fraction | None = Field(default=0.8, description=(
-        "\"80% of words in a document contain at least one alphabetic character\"."))
-    min_stop_words: Count | None = Field(default=2, description=(
-        "Fewest words from stop_words."))
-    stop_words: tuple[str, ...] = Field(default=STOP_WORDS, description=(
-        "The stop words (Gopher's)."))
+    min_alpha_words_ratio: Fraction | None = Field(
+        default=0.8,
+        description=('"80% of words in a document contain at least one alphabetic character".'),
+    )
+    min_stop_words: Count | None = Field(default=2, description=("Fewest words from stop_words."))
+    stop_words: tuple[str, ...] = Field(
+        default=STOP_WORDS, description=("The stop words (Gopher's).")
+    )
 
 
 class GopherQuality(Rule[GopherQualityParams]):
@@ -79,12 +135,14 @@ class GopherQuality(Rule[GopherQualityParams]):
         self._by_language = {}
         for lang, defaults in LANGUAGE_DEFAULTS.items():
             params = self.params.model_copy(
-                update={k: v for k, v in defaults.items() if k not in given})
+                update={k: v for k, v in defaults.items() if k not in given}
+            )
             self._by_language[lang] = (params, frozenset(params.stop_words))
 
     def apply(self, doc: Doc) -> Verdict:
-        p, stop_words = self._by_language.get(doc.word_language or "",
-                                              (self.params, self._stop_words))
+        p, stop_words = self._by_language.get(
+            doc.word_language or "", (self.params, self._stop_words)
+        )
         text = doc.text
         words = doc.words
         n_words = len(words)
@@ -171,24 +229,33 @@ class GopherRepetitionParams(RuleParams):
     # Table A1 of the Gopher paper; datatrove 0.10's GopherRepetitionFilter has the same
     # defaults. Line/paragraph fractions count duplicate elements; *_char_frac counts
     # their characters over the whole text.
-    dup_line_frac: Fraction | None = Field(default=0.3, description=(
-        "Most fraction of lines that are duplicates (by count)."))
-    dup_para_frac: Fraction | None = Field(default=0.3, description=(
-        "Most fraction of paragraphs that are duplicates (by count)."))
-    dup_line_char_frac: Fraction | None = Field(default=0.2, description=(
-        "Most fraction of characters in duplicate lines."))
-    dup_para_char_frac: Fraction | None = Field(default=0.2, description=(
-        "Most fraction of characters in duplicate paragraphs."))
-    top_n_grams: NGramThresholds = Field(default=((2, 0.2), (3, 0.18), (4, 0.16)), description=(
-        "(n, most fraction of characters in the most frequent n-gram)."))
-    dup_n_grams: NGramThresholds = Field(default=(
-        (5, 0.15),
-        (6, 0.14),
-        (7, 0.13),
-        (8, 0.12),
-        (9, 0.11),
-        (10, 0.10),
-    ), description="(n, most fraction of characters in n-grams that repeat an earlier one).")
+    dup_line_frac: Fraction | None = Field(
+        default=0.3, description=("Most fraction of lines that are duplicates (by count).")
+    )
+    dup_para_frac: Fraction | None = Field(
+        default=0.3, description=("Most fraction of paragraphs that are duplicates (by count).")
+    )
+    dup_line_char_frac: Fraction | None = Field(
+        default=0.2, description=("Most fraction of characters in duplicate lines.")
+    )
+    dup_para_char_frac: Fraction | None = Field(
+        default=0.2, description=("Most fraction of characters in duplicate paragraphs.")
+    )
+    top_n_grams: NGramThresholds = Field(
+        default=((2, 0.2), (3, 0.18), (4, 0.16)),
+        description=("(n, most fraction of characters in the most frequent n-gram)."),
+    )
+    dup_n_grams: NGramThresholds = Field(
+        default=(
+            (5, 0.15),
+            (6, 0.14),
+            (7, 0.13),
+            (8, 0.12),
+            (9, 0.11),
+            (10, 0.10),
+        ),
+        description="(n, most fraction of characters in n-grams that repeat an earlier one).",
+    )
 
 
 _PARAGRAPH_SPLIT = re.compile(r"\n{2,}")
@@ -263,9 +330,7 @@ class GopherRepetition(Rule[GopherRepetitionParams]):
                 continue
             frac = _greedy_dup_chars(doc.ngram_hashes(n), cum, n) / size
             if frac > max_frac:
-                return Drop(
-                    f"dup_{n}_gram", f"duplicate {n}-gram chars={fmt(frac)} > {max_frac}"
-                )
+                return Drop(f"dup_{n}_gram", f"duplicate {n}-gram chars={fmt(frac)} > {max_frac}")
         return None
 
 

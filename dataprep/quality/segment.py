@@ -27,11 +27,18 @@ _SAMPLE = 2000  # characters looked at to tell the script
 # The scripts written without spaces: code-point ranges and the language (or "han":
 # Chinese unless kana come with it) each says; the pre-check regex is made from them.
 _SCRIPTS: tuple[tuple[int, int, str], ...] = (
-    (0x3040, 0x30FF, "ja"), (0x31F0, 0x31FF, "ja"), (0xFF66, 0xFF9D, "ja"),  # kana
-    (0x4E00, 0x9FFF, "han"), (0x3400, 0x4DBF, "han"), (0x20000, 0x2FA1F, "han"),
+    (0x3040, 0x30FF, "ja"),
+    (0x31F0, 0x31FF, "ja"),
+    (0xFF66, 0xFF9D, "ja"),  # kana
+    (0x4E00, 0x9FFF, "han"),
+    (0x3400, 0x4DBF, "han"),
+    (0x20000, 0x2FA1F, "han"),
     (0xF900, 0xFAFF, "han"),
-    (0x0E00, 0x0E7F, "th"), (0x0E80, 0x0EFF, "lo"), (0x1780, 0x17FF, "km"),
-    (0x1000, 0x109F, "my"), (0x0F00, 0x0FFF, "bo"),
+    (0x0E00, 0x0E7F, "th"),
+    (0x0E80, 0x0EFF, "lo"),
+    (0x1780, 0x17FF, "km"),
+    (0x1000, 0x109F, "my"),
+    (0x0F00, 0x0FFF, "bo"),
 )
 _ANY_NO_SPACE = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b, _ in _SCRIPTS) + "]")
 # A sentence ends at a run of terminal punctuation (full-width or not) and any closing
@@ -77,8 +84,7 @@ def base_language(code: str) -> str:
     return _ISO3.get(base, base)
 
 
-_ISO3 = {"cmn": "zh", "jpn": "ja", "tha": "th", "lao": "lo", "khm": "km", "mya": "my",
-         "bod": "bo"}
+_ISO3 = {"cmn": "zh", "jpn": "ja", "tha": "th", "lao": "lo", "khm": "km", "mya": "my", "bod": "bo"}
 
 
 @lru_cache(maxsize=16)

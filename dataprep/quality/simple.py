@@ -21,15 +21,20 @@ class CharRepetitionParams(RuleParams):
     # miss (one "word"), so this looks at characters.
     # Measured on shared/data: the highest share is 0.29 (hex literals in Java), prose
     # stays under 0.17.
-    max_char_frac: Fraction | None = Field(default=0.5, description=(
-        "Largest share one non-whitespace character may have."))
-    min_chars: Size = Field(default=100, description=(
-        "The share test needs this many non-whitespace characters (\"!!!\" is not a "
-        "problem)."))
+    max_char_frac: Fraction | None = Field(
+        default=0.5, description=("Largest share one non-whitespace character may have.")
+    )
+    min_chars: Size = Field(
+        default=100,
+        description=(
+            'The share test needs this many non-whitespace characters ("!!!" is not a problem).'
+        ),
+    )
     # Code rulers ('=' * 80) and web separators must pass: the longest run on shared/data
     # is a 304-dash rule in an OpenWebText page, so the limit sits well above it.
-    max_run: Annotated[int, Field(ge=1)] | None = Field(default=500, description=(
-        "Longest allowed run of one non-whitespace character."))
+    max_run: Annotated[int, Field(ge=1)] | None = Field(
+        default=500, description=("Longest allowed run of one non-whitespace character.")
+    )
 
 
 class CharRepetition(Rule[CharRepetitionParams]):
@@ -107,12 +112,16 @@ class LengthParams(RuleParams):
     # whitespace-only documents. max_chars=1,000,000 sits above Gopher's 100,000-word cap
     # (~600k characters of English) and far below ingest's 16 MiB quarantine: larger
     # "documents" are dumps, logs or data, and one of them can dominate a shard.
-    min_chars: Size | None = Field(default=1, description=(
-        "Fewest characters of the stripped text (1 drops empty and whitespace-only "
-        "documents)."))
+    min_chars: Size | None = Field(
+        default=1,
+        description=(
+            "Fewest characters of the stripped text (1 drops empty and whitespace-only documents)."
+        ),
+    )
     max_chars: Size | None = Field(default=1_000_000, description="Most characters.")
-    min_words: Size | None = Field(default=None, description=(
-        "Fewest whitespace-separated words; off by default."))
+    min_words: Size | None = Field(
+        default=None, description=("Fewest whitespace-separated words; off by default.")
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> LengthParams:

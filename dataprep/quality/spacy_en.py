@@ -182,6 +182,8 @@ def _remember(chunk: str, tokens: list[str]) -> None:
     if len(_CACHE) >= CACHE_MAX:
         _OLD, _CACHE = _CACHE, {}
     _CACHE[chunk] = tokens
+
+
 # Chunks whose tokens a merged special case changes ("right):" -> "right" ")" ":" ->
 # "right" "):"), by their tokens before the merge. spaCy matches special cases over the
 # whole text, where a run across a single space (") :" in "x) :)") spells no special

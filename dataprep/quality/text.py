@@ -151,8 +151,9 @@ class Doc:
         in a script written without spaces (Chinese, Japanese, Thai, ...), the language
         its script says (dataprep/quality/segment.py); None for unlabelled other text."""
         lang = self.language
-        return segment.base_language(lang) if lang is not None \
-            else segment.script_language(self.text)
+        return (
+            segment.base_language(lang) if lang is not None else segment.script_language(self.text)
+        )
 
     @cached_property
     def words(self) -> list[str]:

@@ -69,9 +69,13 @@ class ClassifierTrainConfig:
 
 # ---------------------------------------------------------------- reading labelled pages
 
+
 def _open(path: Path) -> Any:
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else \
-        path.open(encoding="utf-8")
+    return (
+        gzip.open(path, "rt", encoding="utf-8")
+        if path.suffix == ".gz"
+        else path.open(encoding="utf-8")
+    )
 
 
 def read_jsonl(path: str | Path, text_field: str = "text") -> list[dict[str, Any]]:
@@ -102,18 +106,25 @@ def _label(value: Any, where: str, field: str) -> int:
     raise TrainError(f"{where}: field {field!r} must be 1 (good) or 0 (bad), got {value!r:.40}")
 
 
-def load_examples(positive: Sequence[str] = (), negative: Sequence[str] = (),
-                  labelled: Sequence[str] = (), label_field: str = "label",
-                  text_field: str = "text") -> tuple[list[str], list[int]]:
+def load_examples(
+    positive: Sequence[str] = (),
+    negative: Sequence[str] = (),
+    labelled: Sequence[str] = (),
+    label_field: str = "label",
+    text_field: str = "text",
+) -> tuple[list[str], list[int]]:
     """Texts and labels (1 good, 0 bad) from good files, bad files and labelled files."""
     texts, labels, _ = load_calibrated(positive, negative, labelled, label_field, text_field)
     return texts, labels
 
 
-def load_calibrated(positive: Sequence[str] = (), negative: Sequence[str] = (),
-                    labelled: Sequence[str] = (), label_field: str = "label",
-                    text_field: str = "text"
-                    ) -> tuple[list[str], list[int], list[bool] | None]:
+def load_calibrated(
+    positive: Sequence[str] = (),
+    negative: Sequence[str] = (),
+    labelled: Sequence[str] = (),
+    label_field: str = "label",
+    text_field: str = "text",
+) -> tuple[list[str], list[int], list[bool] | None]:
     """load_examples, and which pages calibrate the threshold: with labelled files beside
     good or bad files, only the labelled pages (the extra pages, e.g. reference text as
     positives in DCLM's manner, are a different distribution: a threshold that keeps 85% of
@@ -143,15 +154,17 @@ def load_calibrated(positive: Sequence[str] = (), negative: Sequence[str] = (),
 
 # ---------------------------------------------------------------- training and scoring
 
+
 def feature_spec(texts: Sequence[str], cfg: ClassifierTrainConfig) -> dict[str, Any]:
     """What fasttext_line needs to turn a text into the model's input: the normalisation,
     and for `text+stats` the decile edges of each statistic over the training pages."""
-    spec: dict[str, Any] = {"kind": cfg.features, "normalise": "lowercase, words and "
-                            "punctuation split, one line"}
+    spec: dict[str, Any] = {
+        "kind": cfg.features,
+        "normalise": "lowercase, words and punctuation split, one line",
+    }
     if cfg.features == "text+stats":
         stats = [statistics(t) for t in texts]
-        spec["stat_edges"] = {k: _quantiles(sorted(s[k] for s in stats))
-                              for k in stats[0]}
+        spec["stat_edges"] = {k: _quantiles(sorted(s[k] for s in stats)) for k in stats[0]}
     return spec
 
 
@@ -164,8 +177,12 @@ def _quantiles(xs: list[float]) -> list[float]:
     return edges
 
 
-def fit(texts: Sequence[str], labels: Sequence[int], cfg: ClassifierTrainConfig,
-        spec: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+def fit(
+    texts: Sequence[str],
+    labels: Sequence[int],
+    cfg: ClassifierTrainConfig,
+    spec: dict[str, Any] | None = None,
+) -> tuple[Any, dict[str, Any]]:
     """(fastText model, feature spec) trained on the pages given."""
     import fasttext
 
@@ -181,9 +198,17 @@ def fit(texts: Sequence[str], labels: Sequence[int], cfg: ClassifierTrainConfig,
                 line = fasttext_line(texts[i], spec)
                 f.write(f"__label__{GOOD if labels[i] else BAD} {line}\n")
         model = fasttext.train_supervised(
-            input=tmp, wordNgrams=cfg.word_ngrams, epoch=cfg.epoch, lr=cfg.lr, dim=cfg.dim,
-            minCount=cfg.min_count, bucket=cfg.bucket, thread=cfg.threads, seed=cfg.seed,
-            verbose=0)
+            input=tmp,
+            wordNgrams=cfg.word_ngrams,
+            epoch=cfg.epoch,
+            lr=cfg.lr,
+            dim=cfg.dim,
+            minCount=cfg.min_count,
+            bucket=cfg.bucket,
+            thread=cfg.threads,
+            seed=cfg.seed,
+            verbose=0,
+        )
     finally:
         os.unlink(tmp)
     return model, spec
@@ -204,8 +229,9 @@ def stratified_folds(labels: Sequence[int], k: int, seed: int) -> list[list[int]
     return [sorted(f) for f in folds]
 
 
-def _stratified_among(labels: Sequence[int], k: int, seed: int,
-                      calibrate: Sequence[bool] | None) -> list[list[int]]:
+def _stratified_among(
+    labels: Sequence[int], k: int, seed: int, calibrate: Sequence[bool] | None
+) -> list[list[int]]:
     """stratified_folds over the calibration pages only (all pages when None), as indices
     of `labels`."""
     if calibrate is None:
@@ -214,9 +240,12 @@ def _stratified_among(labels: Sequence[int], k: int, seed: int,
     return [[cal[j] for j in f] for f in stratified_folds([labels[i] for i in cal], k, seed)]
 
 
-def out_of_fold_scores(texts: Sequence[str], labels: Sequence[int],
-                       cfg: ClassifierTrainConfig, calibrate: Sequence[bool] | None = None
-                       ) -> list[float]:
+def out_of_fold_scores(
+    texts: Sequence[str],
+    labels: Sequence[int],
+    cfg: ClassifierTrainConfig,
+    calibrate: Sequence[bool] | None = None,
+) -> list[float]:
     """Each calibration page's score from a model trained on every page outside its fold
     (extra pages are in every fold's training set; their scores stay 0.0)."""
     out = [0.0] * len(texts)
@@ -229,8 +258,7 @@ def out_of_fold_scores(texts: Sequence[str], labels: Sequence[int],
     return out
 
 
-def choose_threshold(scores_: Sequence[float], labels: Sequence[int],
-                     keep_good: float) -> float:
+def choose_threshold(scores_: Sequence[float], labels: Sequence[int], keep_good: float) -> float:
     """The highest threshold (keep score >= t) that keeps at least `keep_good` of the good
     pages."""
     good = sorted(s for s, y in zip(scores_, labels, strict=True) if y == 1)
@@ -238,15 +266,18 @@ def choose_threshold(scores_: Sequence[float], labels: Sequence[int],
     return good[min(drop, len(good) - 1)]
 
 
-def metrics(scores_: Sequence[float], labels: Sequence[int], threshold: float
-            ) -> dict[str, float | int]:
+def metrics(
+    scores_: Sequence[float], labels: Sequence[int], threshold: float
+) -> dict[str, float | int]:
     """Precision and recall of "good" at `threshold`, and the keep rates of each class."""
     tp = sum(1 for s, y in zip(scores_, labels, strict=True) if y == 1 and s >= threshold)
     fp = sum(1 for s, y in zip(scores_, labels, strict=True) if y == 0 and s >= threshold)
     n_good = sum(1 for y in labels if y == 1)
     n_bad = len(labels) - n_good
     return {
-        "pages": len(labels), "good": n_good, "bad": n_bad,
+        "pages": len(labels),
+        "good": n_good,
+        "bad": n_bad,
         "precision": round(tp / (tp + fp), 4) if tp + fp else 0.0,
         "recall": round(tp / n_good, 4) if n_good else 0.0,
         "good_kept": round(tp / n_good, 4) if n_good else 0.0,
@@ -254,9 +285,12 @@ def metrics(scores_: Sequence[float], labels: Sequence[int], threshold: float
     }
 
 
-def train_model(texts: Sequence[str], labels: Sequence[int], cfg: ClassifierTrainConfig,
-                calibrate: Sequence[bool] | None = None
-                ) -> tuple[Any, dict[str, Any], float, list[float]]:
+def train_model(
+    texts: Sequence[str],
+    labels: Sequence[int],
+    cfg: ClassifierTrainConfig,
+    calibrate: Sequence[bool] | None = None,
+) -> tuple[Any, dict[str, Any], float, list[float]]:
     """(model, spec, threshold, out-of-fold scores) from all the pages given: the
     threshold from the calibration pages' out-of-fold scores (`calibrate`, None: all), the
     model from every page."""
@@ -264,24 +298,33 @@ def train_model(texts: Sequence[str], labels: Sequence[int], cfg: ClassifierTrai
         raise TrainError(f"folds: need at least 2 (got {cfg.folds})")
     oof = out_of_fold_scores(texts, labels, cfg, calibrate)
     cal = [i for i in range(len(texts)) if calibrate is None or calibrate[i]]
-    threshold = choose_threshold([oof[i] for i in cal], [labels[i] for i in cal],
-                                 cfg.keep_good)
+    threshold = choose_threshold([oof[i] for i in cal], [labels[i] for i in cal], cfg.keep_good)
     model, spec = fit(texts, labels, cfg)
     return model, spec, threshold, oof
 
 
-def train(texts: Sequence[str], labels: Sequence[int], out: str | Path,
-          cfg: ClassifierTrainConfig | None = None, sources: dict[str, Any] | None = None,
-          calibrate: Sequence[bool] | None = None) -> dict[str, Any]:
+def train(
+    texts: Sequence[str],
+    labels: Sequence[int],
+    out: str | Path,
+    cfg: ClassifierTrainConfig | None = None,
+    sources: dict[str, Any] | None = None,
+    calibrate: Sequence[bool] | None = None,
+) -> dict[str, Any]:
     """Train on all but a held-out split, write OUT (.bin) and OUT.report.json, and
     return the report. `calibrate` (see load_calibrated): the pages the held-out split and
     the threshold are drawn from; the others are trained on only."""
     return _train(texts, labels, out, cfg or ClassifierTrainConfig(), sources, calibrate)
 
 
-def _train(texts: Sequence[str], labels: Sequence[int], out: str | Path, cfg: ClassifierTrainConfig,
-           sources: dict[str, Any] | None, calibrate: Sequence[bool] | None
-           ) -> dict[str, Any]:
+def _train(
+    texts: Sequence[str],
+    labels: Sequence[int],
+    out: str | Path,
+    cfg: ClassifierTrainConfig,
+    sources: dict[str, Any] | None,
+    calibrate: Sequence[bool] | None,
+) -> dict[str, Any]:
     if not 0 < cfg.holdout < 1:
         raise TrainError(f"holdout: must be between 0 and 1 (got {cfg.holdout})")
     if not 0 < cfg.keep_good <= 1:
@@ -299,8 +342,10 @@ def _train(texts: Sequence[str], labels: Sequence[int], out: str | Path, cfg: Cl
     cal_labels = [tr_labels[j] for j in cal]
     for y, name in ((1, "good"), (0, "bad")):
         if cal_labels.count(y) < cfg.folds:
-            raise TrainError(f"need at least {cfg.folds} {name} training pages for "
-                             f"{cfg.folds}-fold threshold choice (got {cal_labels.count(y)})")
+            raise TrainError(
+                f"need at least {cfg.folds} {name} training pages for "
+                f"{cfg.folds}-fold threshold choice (got {cal_labels.count(y)})"
+            )
     model, spec, threshold, oof = train_model([texts[i] for i in tr], tr_labels, cfg, tr_cal)
     held_scores = scores(model, spec, [texts[i] for i in ho])
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -310,8 +355,8 @@ def _train(texts: Sequence[str], labels: Sequence[int], out: str | Path, cfg: Cl
         "labels": {"good": f"__label__{GOOD}", "bad": f"__label__{BAD}"},
         "threshold": round(threshold, 6),
         "threshold_rule": f"highest score keeping >= {cfg.keep_good:.0%} of the good "
-                          f"{'labelled ' if calibrate is not None else ''}training pages, "
-                          f"on {cfg.folds}-fold out-of-fold scores",
+        f"{'labelled ' if calibrate is not None else ''}training pages, "
+        f"on {cfg.folds}-fold out-of-fold scores",
         "training": metrics([oof[j] for j in cal], cal_labels, threshold)
         | {"scores": "out-of-fold"},
         "held_out": metrics(held_scores, [labels[i] for i in ho], threshold),
@@ -320,9 +365,17 @@ def _train(texts: Sequence[str], labels: Sequence[int], out: str | Path, cfg: Cl
         "sources": sources or {},
         # Only with extra pages: which pages calibrated the threshold and the held-out
         # figures, so a default report is unchanged.
-        **({"calibration": {"pages": "labelled", "labelled": sum(calibrate),
-                            "extra_trained_on": len(calibrate) - sum(calibrate)}}
-           if calibrate is not None else {}),
+        **(
+            {
+                "calibration": {
+                    "pages": "labelled",
+                    "labelled": sum(calibrate),
+                    "extra_trained_on": len(calibrate) - sum(calibrate),
+                }
+            }
+            if calibrate is not None
+            else {}
+        ),
     }
     report_path(out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     return report

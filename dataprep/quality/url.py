@@ -32,18 +32,34 @@ _URL_WORDS = re.compile(r"[^a-z0-9]+")
 
 
 class UrlParams(RuleParams):
-    field: str = Field(default="url", min_length=1, description=(
-        "The metadata key holding the URL; a dotted path reaches into nested objects "
-        "(\"metadata.url\" in Dolma). An exact key with that name wins over the path."))
-    blocklist: str | None = Field(default=None, description=(
-        "A file of domains, one a line (`#` comments); a domain also blocks its "
-        "subdomains. Relative to the working directory."))
-    adult_words: bool = Field(default=True, description=(
-        "Drop a URL with an adult word (a short built-in list) as a whole word."))
-    adult_words_file: str | None = Field(default=None, description=(
-        "More words, added to the built-in list."))
-    require_url: bool = Field(default=False, description=(
-        "A document without a URL is kept unless this is set (then `url:missing_url`)."))
+    field: str = Field(
+        default="url",
+        min_length=1,
+        description=(
+            "The metadata key holding the URL; a dotted path reaches into nested objects "
+            '("metadata.url" in Dolma). An exact key with that name wins over the path.'
+        ),
+    )
+    blocklist: str | None = Field(
+        default=None,
+        description=(
+            "A file of domains, one a line (`#` comments); a domain also blocks its "
+            "subdomains. Relative to the working directory."
+        ),
+    )
+    adult_words: bool = Field(
+        default=True,
+        description=("Drop a URL with an adult word (a short built-in list) as a whole word."),
+    )
+    adult_words_file: str | None = Field(
+        default=None, description=("More words, added to the built-in list.")
+    )
+    require_url: bool = Field(
+        default=False,
+        description=(
+            "A document without a URL is kept unless this is set (then `url:missing_url`)."
+        ),
+    )
 
     @field_validator("blocklist", "adult_words_file")
     @classmethod

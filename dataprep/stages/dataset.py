@@ -117,10 +117,15 @@ def _json_bytes(obj: Any, sort_keys: bool) -> bytes:
 def split_state(fingerprint: str, num_shards: int) -> bytes:
     """state.json as `Dataset.save_to_disk` writes it for an unformatted dataset."""
     state = {
-        "_fingerprint": fingerprint, "_format_columns": None, "_format_kwargs": {},
-        "_format_type": None, "_output_all_columns": False, "_split": None,
-        "_data_files": [{"filename": f"data-{i:05d}-of-{num_shards:05d}.arrow"}
-                        for i in range(num_shards)],
+        "_fingerprint": fingerprint,
+        "_format_columns": None,
+        "_format_kwargs": {},
+        "_format_type": None,
+        "_output_all_columns": False,
+        "_split": None,
+        "_data_files": [
+            {"filename": f"data-{i:05d}-of-{num_shards:05d}.arrow"} for i in range(num_shards)
+        ],
     }
     return _json_bytes(state, sort_keys=True)
 
@@ -139,9 +144,13 @@ def packed_rows(store: Store, parts: list[str]) -> int:
     return sum(int(json.loads(store.get(packed_done_key(p)))["rows"]) for p in parts)
 
 
-def packed_batches(store: Store, parts: list[str], batch_rows: int,
-                   scratch: Path, key_of: Callable[[str], str] = packed_key
-                   ) -> Iterator[pa.RecordBatch]:
+def packed_batches(
+    store: Store,
+    parts: list[str],
+    batch_rows: int,
+    scratch: Path,
+    key_of: Callable[[str], str] = packed_key,
+) -> Iterator[pa.RecordBatch]:
     """The packed rows of `parts` (or, with `key_of=spans_key`, their provenance), in
     order, a record batch at a time. A partition in a remote store is downloaded to
     `scratch` first (one on disk at a time) rather than held in memory."""
@@ -175,8 +184,9 @@ class _RowReader:
             if self._head is None or self._head.num_rows == 0:
                 self._head = next(self._batches, None)
                 if self._head is None:
-                    raise RuntimeError("the packed partitions hold fewer rows than their "
-                                       "done markers say")
+                    raise RuntimeError(
+                        "the packed partitions hold fewer rows than their done markers say"
+                    )
             piece = self._head.slice(0, n)
             pieces.append(piece)
             self._head = self._head.slice(piece.num_rows)
@@ -215,8 +225,13 @@ def _staged(target: Store, key: str, scratch: Path) -> Iterator[Path]:
 
 def _arrow_entry(path: Path, seq_len: int) -> dict[str, Any]:
     rows, real = arrow_stats(path)
-    return {"sha256": sha256_file(path), "bytes": path.stat().st_size, "rows": rows,
-            "real_tokens": real, "tokens": rows * seq_len}
+    return {
+        "sha256": sha256_file(path),
+        "bytes": path.stat().st_size,
+        "rows": rows,
+        "real_tokens": real,
+        "tokens": rows * seq_len,
+    }
 
 
 def _put(target: Store, key: str, data: bytes) -> dict[str, Any]:
@@ -224,9 +239,16 @@ def _put(target: Store, key: str, data: bytes) -> dict[str, Any]:
     return {"sha256": sha256_bytes(data), "bytes": len(data)}
 
 
-def write_split(target: Store, name: str, batches: Iterator[pa.RecordBatch], rows: int,
-                num_shards: int, fingerprint: str, schema: pa.Schema,
-                scratch: Path) -> dict[str, dict[str, Any]]:
+def write_split(
+    target: Store,
+    name: str,
+    batches: Iterator[pa.RecordBatch],
+    rows: int,
+    num_shards: int,
+    fingerprint: str,
+    schema: pa.Schema,
+    scratch: Path,
+) -> dict[str, dict[str, Any]]:
     """Write `rows` rows from `batches` as the split `name` (shards, state.json,
     dataset_info.json) in `Dataset.save_to_disk`'s layout and bytes; returns the
     manifest entries of its files."""
@@ -250,17 +272,25 @@ def write_split(target: Store, name: str, batches: Iterator[pa.RecordBatch], row
                 writer.close()
             files[rel] = _arrow_entry(path, seq_len)
     if not reader.exhausted():
-        raise RuntimeError(f"the packed partitions of {name} hold more rows than their done "
-                           "markers say")
-    files[f"{name}/state.json"] = _put(target, f"{name}/state.json",
-                                       split_state(fingerprint, num_shards))
-    files[f"{name}/dataset_info.json"] = _put(target, f"{name}/dataset_info.json",
-                                              split_info(features))
+        raise RuntimeError(
+            f"the packed partitions of {name} hold more rows than their done markers say"
+        )
+    files[f"{name}/state.json"] = _put(
+        target, f"{name}/state.json", split_state(fingerprint, num_shards)
+    )
+    files[f"{name}/dataset_info.json"] = _put(
+        target, f"{name}/dataset_info.json", split_info(features)
+    )
     return files
 
 
-def write_spans(target: Store, name: str, batches: Iterator[pa.RecordBatch],
-                shards: list[tuple[str, int]], scratch: Path) -> dict[str, dict[str, Any]]:
+def write_spans(
+    target: Store,
+    name: str,
+    batches: Iterator[pa.RecordBatch],
+    shards: list[tuple[str, int]],
+    scratch: Path,
+) -> dict[str, dict[str, Any]]:
     """The provenance of split `name`: one spans file per Arrow shard (`shards`: its file
     and rows), with the same rows, in row groups of provenance.ROW_GROUP rows (a reader
     finds a row's group by division). Returns the manifest entries of the files."""
@@ -272,10 +302,10 @@ def write_spans(target: Store, name: str, batches: Iterator[pa.RecordBatch],
         with _staged(target, rel, scratch) as path:
             with pq.ParquetWriter(path, provenance.SPANS_SCHEMA, **PARQUET_OPTIONS) as w:
                 for off in range(0, rows, step):
-                    w.write_table(reader.take(min(step, rows - off)),
-                                  row_group_size=provenance.ROW_GROUP)
-            files[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size,
-                          "rows": rows}
+                    w.write_table(
+                        reader.take(min(step, rows - off)), row_group_size=provenance.ROW_GROUP
+                    )
+            files[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size, "rows": rows}
     if not reader.exhausted():
         raise RuntimeError(f"the provenance of {name} holds more rows than its packed rows")
     return files
@@ -292,16 +322,22 @@ def copy_doc_tables(cfg: PrepConfig, target: Store) -> tuple[dict[str, Any], lis
         data = store.get(provenance_key(shard))
         rows = pq.read_metadata(pa.BufferReader(data)).num_rows
         if rows != n:
-            raise RuntimeError(f"{provenance_key(shard)} holds {rows} documents, its tokens "
-                               f"{n}: the output is inconsistent; prepare it again")
+            raise RuntimeError(
+                f"{provenance_key(shard)} holds {rows} documents, its tokens "
+                f"{n}: the output is inconsistent; prepare it again"
+            )
         rel = provenance.docs_file(k)
         files[rel] = _put(target, rel, data)
         docs.append({"file": rel, "shard": shard, "first_doc": first, "docs": n})
     return files, docs
 
 
-def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any],
-                  validation_parts: list[str] | None = None) -> dict:
+def write_dataset(
+    cfg: PrepConfig,
+    train_parts: list[str],
+    extra: dict[str, Any],
+    validation_parts: list[str] | None = None,
+) -> dict:
     """Save the packed rows as a DatasetDict in dataset_uri(cfg) and write the
     manifest last (a dataset without a manifest is incomplete).
 
@@ -324,8 +360,7 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
     tok = load_run_tokenizer(cfg)
     fp = cfg.fingerprint()
     parts = {"train": train_parts, "validation": validation_parts or ["validation"]}
-    max_shards = {"train": cfg.dataset.train_shards,
-                  "validation": cfg.dataset.validation_shards}
+    max_shards = {"train": cfg.dataset.train_shards, "validation": cfg.dataset.validation_shards}
     # Known before any shard is written: the shard boundaries depend on the totals.
     rows = {name: packed_rows(store, ps) for name, ps in parts.items()}
     files: dict[str, Any] = {}
@@ -333,30 +368,41 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
     scratch.mkdir(parents=True, exist_ok=True)
     try:
         files["dataset_dict.json"] = _put(
-            target, "dataset_dict.json", json.dumps({"splits": list(parts)}).encode("utf-8"))
+            target, "dataset_dict.json", json.dumps({"splits": list(parts)}).encode("utf-8")
+        )
         for name, ps in parts.items():
             n = rows[name]
             batches = packed_batches(store, ps, read_batch_rows(schema), scratch)
             # A fixed fingerprint: `datasets` would otherwise draw one from a path, and
             # state.json would differ per run.
-            split_files = write_split(target, name, batches, n,
-                                      max(1, min(max_shards[name], n)), f"{fp}-{name}",
-                                      schema, scratch)
+            split_files = write_split(
+                target,
+                name,
+                batches,
+                n,
+                max(1, min(max_shards[name], n)),
+                f"{fp}-{name}",
+                schema,
+                scratch,
+            )
             files.update(split_files)
-            shards = [(rel, int(e["rows"])) for rel, e in sorted(split_files.items())
-                      if rel.endswith(".arrow")]
+            shards = [
+                (rel, int(e["rows"]))
+                for rel, e in sorted(split_files.items())
+                if rel.endswith(".arrow")
+            ]
             spans = packed_batches(store, ps, provenance.ROW_GROUP * 16, scratch, spans_key)
             span_files = write_spans(target, name, spans, shards, scratch)
             files.update(span_files)
-            prov_splits[name] = [{"file": rel, "rows": e["rows"]}
-                                 for rel, e in sorted(span_files.items())]
+            prov_splits[name] = [
+                {"file": rel, "rows": e["rows"]} for rel, e in sorted(span_files.items())
+            ]
         doc_files, prov_docs = copy_doc_tables(cfg, target)
         files.update(doc_files)
     finally:
         _drop_scratch(scratch)
     # One tokenizer for every version of an output (token ids must mean the same).
-    files["tokenizer.json"] = _put(target, "tokenizer.json",
-                                   output_store(cfg).get(TOKENIZER_KEY))
+    files["tokenizer.json"] = _put(target, "tokenizer.json", output_store(cfg).get(TOKENIZER_KEY))
     manifest = {
         "format": FORMAT,
         "config_fingerprint": fp,
@@ -364,21 +410,34 @@ def write_dataset(cfg: PrepConfig, train_parts: list[str], extra: dict[str, Any]
         "seq_len": seq_len,
         "pack": cfg.pack.model_dump(),
         "columns": COLUMN_DOCS,
-        "tokenizer": {"kind": cfg.tokenizer.kind, "vocab_size": tok.vocab_size,
-                      "eos_id": tok.eos_id, "pad_id": tok.pad_id, "file": "tokenizer.json",
-                      "sha256": files["tokenizer.json"]["sha256"]},
+        "tokenizer": {
+            "kind": cfg.tokenizer.kind,
+            "vocab_size": tok.vocab_size,
+            "eos_id": tok.eos_id,
+            "pad_id": tok.pad_id,
+            "file": "tokenizer.json",
+            "sha256": files["tokenizer.json"]["sha256"],
+        },
         "splits": {
             name: {
-                "rows": n, "tokens": n * seq_len,
-                "real_tokens": sum(f.get("real_tokens", 0) for r, f in files.items()
-                                   if r.startswith(f"{name}/")),
-                "files": sorted(r for r in files if r.startswith(f"{name}/")
-                                and r.endswith(".arrow")),
-            } for name, n in rows.items()
+                "rows": n,
+                "tokens": n * seq_len,
+                "real_tokens": sum(
+                    f.get("real_tokens", 0) for r, f in files.items() if r.startswith(f"{name}/")
+                ),
+                "files": sorted(
+                    r for r in files if r.startswith(f"{name}/") and r.endswith(".arrow")
+                ),
+            }
+            for name, n in rows.items()
         },
         "files": files,
-        "provenance": {"format": provenance.FORMAT, "columns": provenance.COLUMN_DOCS,
-                       "splits": prov_splits, "docs": prov_docs},
+        "provenance": {
+            "format": provenance.FORMAT,
+            "columns": provenance.COLUMN_DOCS,
+            "splits": prov_splits,
+            "docs": prov_docs,
+        },
         **extra,
     }
     target.put(MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())

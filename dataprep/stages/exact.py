@@ -38,8 +38,9 @@ def hashes_key(shard: str) -> str:
 def hash_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
     store = output_store(cfg)
     texts = read_docs(store, input_stage, shard).column("text").to_pylist()
-    h = np.frombuffer(b"".join(xxhash.xxh3_128_digest(t.encode("utf-8")) for t in texts),
-                      dtype=np.uint64).reshape(-1, 2)
+    h = np.frombuffer(
+        b"".join(xxhash.xxh3_128_digest(t.encode("utf-8")) for t in texts), dtype=np.uint64
+    ).reshape(-1, 2)
     buf = io.BytesIO()
     np.save(buf, h)
     store.put(hashes_key(shard), buf.getvalue())
@@ -72,8 +73,11 @@ def select(cfg: PrepConfig, input_stage: str, prior: list[str], new: list[str]) 
         his, los, idx = [], [], []
         for si, s in enumerate(shards):
             h = _load_hashes(store, s)
-            rows = np.flatnonzero(h[:, 0] % np.uint64(n_pass) == p) if n_pass > 1 else \
-                np.arange(len(h))
+            rows = (
+                np.flatnonzero(h[:, 0] % np.uint64(n_pass) == p)
+                if n_pass > 1
+                else np.arange(len(h))
+            )
             his.append(h[rows, 0])
             los.append(h[rows, 1])
             idx.append(rows + offsets[si])
@@ -116,8 +120,15 @@ def dups_key(prefix: str, shard: str) -> str:
     return f"{prefix}/dups/{shard}.parquet"
 
 
-def write_dups(store: Store, input_stage: str, shards: list[str], offsets: np.ndarray,
-               dup: np.ndarray, kept_of: np.ndarray, prefix: str) -> None:
+def write_dups(
+    store: Store,
+    input_stage: str,
+    shards: list[str],
+    offsets: np.ndarray,
+    dup: np.ndarray,
+    kept_of: np.ndarray,
+    prefix: str,
+) -> None:
     """Write, per shard, the rows it loses with the id of the copy that stays, so each
     shard's apply reads only its own list. `dup` (sorted) and `kept_of` are global
     indices (offsets[i] = first index of shards[i]). Ids are read one kept shard at a
@@ -133,16 +144,23 @@ def write_dups(store: Store, input_stage: str, shards: list[str], offsets: np.nd
         data = store.get(docs_key(input_stage, shards[si]))
         ids = pq.read_table(pa.BufferReader(data), columns=["id"])["id"].combine_chunks()
         pieces.append(ids.take(pa.array(kept_of[sel] - offsets[si])))
-    kept_ids = (pa.concat_arrays(pieces).take(pa.array(np.argsort(by_kept, kind="stable")))
-                if pieces else pa.array([], pa.string()))
+    kept_ids = (
+        pa.concat_arrays(pieces).take(pa.array(np.argsort(by_kept, kind="stable")))
+        if pieces
+        else pa.array([], pa.string())
+    )
     dup_shard = np.searchsorted(offsets, dup, side="right") - 1
     cuts = np.searchsorted(dup_shard, np.arange(len(shards) + 1))
     for si in range(len(shards)):
         a, b = int(cuts[si]), int(cuts[si + 1])
         if a == b:
             continue
-        table = pa.table({"row": pa.array(dup[a:b] - offsets[si], pa.int64()),
-                          "kept_id": kept_ids.slice(a, b - a)})
+        table = pa.table(
+            {
+                "row": pa.array(dup[a:b] - offsets[si], pa.int64()),
+                "kept_id": kept_ids.slice(a, b - a),
+            }
+        )
         store.put(dups_key(prefix, shards[si]), table_to_parquet_bytes(table))
 
 
@@ -155,8 +173,9 @@ def load_dups(store: Store, prefix: str, shard: str) -> dict[int, str]:
     return dict(zip(t["row"].to_pylist(), t["kept_id"].to_pylist(), strict=True))
 
 
-def apply_dups(cfg: PrepConfig, input_stage: str, stage: str, shard: str, prefix: str,
-               reason: str) -> dict:
+def apply_dups(
+    cfg: PrepConfig, input_stage: str, stage: str, shard: str, prefix: str, reason: str
+) -> dict:
     """Split a shard into kept documents and duplicates dropped with `reason`."""
     store = output_store(cfg)
     docs = read_docs(store, input_stage, shard)
@@ -176,8 +195,14 @@ def apply_dups(cfg: PrepConfig, input_stage: str, stage: str, shard: str, prefix
             continue
         keep[row] = False
         st.add_dropped(reason, nbytes[row])
-        dropped.add(ids[row], sources[row], reason, kept_id, doc_location(metas[row], shard, row),
-                    texts[row])
+        dropped.add(
+            ids[row],
+            sources[row],
+            reason,
+            kept_id,
+            doc_location(metas[row], shard, row),
+            texts[row],
+        )
     return write_shard(store, stage, shard, docs.filter(pa.array(keep)), dropped, stats)
 
 

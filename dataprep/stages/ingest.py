@@ -50,13 +50,21 @@ class Unit:
         return base if self.version == 1 else f"{version_name(self.version)}-{base}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"index": self.index, "source": self.source, "version": self.version,
-                "files": [dataclasses.asdict(f) for f in self.files]}
+        return {
+            "index": self.index,
+            "source": self.source,
+            "version": self.version,
+            "files": [dataclasses.asdict(f) for f in self.files],
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Unit:
-        files = tuple(InputFile(**{**f, "row_groups": None if f["row_groups"] is None
-                                   else tuple(f["row_groups"])}) for f in d["files"])
+        files = tuple(
+            InputFile(
+                **{**f, "row_groups": None if f["row_groups"] is None else tuple(f["row_groups"])}
+            )
+            for f in d["files"]
+        )
         return cls(int(d["index"]), d["source"], files, int(d["version"]))
 
 
@@ -144,8 +152,14 @@ def ingest_unit(cfg: PrepConfig, unit: Unit) -> dict:
                     # The whole record's size: rec.raw is cut for display.
                     st.add_in(rec.size)
                     st.add_dropped(rec.reason, rec.size)
-                    dropped.add(_utf8(rec.id or f"{src.name}/{rec.location}"), src.name,
-                                rec.reason, _utf8(rec.detail), rec.location, rec.raw)
+                    dropped.add(
+                        _utf8(rec.id or f"{src.name}/{rec.location}"),
+                        src.name,
+                        rec.reason,
+                        _utf8(rec.detail),
+                        rec.location,
+                        rec.raw,
+                    )
                     continue
                 nbytes = len(rec.text.encode("utf-8"))
                 st.add_in(nbytes)
@@ -160,5 +174,6 @@ def ingest_unit(cfg: PrepConfig, unit: Unit) -> dict:
                     flush()
     if cols["id"] or not shards:
         flush()  # an empty unit still gets one (empty) shard, so every stage sees it
-    return write_shard(store, STAGE, unit.name, None, dropped, stats,
-                       {"shards": shards, "inputs": inputs})
+    return write_shard(
+        store, STAGE, unit.name, None, dropped, stats, {"shards": shards, "inputs": inputs}
+    )

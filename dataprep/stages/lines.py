@@ -58,8 +58,9 @@ def enabled(cfg: PrepConfig) -> bool:
 def _settings(cfg: PrepConfig) -> dict[str, tuple[int, LineDedupConfig]]:
     """Each source that dedups its lines: its index in the config (its id in the hash
     files: the config, and so the order, is fixed for an output) and its settings."""
-    return {s.name: (i, s.line_dedup) for i, s in enumerate(cfg.sources)
-            if s.line_dedup is not None}
+    return {
+        s.name: (i, s.line_dedup) for i, s in enumerate(cfg.sources) if s.line_dedup is not None
+    }
 
 
 def _line_hash(line: str, min_chars: int) -> int | None:
@@ -90,8 +91,9 @@ def count_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
         if src not in settings:
             continue
         sid, ld = settings[src]
-        seen = {h for line in text.split("\n")
-                if (h := _line_hash(line, ld.min_line_chars)) is not None}
+        seen = {
+            h for line in text.split("\n") if (h := _line_hash(line, ld.min_line_chars)) is not None
+        }
         hashes.extend(sorted(seen))
         sids.extend([sid] * len(seen))
     rows = np.column_stack([np.frombuffer(sids, np.uint64), np.frombuffer(hashes, np.uint64)])
@@ -191,16 +193,29 @@ def apply_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
             removed[src] = removed.get(src, 0) + n
         if n and not out.strip():
             st.add_dropped(EMPTY, nbytes[row])
-            dropped.add(ids[row], src, EMPTY, f"{n} common lines removed",
-                        doc_location(metas[row], shard, row), text)
+            dropped.add(
+                ids[row],
+                src,
+                EMPTY,
+                f"{n} common lines removed",
+                doc_location(metas[row], shard, row),
+                text,
+            )
             continue
         st.add_kept(nbytes[row] if not n else len(out.encode("utf-8")))
         kept["id"].append(ids[row])
         kept["text"].append(out)
         kept["source"].append(src)
         kept["meta"].append(metas[row])
-    return write_shard(store, STAGE, shard, pa.table(kept, schema=DOC_SCHEMA), dropped, stats,
-                       {"lines_removed": dict(sorted(removed.items()))})
+    return write_shard(
+        store,
+        STAGE,
+        shard,
+        pa.table(kept, schema=DOC_SCHEMA),
+        dropped,
+        stats,
+        {"lines_removed": dict(sorted(removed.items()))},
+    )
 
 
 def summary(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
@@ -213,6 +228,7 @@ def summary(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
     for shard in shards:
         for src, n in read_done(store, STAGE, shard).get("lines_removed", {}).items():
             removed[src] = removed.get(src, 0) + n
-    return {"common_lines": dict(sorted(common.items())),
-            "lines_removed": dict(sorted(removed.items()))}
-
+    return {
+        "common_lines": dict(sorted(common.items())),
+        "lines_removed": dict(sorted(removed.items())),
+    }

@@ -32,8 +32,14 @@ PARTITION_TOKENS = 1 << 23
 
 # `doc`: the document's global index in the version (its shard's first_doc + its row),
 # which the packed rows' provenance names.
-MIX_SCHEMA = pa.schema([("key", pa.uint64()), ("source", pa.string()), ("doc", pa.int64()),
-                        ("tokens", pa.list_(pa.int32()))])
+MIX_SCHEMA = pa.schema(
+    [
+        ("key", pa.uint64()),
+        ("source", pa.string()),
+        ("doc", pa.int64()),
+        ("tokens", pa.list_(pa.int32())),
+    ]
+)
 # The version's documents, numbered: [shard, first_doc, docs] per shard in all_shards order.
 DOC_INDEX_KEY = "mixture/doc_index.json"
 
@@ -57,8 +63,7 @@ def part_key(part: str, shard: str) -> str:
 def groups(cfg: PrepConfig) -> dict[str, int]:
     """Curriculum group of each source: its rank in mixture.order; the rest after."""
     order = cfg.mixture.order or []
-    return {s.name: (order.index(s.name) if s.name in order else len(order))
-            for s in cfg.sources}
+    return {s.name: (order.index(s.name) if s.name in order else len(order)) for s in cfg.sources}
 
 
 def partition_count(cfg: PrepConfig, train_tokens: int) -> int:
@@ -120,8 +125,7 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
         for name in sorted(set(comp[train].tolist())):
             rows = np.flatnonzero((comp == name) & train)
             per.setdefault(name, []).append((si, rows, keys[rows], ntok[rows]))
-    available = {c: int(sum(int(p[3].sum()) for p in per.get(c, [])))
-                 for c in components(cfg, per)}
+    available = {c: int(sum(int(p[3].sum()) for p in per.get(c, []))) for c in components(cfg, per)}
     weights, alpha = component_weights(cfg, available)
     caps = {c: _source(cfg, c).max_epochs or cfg.mixture.max_epochs for c in available}
     plans = plan_mixture(available, weights, alpha, caps, cfg.mixture.total_tokens)
@@ -141,10 +145,14 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
         else:
             realised = 0
         sources[p.source] = {
-            "available_tokens": p.available_tokens, "target_share": p.target_share,
-            "planned_tokens": p.planned_tokens, "planned_epochs": p.planned_epochs,
-            "realised_tokens": realised, "capped": p.capped,
-            "shortfall_tokens": p.shortfall_tokens, "warning": p.warning,
+            "available_tokens": p.available_tokens,
+            "target_share": p.target_share,
+            "planned_tokens": p.planned_tokens,
+            "planned_epochs": p.planned_epochs,
+            "realised_tokens": realised,
+            "capped": p.capped,
+            "shortfall_tokens": p.shortfall_tokens,
+            "warning": p.warning,
         }
     total = sum(s["realised_tokens"] for s in sources.values()) or 1
     planned_total = sum(s["planned_tokens"] for s in sources.values()) or 1
@@ -161,11 +169,14 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
         index.append([shard, first, len(r)])
         first += len(r)
     vstore.put(DOC_INDEX_KEY, json.dumps(index).encode())
-    result = {"sources": sources, "total_planned_tokens": planned_total,
-              "total_realised_tokens": total,
-              "train_partitions": partition_count(cfg, total),
-              "validation_partitions": max(1, -(-val_tokens // PARTITION_TOKENS)),
-              "warnings": [s["warning"] for s in sources.values() if s["warning"]]}
+    result = {
+        "sources": sources,
+        "total_planned_tokens": planned_total,
+        "total_realised_tokens": total,
+        "train_partitions": partition_count(cfg, total),
+        "validation_partitions": max(1, -(-val_tokens // PARTITION_TOKENS)),
+        "warnings": [s["warning"] for s in sources.values() if s["warning"]],
+    }
     vstore.put(PLAN_KEY, json.dumps(result, indent=2, sort_keys=True).encode())
     return result
 
@@ -192,8 +203,9 @@ def components(cfg: PrepConfig, seen: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def component_weights(cfg: PrepConfig, available: dict[str, int]
-                      ) -> tuple[dict[str, float] | None, float | None]:
+def component_weights(
+    cfg: PrepConfig, available: dict[str, int]
+) -> tuple[dict[str, float] | None, float | None]:
     """(weights, alpha) for plan_mixture. Without per-language sources: the sources'
     weights when every source has one (and alpha is unset), else alpha / natural shares,
     as before. With them, explicit weights per component: a language a `languages`
@@ -203,14 +215,16 @@ def component_weights(cfg: PrepConfig, available: dict[str, int]
     alpha = cfg.mixture.alpha
     weighted = alpha is None and all(s.weight is not None for s in cfg.sources)
     if not any(s.languages is not None for s in cfg.sources):
-        return ({s.name: float(s.weight) for s in cfg.sources} if weighted  # type: ignore[arg-type]
-                else None), alpha
+        return (
+            {s.name: float(s.weight) for s in cfg.sources}
+            if weighted  # type: ignore[arg-type]
+            else None
+        ), alpha
     out: dict[str, float] = {}
     for s in cfg.sources:
         comps = [c for c in available if c == s.name or c.startswith(s.name + "/")]
         langs = s.languages
-        kept = [c for c in comps if not isinstance(langs, dict)
-                or c.split("/", 1)[1] in langs]
+        kept = [c for c in comps if not isinstance(langs, dict) or c.split("/", 1)[1] in langs]
         total = sum(available[c] for c in kept)
         base = float(s.weight) if weighted else float(total)  # type: ignore[arg-type]
         for c in comps:
@@ -252,19 +266,29 @@ def scatter_shard(cfg: PrepConfig, shard: str) -> dict:
     for part in train_partitions(cfg, plan):
         gi, pi = int(part[7:9]), int(part[11:])
         sel = np.flatnonzero((g == gi) & (p == pi))
-        table = pa.table({"key": pa.array(okeys[sel], pa.uint64()),
-                          "source": pa.array([sources[i] for i in doc_idx[sel]], pa.string()),
-                          "doc": pa.array(doc_idx[sel] + first, pa.int64()),
-                          "tokens": tokens.take(pa.array(doc_idx[sel]))}, schema=MIX_SCHEMA)
+        table = pa.table(
+            {
+                "key": pa.array(okeys[sel], pa.uint64()),
+                "source": pa.array([sources[i] for i in doc_idx[sel]], pa.string()),
+                "doc": pa.array(doc_idx[sel] + first, pa.int64()),
+                "tokens": tokens.take(pa.array(doc_idx[sel])),
+            },
+            schema=MIX_SCHEMA,
+        )
         store.put(part_key(part, shard), table_to_parquet_bytes(table))
     vparts = validation_partitions(plan)
     vp = ((keys & _MASK56) >> np.uint64(24)) * np.uint64(len(vparts)) >> np.uint64(32)
     for k, part in enumerate(vparts):
         vrows = np.flatnonzero(val & (vp == k))
-        vtable = pa.table({"key": pa.array(keys[vrows], pa.uint64()),
-                           "source": pa.array([sources[i] for i in vrows], pa.string()),
-                           "doc": pa.array(vrows + first, pa.int64()),
-                           "tokens": tokens.take(pa.array(vrows))}, schema=MIX_SCHEMA)
+        vtable = pa.table(
+            {
+                "key": pa.array(keys[vrows], pa.uint64()),
+                "source": pa.array([sources[i] for i in vrows], pa.string()),
+                "doc": pa.array(vrows + first, pa.int64()),
+                "tokens": tokens.take(pa.array(vrows)),
+            },
+            schema=MIX_SCHEMA,
+        )
         store.put(part_key(part, shard), table_to_parquet_bytes(vtable))
 
     # Accounting: a document the plan leaves out is dropped as `downsampled` (its text
@@ -283,8 +307,12 @@ def scatter_shard(cfg: PrepConfig, shard: str) -> dict:
                 realised[src] = realised.get(src, 0) + int(counts[i]) * int(ntok[i])
         else:
             st.add_dropped("downsampled", int(nbytes[i]))
-            dropped.add(ids[i], src, "downsampled", "not chosen by the mixture plan",
-                        f"{tokens_key(shard)}#row={i}", "")
-    return write_shard(store, STAGE, shard, None, dropped, stats,
-                       {"realised_tokens": realised})
-
+            dropped.add(
+                ids[i],
+                src,
+                "downsampled",
+                "not chosen by the mixture plan",
+                f"{tokens_key(shard)}#row={i}",
+                "",
+            )
+    return write_shard(store, STAGE, shard, None, dropped, stats, {"realised_tokens": realised})

@@ -92,8 +92,12 @@ def signature_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
     empty = np.diff(np.concatenate(off_parts)) == 0
     store.put(shingles_key(shard), _npz(shingles=shingles, offsets=np.concatenate(off_parts)))
     # One member per band: bucketing reads one band of every shard at a time.
-    store.put(sig_key(shard), _npz(empty=empty, **{_band_name(b): np.ascontiguousarray(keys[:, b])
-                                                  for b in range(bands)}))
+    store.put(
+        sig_key(shard),
+        _npz(
+            empty=empty, **{_band_name(b): np.ascontiguousarray(keys[:, b]) for b in range(bands)}
+        ),
+    )
     return len(texts)
 
 
@@ -198,8 +202,7 @@ def _group_hashes(members: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.stack([h1, h2], axis=1)
 
 
-def _new_groups(store: Store, bands: int) -> tuple[list[tuple[np.ndarray, np.ndarray]],
-                                                np.ndarray]:
+def _new_groups(store: Store, bands: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
     """Bucket groups in band order, each kept only at its first occurrence, as (members,
     offsets) per band. A group seen in an earlier band changes nothing when seen again
     (each of its links was tried, or found already made, in a state that has only merged
@@ -210,15 +213,17 @@ def _new_groups(store: Store, bands: int) -> tuple[list[tuple[np.ndarray, np.nda
     for band in range(bands):
         z = _load_npz(store.get(bucket_key(band)))
         members, goff = z["members"], z["offsets"]
-        h = np.ascontiguousarray(_group_hashes(members, goff)).view(
-            np.dtype((np.void, 16))).ravel()
+        h = np.ascontiguousarray(_group_hashes(members, goff)).view(np.dtype((np.void, 16))).ravel()
         fresh = ~np.isin(h, seen)
         seen = np.union1d(seen, h[fresh])
         sizes = np.diff(goff)
-        out.append((members[np.repeat(fresh, sizes)],
-                    np.concatenate([[0], np.cumsum(sizes[fresh])]).astype(np.int64)))
-    docs = (np.unique(np.concatenate([m for m, _ in out])) if out
-            else np.zeros(0, np.int64))
+        out.append(
+            (
+                members[np.repeat(fresh, sizes)],
+                np.concatenate([[0], np.cumsum(sizes[fresh])]).astype(np.int64),
+            )
+        )
+    docs = np.unique(np.concatenate([m for m, _ in out])) if out else np.zeros(0, np.int64)
     return out, docs
 
 
@@ -228,8 +233,9 @@ class _ShingleScratch:
     the pairs), and read back by pread: memory stays at one shard's sets. A set is asked
     for by the candidate's rank in `docs` (sorted), so nothing here grows with the corpus."""
 
-    def __init__(self, store: Store, shards: list[str], offsets: np.ndarray, docs: np.ndarray,
-                 path: str):
+    def __init__(
+        self, store: Store, shards: list[str], offsets: np.ndarray, docs: np.ndarray, path: str
+    ):
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         bounds = np.zeros(len(docs) + 1, dtype=np.int64)
         pos = 0
@@ -256,8 +262,9 @@ class _ShingleScratch:
         os.close(self.fd)
 
 
-def cluster(cfg: PrepConfig, input_stage: str, prior: list[str], new: list[str],
-            max_checks: int = 8) -> dict:
+def cluster(
+    cfg: PrepConfig, input_stage: str, prior: list[str], new: list[str], max_checks: int = 8
+) -> dict:
     """Union-find over bucket members, documents of `input_stage` (the stage before this
     one in the graph). Each member is linked to an earlier member of its bucket whose
     exact Jaccard reaches the threshold (the bucket's first member first, then up to
@@ -291,8 +298,11 @@ def cluster(cfg: PrepConfig, input_stage: str, prior: list[str], new: list[str],
         return root
 
     with tempfile.TemporaryDirectory(prefix="ballast-near-") as tmp:
-        sets = (_ShingleScratch(store, shards, offsets, docs, os.path.join(tmp, "shingles"))
-                if near.verify else None)
+        sets = (
+            _ShingleScratch(store, shards, offsets, docs, os.path.join(tmp, "shingles"))
+            if near.verify
+            else None
+        )
         threshold = near.threshold
         jaccard = minhash.jaccard
         try:
@@ -309,8 +319,7 @@ def cluster(cfg: PrepConfig, input_stage: str, prior: list[str], new: list[str],
                             # A pair that confirms is merged, so only failed pairs are
                             # asked again: recomputing those beats a memo of every pair.
                             queried.append(other * nc + m)
-                            if sets is None or jaccard(sets.get(other),
-                                                       sets.get(m)) >= threshold:
+                            if sets is None or jaccard(sets.get(other), sets.get(m)) >= threshold:
                                 verified += 1
                                 parent[max(rm, ro)] = min(rm, ro)
                                 break
@@ -326,11 +335,17 @@ def cluster(cfg: PrepConfig, input_stage: str, prior: list[str], new: list[str],
     dup, kept_of = dup[fresh], kept_of[fresh]
     write_dups(store, input_stage, shards, offsets, dup, kept_of, STAGE)
     summary = {
-        "bands": bands, "rows": rows, "num_perm": near.num_perm, "threshold": near.threshold,
+        "bands": bands,
+        "rows": rows,
+        "num_perm": near.num_perm,
+        "threshold": near.threshold,
         "p_candidate_at_threshold": round(
-            minhash.candidate_probability(near.threshold, bands, rows), 6),
-        "candidate_pairs": candidates, "confirmed_pairs": verified,
-        "removed": len(dup), "clusters": len(np.unique(kept_of)),
+            minhash.candidate_probability(near.threshold, bands, rows), 6
+        ),
+        "candidate_pairs": candidates,
+        "confirmed_pairs": verified,
+        "removed": len(dup),
+        "clusters": len(np.unique(kept_of)),
     }
     # The summary is written after the duplicates: its presence means clustering is done.
     version_store(cfg).put(CLUSTER_KEY, json.dumps(summary, sort_keys=True).encode())

@@ -57,10 +57,14 @@ def _fixed(a: np.ndarray, dtype: pa.DataType, seq_len: int) -> pa.Array:
 
 
 def rows_batch(rows: Rows, seq_len: int) -> pa.RecordBatch:
-    cols = [_fixed(getattr(rows, name).astype(np.int8 if name == "loss_mask" else np.int32),
-                   dtype, seq_len)
-            for name, dtype in zip(COLUMNS, (pa.int32(), pa.int32(), pa.int32(), pa.int8()),
-                                   strict=True)]
+    cols = [
+        _fixed(
+            getattr(rows, name).astype(np.int8 if name == "loss_mask" else np.int32), dtype, seq_len
+        )
+        for name, dtype in zip(
+            COLUMNS, (pa.int32(), pa.int32(), pa.int32(), pa.int8()), strict=True
+        )
+    ]
     return pa.RecordBatch.from_arrays(cols, schema=row_schema(seq_len))
 
 
@@ -72,9 +76,11 @@ def spans_batch(rows: Rows, doc_index: np.ndarray) -> pa.RecordBatch:
     offsets = np.zeros(len(rows) + 1, dtype=np.int32)
     np.cumsum(np.bincount(sp.row, minlength=len(rows)), out=offsets[1:])
     off = pa.array(offsets)
-    cols = [pa.ListArray.from_arrays(off, pa.array(doc_index[sp.doc], pa.int64())),
-            pa.ListArray.from_arrays(off, pa.array(sp.start.astype(np.int32))),
-            pa.ListArray.from_arrays(off, pa.array(sp.end.astype(np.int32)))]
+    cols = [
+        pa.ListArray.from_arrays(off, pa.array(doc_index[sp.doc], pa.int64())),
+        pa.ListArray.from_arrays(off, pa.array(sp.start.astype(np.int32))),
+        pa.ListArray.from_arrays(off, pa.array(sp.end.astype(np.int32))),
+    ]
     return pa.RecordBatch.from_arrays(cols, schema=SPANS_SCHEMA)
 
 
@@ -84,9 +90,17 @@ def pack_partition(cfg: PrepConfig, shards: list[str], part: str) -> dict:
     by the mixture's PARTITION_TOKENS) and one batch of rows, never all its rows."""
     store = version_store(cfg)
     tables = [pq.read_table(pa.BufferReader(store.get(part_key(part, s)))) for s in shards]
-    table = (pa.concat_tables(tables) if tables else
-             pa.table({"key": pa.array([], pa.uint64()), "doc": pa.array([], pa.int64()),
-                       "tokens": pa.array([], pa.list_(pa.int32()))}))
+    table = (
+        pa.concat_tables(tables)
+        if tables
+        else pa.table(
+            {
+                "key": pa.array([], pa.uint64()),
+                "doc": pa.array([], pa.int64()),
+                "tokens": pa.array([], pa.list_(pa.int32())),
+            }
+        )
+    )
     del tables
     table = table.take(pc.sort_indices(table, sort_keys=[("key", "ascending")]))
     doc_index = table.column("doc").to_numpy()
@@ -96,13 +110,21 @@ def pack_partition(cfg: PrepConfig, shards: list[str], part: str) -> dict:
         batches = pack_bfd(_docs(table), seq_len, tok.pad_id, cfg.pack.window)
     else:
         batches = pack_concat(_docs(table), seq_len, tok.pad_id)
-    stats = {"part": part, "rows": 0, "docs": table.num_rows, "real_tokens": 0,
-             "pad_tokens": 0, "split_docs": 0}
+    stats = {
+        "part": part,
+        "rows": 0,
+        "docs": table.num_rows,
+        "real_tokens": 0,
+        "pad_tokens": 0,
+        "split_docs": 0,
+    }
     with tempfile.TemporaryDirectory(prefix="ballast-pack-") as tmp:
         path = os.path.join(tmp, "rows.parquet")
         spath = os.path.join(tmp, "spans.parquet")
-        with pq.ParquetWriter(path, row_schema(seq_len), **PARQUET_OPTIONS) as writer, \
-                pq.ParquetWriter(spath, SPANS_SCHEMA, **PARQUET_OPTIONS) as swriter:
+        with (
+            pq.ParquetWriter(path, row_schema(seq_len), **PARQUET_OPTIONS) as writer,
+            pq.ParquetWriter(spath, SPANS_SCHEMA, **PARQUET_OPTIONS) as swriter,
+        ):
             for b in batches:
                 writer.write_batch(rows_batch(b, seq_len), row_group_size=ROW_GROUP)
                 swriter.write_batch(spans_batch(b, doc_index), row_group_size=SPANS_ROW_GROUP)
@@ -119,10 +141,14 @@ def pack_partition(cfg: PrepConfig, shards: list[str], part: str) -> dict:
 def packing_summary(parts: list[dict]) -> dict:
     real = sum(p["real_tokens"] for p in parts)
     pad = sum(p["pad_tokens"] for p in parts)
-    return {"rows": sum(p["rows"] for p in parts), "docs": sum(p["docs"] for p in parts),
-            "real_tokens": real, "pad_tokens": pad,
-            "split_docs": sum(p["split_docs"] for p in parts),
-            "efficiency": real / (real + pad) if real + pad else 1.0}
+    return {
+        "rows": sum(p["rows"] for p in parts),
+        "docs": sum(p["docs"] for p in parts),
+        "real_tokens": real,
+        "pad_tokens": pad,
+        "split_docs": sum(p["split_docs"] for p in parts),
+        "efficiency": real / (real + pad) if real + pad else 1.0,
+    }
 
 
 def partitions(cfg: PrepConfig, plan: dict) -> list[str]:
@@ -137,6 +163,9 @@ def summary(cfg: PrepConfig, plan: dict) -> dict:
     def stats(parts: list[str]) -> list[dict]:
         return [json.loads(store.get(packed_done_key(p))) for p in parts]
 
-    return {"strategy": cfg.pack.strategy, "seq_len": cfg.pack.seq_len,
-            "train": packing_summary(stats(train_partitions(cfg, plan))),
-            "validation": packing_summary(stats(validation_partitions(plan)))}
+    return {
+        "strategy": cfg.pack.strategy,
+        "seq_len": cfg.pack.seq_len,
+        "train": packing_summary(stats(train_partitions(cfg, plan))),
+        "validation": packing_summary(stats(validation_partitions(plan))),
+    }

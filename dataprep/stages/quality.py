@@ -44,8 +44,14 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
         out = scored.get(row) or filter_document(rules[src], text, metas[row])  # `url`: meta
         if out.text is None:
             st.add_dropped(out.reason or "quality", nbytes[row])
-            dropped.add(ids[row], src, out.reason or "quality", out.detail,
-                        doc_location(metas[row], shard, row), text)
+            dropped.add(
+                ids[row],
+                src,
+                out.reason or "quality",
+                out.detail,
+                doc_location(metas[row], shard, row),
+                text,
+            )
             continue
         # Line-level rules (C4) may shorten the text; kept bytes count what stays.
         st.add_kept(nbytes[row] if out.text is text else len(out.text.encode("utf-8")))
@@ -54,8 +60,9 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
         kept["text"].append(out.text)
         kept["source"].append(src)
         # Only rules that annotate (`language`) change meta: other runs keep its bytes.
-        kept["meta"].append(with_annotations(metas[row], out.annotations)
-                            if out.annotations else metas[row])
+        kept["meta"].append(
+            with_annotations(metas[row], out.annotations) if out.annotations else metas[row]
+        )
         prov.add(ids[row], src, doc_location(metas[row], shard, row), out)
     # The kept documents' provenance, aligned with their rows (written before the marker).
     store.put(provenance_key(shard), table_to_parquet_bytes(prov.table()))
@@ -67,8 +74,9 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
 BATCH_DOCS = 1024
 
 
-def batch_outcomes(rules: Mapping[str, list], texts: list[str], sources: list[str],
-                   metas: list[str | None]) -> dict[int, FilterResult]:
+def batch_outcomes(
+    rules: Mapping[str, list], texts: list[str], sources: list[str], metas: list[str | None]
+) -> dict[int, FilterResult]:
     """The outcomes of the documents whose source's chain scores in batches (a model
     rule), by row, BATCH_DOCS at a time; other sources' documents go one by one."""
     out: dict[int, FilterResult] = {}
@@ -77,7 +85,7 @@ def batch_outcomes(rules: Mapping[str, list], texts: list[str], sources: list[st
             continue
         rows = [r for r, s in enumerate(sources) if s == src]
         for k in range(0, len(rows), BATCH_DOCS):
-            part = rows[k:k + BATCH_DOCS]
+            part = rows[k : k + BATCH_DOCS]
             results = filter_documents(chain, [texts[r] for r in part], [metas[r] for r in part])
             out.update(zip(part, results, strict=True))
     return out
@@ -121,8 +129,11 @@ class ProvenanceRows:
 
     def table(self) -> pa.Table:
         cols: dict[str, Any] = dict(self.base)
-        fields = [pa.field("id", pa.string()), pa.field("source", pa.string()),
-                  pa.field("location", pa.string())]
+        fields = [
+            pa.field("id", pa.string()),
+            pa.field("source", pa.string()),
+            pa.field("location", pa.string()),
+        ]
         for k in sorted(self.stats):
             cols[k] = self.stats[k]
             fields.append(pa.field(k, pa.float64()))

@@ -23,17 +23,19 @@ from dataprep.tokenizer import Tokenizer, build_tokenizer, load_tokenizer
 STAGE = "tokenize"
 TOKENIZER_KEY = "tokenizer/tokenizer.json"
 
-TOKENS_SCHEMA = pa.schema([
-    ("id", pa.string()),
-    ("source", pa.string()),
-    ("split", pa.string()),
-    ("n_tokens", pa.int32()),
-    ("n_bytes", pa.int64()),
-    ("tokens", pa.list_(pa.int32())),
-    # meta.language for the documents of a source mixed per language (sources[].languages),
-    # null otherwise; shards written before the column existed read as all null.
-    ("language", pa.string()),
-])
+TOKENS_SCHEMA = pa.schema(
+    [
+        ("id", pa.string()),
+        ("source", pa.string()),
+        ("split", pa.string()),
+        ("n_tokens", pa.int32()),
+        ("n_bytes", pa.int64()),
+        ("tokens", pa.list_(pa.int32())),
+        # meta.language for the documents of a source mixed per language (sources[].languages),
+        # null otherwise; shards written before the column existed read as all null.
+        ("language", pa.string()),
+    ]
+)
 
 
 def tokens_key(shard: str) -> str:
@@ -45,13 +47,15 @@ def is_validation(ids: list[str], fraction: float) -> np.ndarray:
     fraction. Independent of the seed, so runs with different seeds share a split."""
     if fraction <= 0:
         return np.zeros(len(ids), dtype=bool)
-    h = np.fromiter((xxhash.xxh3_64_intdigest(f"split:{i}".encode()) for i in ids), dtype=np.uint64,
-                    count=len(ids))
+    h = np.fromiter(
+        (xxhash.xxh3_64_intdigest(f"split:{i}".encode()) for i in ids),
+        dtype=np.uint64,
+        count=len(ids),
+    )
     return h < np.uint64(int(fraction * 2**64))
 
 
-def _training_texts(store: Store, input_stage: str, shards: list[str],
-                    limit: int) -> Iterator[str]:
+def _training_texts(store: Store, input_stage: str, shards: list[str], limit: int) -> Iterator[str]:
     """Up to `limit` documents spread evenly over the shards (the head of each), so a
     BPE trained on them sees every source and the choice is deterministic."""
     per_shard = max(1, -(-limit // max(1, len(shards))))
@@ -113,28 +117,47 @@ def tokenize_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
     store = output_store(cfg)
     tok = load_run_tokenizer(cfg)
     by_language = {s.name for s in cfg.sources if s.languages is not None}
-    docs = pq.read_table(pa.BufferReader(store.get(docs_key(input_stage, shard))),
-                         columns=["id", "text", "source", *(["meta"] if by_language else [])])
+    docs = pq.read_table(
+        pa.BufferReader(store.get(docs_key(input_stage, shard))),
+        columns=["id", "text", "source", *(["meta"] if by_language else [])],
+    )
     ids, sources = (docs[c].to_pylist() for c in ("id", "source"))
-    languages = ([_language(m) if src in by_language else None
-                  for src, m in zip(sources, docs["meta"].to_pylist(), strict=True)]
-                 if by_language else [None] * len(ids))
+    languages = (
+        [
+            _language(m) if src in by_language else None
+            for src, m in zip(sources, docs["meta"].to_pylist(), strict=True)
+        ]
+        if by_language
+        else [None] * len(ids)
+    )
     values, offsets = _encode_column(tok, docs["text"])
     lengths = np.diff(offsets).astype(np.int32)
     val = is_validation(ids, cfg.dataset.validation_fraction)
     fixed = {s.name: s.split for s in cfg.sources if s.split != "auto"}
     if fixed:
-        val = np.array([fixed.get(src, "auto") == "validation" or
-                        (fixed.get(src, "auto") == "auto" and v)
-                        for src, v in zip(sources, val, strict=True)], dtype=bool)
+        val = np.array(
+            [
+                fixed.get(src, "auto") == "validation" or (fixed.get(src, "auto") == "auto" and v)
+                for src, v in zip(sources, val, strict=True)
+            ],
+            dtype=bool,
+        )
     split = np.where(val, "validation", "train").tolist()
     nbytes = pc.binary_length(docs["text"])
-    table = pa.table({
-        "id": ids, "source": sources, "split": split, "n_tokens": pa.array(lengths),
-        "n_bytes": nbytes.cast(pa.int64()),
-        "tokens": pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values)),
-        "language": pa.array(languages, pa.string()),
-    }, schema=TOKENS_SCHEMA)
+    table = pa.table(
+        {
+            "id": ids,
+            "source": sources,
+            "split": split,
+            "n_tokens": pa.array(lengths),
+            "n_bytes": nbytes.cast(pa.int64()),
+            "tokens": pa.ListArray.from_arrays(
+                pa.array(offsets.astype(np.int32)), pa.array(values)
+            ),
+            "language": pa.array(languages, pa.string()),
+        },
+        schema=TOKENS_SCHEMA,
+    )
     store.put(tokens_key(shard), table_to_parquet_bytes(table))
     stats = ShardStats()
     tokens: dict[str, dict[str, int]] = {}
@@ -164,4 +187,3 @@ def read_tokens(store: Store, shard: str, columns: list[str] | None = None) -> p
     # A shard tokenized before the column existed (an earlier version's): no labels.
     t = pf.read(columns=[c for c in columns if c != "language"])
     return t.append_column("language", pa.nulls(t.num_rows, pa.string()))
-

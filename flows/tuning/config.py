@@ -31,10 +31,10 @@ class FloatDist(Strict):
     type: Literal["float"] = Field(description="A float between low and high.")
     low: float = Field(description="The lowest value.")
     high: float = Field(description="The highest value (>= low).")
-    log: bool = Field(default=False, description=(
-        "Sample on a log scale (needs low > 0; not with step)."))
-    step: float | None = Field(default=None, gt=0, description=(
-        "Sample only low + k * step."))
+    log: bool = Field(
+        default=False, description=("Sample on a log scale (needs low > 0; not with step).")
+    )
+    step: float | None = Field(default=None, gt=0, description=("Sample only low + k * step."))
 
     @model_validator(mode="after")
     def _range(self) -> FloatDist:
@@ -46,8 +46,10 @@ class IntDist(Strict):
     type: Literal["int"] = Field(description="An integer between low and high.")
     low: int = Field(description="The lowest value.")
     high: int = Field(description="The highest value (>= low).")
-    log: bool = Field(default=False, description=(
-        "Sample on a log scale (needs low > 0; not with a step above 1)."))
+    log: bool = Field(
+        default=False,
+        description=("Sample on a log scale (needs low > 0; not with a step above 1)."),
+    )
     step: int = Field(default=1, ge=1, description="Sample only low + k * step.")
 
     @model_validator(mode="after")
@@ -58,8 +60,9 @@ class IntDist(Strict):
 
 class CategoricalDist(Strict):
     type: Literal["categorical"] = Field(description="One of the choices.")
-    choices: list[bool | int | float | str | None] = Field(min_length=1, description=(
-        "The values to choose from."))
+    choices: list[bool | int | float | str | None] = Field(
+        min_length=1, description=("The values to choose from.")
+    )
 
 
 Distribution = Annotated[FloatDist | IntDist | CategoricalDist, Field(discriminator="type")]
@@ -76,67 +79,109 @@ def _check_range(low: float, high: float, log: bool, step: float | None) -> None
 
 
 class SamplerConfig(Strict):
-    kind: Literal["tpe", "random"] = Field(default="tpe", description=(
-        "Optuna's TPE or random sampling."))
+    kind: Literal["tpe", "random"] = Field(
+        default="tpe", description=("Optuna's TPE or random sampling.")
+    )
     seed: int | None = Field(default=0, description="The sampler's seed.")
-    n_startup_trials: int = Field(default=10, ge=0, description=(
-        "tpe: random trials before the model."))
+    n_startup_trials: int = Field(
+        default=10, ge=0, description=("tpe: random trials before the model.")
+    )
 
 
 class PrunerConfig(Strict):
-    kind: Literal["median", "asha", "hyperband", "none"] = Field(default="median", description=(
-        "`median`: stop a trial whose loss at a step is worse than the median of the "
-        "finished trials' at that step; `asha` (successive halving) and `hyperband`: keep "
-        "the best 1/reduction_factor at each rung of min_resource * reduction_factor**k "
-        "steps; `none`: no pruning."))
-    n_startup_trials: int = Field(default=2, ge=0, description=(
-        "median: finished trials before pruning."))
-    n_warmup_steps: int = Field(default=0, ge=0, description=(
-        "median: no pruning before this step."))
-    min_resource: int | None = Field(default=None, ge=1, description=(
-        "asha/hyperband: steps of the first rung; None: eval_every."))
-    reduction_factor: int = Field(default=3, ge=2, description=(
-        "asha/hyperband: see kind."))
+    kind: Literal["median", "asha", "hyperband", "none"] = Field(
+        default="median",
+        description=(
+            "`median`: stop a trial whose loss at a step is worse than the median of the "
+            "finished trials' at that step; `asha` (successive halving) and `hyperband`: keep "
+            "the best 1/reduction_factor at each rung of min_resource * reduction_factor**k "
+            "steps; `none`: no pruning."
+        ),
+    )
+    n_startup_trials: int = Field(
+        default=2, ge=0, description=("median: finished trials before pruning.")
+    )
+    n_warmup_steps: int = Field(
+        default=0, ge=0, description=("median: no pruning before this step.")
+    )
+    min_resource: int | None = Field(
+        default=None,
+        ge=1,
+        description=("asha/hyperband: steps of the first rung; None: eval_every."),
+    )
+    reduction_factor: int = Field(default=3, ge=2, description=("asha/hyperband: see kind."))
 
 
 class HpoConfig(Strict):
-    base_config: str = Field(description=(
-        "The training config every trial starts from."))
-    study: str | None = Field(default=None, description=(
-        "The study's name in the storage; None: the config's stem."))
-    out: str = Field(default="runs/hpo", description=(
-        "trials/trial-NNNN/ (each a run dir), study.db, the best-loss plot. Pruning reads "
-        "the trials' metrics here: on Kubernetes, a volume the trial pods share."))
-    storage: str | None = Field(default=None, description=(
-        "An Optuna storage URL (sqlite:///..., postgresql://...); None: "
-        "sqlite:///<out>/study.db."))
+    base_config: str = Field(description=("The training config every trial starts from."))
+    study: str | None = Field(
+        default=None, description=("The study's name in the storage; None: the config's stem.")
+    )
+    out: str = Field(
+        default="runs/hpo",
+        description=(
+            "trials/trial-NNNN/ (each a run dir), study.db, the best-loss plot. Pruning reads "
+            "the trials' metrics here: on Kubernetes, a volume the trial pods share."
+        ),
+    )
+    storage: str | None = Field(
+        default=None,
+        description=(
+            "An Optuna storage URL (sqlite:///..., postgresql://...); None: "
+            "sqlite:///<out>/study.db."
+        ),
+    )
     dataset: str | None = Field(default=None, description="Overrides the base config's.")
-    n_trials: int = Field(ge=1, description=(
-        "Finished trials the study should hold: a second run of the search runs only the "
-        "missing ones."))
+    n_trials: int = Field(
+        ge=1,
+        description=(
+            "Finished trials the study should hold: a second run of the search runs only the "
+            "missing ones."
+        ),
+    )
     parallel: int = Field(default=1, ge=1, description="Trials run at a time.")
-    steps: int | None = Field(default=None, ge=1, description=(
-        "Each trial's budget; None: the base config's."))
-    eval_every: int | None = Field(default=None, ge=1, description=(
-        "Each trial's; the validation losses the pruner sees. None: the base config's."))
-    overrides: dict[str, Any] = Field(default_factory=dict, description=(
-        "The proxy: dotted keys of the training config set in every trial and in the "
-        "transferred config, e.g. `model.d_model: 64`, `model.mup_base_d_model: 64`."))
-    space: dict[str, Distribution] = Field(min_length=1, description=(
-        "Dotted keys of the training config (`optim.lr`, `optim.betas.1` for beta2, ...) "
-        "to their distributions: `{type: float|int, low, high, log, step}` or `{type: "
-        "categorical, choices}`. A key the training config does not have, or a range end "
-        "that makes an invalid training config, is an error naming the key."))
-    enqueue: list[dict[str, Any]] = Field(default_factory=list, description=(
-        "Parameter sets tried first (the base config's own values: a baseline to beat)."))
-    sampler: SamplerConfig = Field(default=SamplerConfig(), description=(
-        "How trials' parameters are chosen."))
-    pruner: PrunerConfig = Field(default=PrunerConfig(), description=(
-        "When a trial is stopped early."))
-    launch: dict[str, Any] | None = Field(default=None, description=(
-        "Overrides of the base config's `launch:` for the trials."))
-    poll_s: float = Field(default=1.0, gt=0, description=(
-        "Seconds between looks at the trials."))
+    steps: int | None = Field(
+        default=None, ge=1, description=("Each trial's budget; None: the base config's.")
+    )
+    eval_every: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Each trial's; the validation losses the pruner sees. None: the base config's."
+        ),
+    )
+    overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "The proxy: dotted keys of the training config set in every trial and in the "
+            "transferred config, e.g. `model.d_model: 64`, `model.mup_base_d_model: 64`."
+        ),
+    )
+    space: dict[str, Distribution] = Field(
+        min_length=1,
+        description=(
+            "Dotted keys of the training config (`optim.lr`, `optim.betas.1` for beta2, ...) "
+            "to their distributions: `{type: float|int, low, high, log, step}` or `{type: "
+            "categorical, choices}`. A key the training config does not have, or a range end "
+            "that makes an invalid training config, is an error naming the key."
+        ),
+    )
+    enqueue: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description=(
+            "Parameter sets tried first (the base config's own values: a baseline to beat)."
+        ),
+    )
+    sampler: SamplerConfig = Field(
+        default=SamplerConfig(), description=("How trials' parameters are chosen.")
+    )
+    pruner: PrunerConfig = Field(
+        default=PrunerConfig(), description=("When a trial is stopped early.")
+    )
+    launch: dict[str, Any] | None = Field(
+        default=None, description=("Overrides of the base config's `launch:` for the trials.")
+    )
+    poll_s: float = Field(default=1.0, gt=0, description=("Seconds between looks at the trials."))
 
     def out_dir(self) -> Path:
         return Path(self.out).resolve()
@@ -183,8 +228,9 @@ def _field_at(key: str, leaf: bool = True) -> None:
         where = ".".join(parts[:i]) or "the training config"
         if isinstance(node, type) and issubclass(node, BaseModel):
             if part not in node.model_fields:
-                raise ValueError(f"no key {part!r} in {where} (it has: "
-                                 f"{', '.join(node.model_fields)})")
+                raise ValueError(
+                    f"no key {part!r} in {where} (it has: {', '.join(node.model_fields)})"
+                )
             node = _unoptional(node.model_fields[part].annotation)
         elif typing.get_origin(node) is tuple:
             size = len(typing.get_args(node))
@@ -194,8 +240,9 @@ def _field_at(key: str, leaf: bool = True) -> None:
         else:
             raise ValueError(f"{where} is a value, not a section")
     if leaf and isinstance(node, type) and issubclass(node, BaseModel):
-        raise ValueError(f"{key} is a section: name one of its keys "
-                         f"({', '.join(node.model_fields)})")
+        raise ValueError(
+            f"{key} is a section: name one of its keys ({', '.join(node.model_fields)})"
+        )
 
 
 def _unoptional(ann: Any) -> Any:
@@ -236,9 +283,11 @@ def load_hpo_config(path: str | Path) -> Search:
         cfg = HpoConfig.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_one_line(e, where)) from None
-    for section, keys, leaf in (("overrides", cfg.overrides, False), ("space", cfg.space, True),
-                                *((f"enqueue[{i}]", e, True) for i, e in
-                                  enumerate(cfg.enqueue))):
+    for section, keys, leaf in (
+        ("overrides", cfg.overrides, False),
+        ("space", cfg.space, True),
+        *((f"enqueue[{i}]", e, True) for i, e in enumerate(cfg.enqueue)),
+    ):
         for key in keys:
             try:
                 if key.split(".")[0] in _RESERVED:
@@ -253,8 +302,11 @@ def load_hpo_config(path: str | Path) -> Search:
     except ConfigError as e:
         raise ConfigError(f"invalid hpo config {where}: base_config: {e}") from None
     base = copy.deepcopy(base)
-    for key, value in (("dataset", cfg.dataset), ("steps", cfg.steps),
-                       ("eval_every", cfg.eval_every)):
+    for key, value in (
+        ("dataset", cfg.dataset),
+        ("steps", cfg.steps),
+        ("eval_every", cfg.eval_every),
+    ):
         if value is not None:
             base[key] = value
     for key, value in cfg.overrides.items():
@@ -262,8 +314,9 @@ def load_hpo_config(path: str | Path) -> Search:
     try:
         proxy = parse_train_config(base, cfg.base_config)
     except TrainConfigError as e:
-        raise ConfigError(f"invalid hpo config {where}: base_config with overrides: "
-                          f"{flat_message(str(e))}") from None
+        raise ConfigError(
+            f"invalid hpo config {where}: base_config with overrides: {flat_message(str(e))}"
+        ) from None
     # Each end of each range, the others as the base has them: a range that reaches an
     # invalid value (lr 0, a head count that does not divide d_model) fails here, not as
     # a failed trial an hour in.
@@ -275,8 +328,10 @@ def load_hpo_config(path: str | Path) -> Search:
             try:
                 parse_train_config(doc)
             except TrainConfigError as e:
-                raise ConfigError(f"invalid hpo config {where}: space.{key}: {value!r} gives "
-                                  f"an invalid training config: {flat_message(str(e))}") from None
+                raise ConfigError(
+                    f"invalid hpo config {where}: space.{key}: {value!r} gives "
+                    f"an invalid training config: {flat_message(str(e))}"
+                ) from None
     try:
         launch = parse_launch(base.get("launch"), cfg.launch, cfg.base_config)
     except ConfigError as e:

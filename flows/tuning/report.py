@@ -18,13 +18,17 @@ def trial_rows(study: Any) -> list[dict[str, Any]]:
     rows = []
     for t in study.get_trials(deepcopy=False):
         steps = sorted(t.intermediate_values)
-        rows.append({"trial": t.number, "state": t.state.name.lower(),
-                     "value": None if t.value is None else round(t.value, 5),
-                     **{k: t.params.get(k) for k in keys},
-                     "last step": steps[-1] if steps else None,
-                     "ending": t.user_attrs.get("ending"),
-                     "minutes": round(t.duration.total_seconds() / 60, 2)
-                     if t.duration else None})
+        rows.append(
+            {
+                "trial": t.number,
+                "state": t.state.name.lower(),
+                "value": None if t.value is None else round(t.value, 5),
+                **{k: t.params.get(k) for k in keys},
+                "last step": steps[-1] if steps else None,
+                "ending": t.user_attrs.get("ending"),
+                "minutes": round(t.duration.total_seconds() / 60, 2) if t.duration else None,
+            }
+        )
     return rows
 
 
@@ -36,11 +40,16 @@ def plot_best(study: Any, png: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    done = [(t.number, t.value) for t in study.get_trials(deepcopy=False)
-            if t.state == trial_state("COMPLETE") and t.value is not None]
-    pruned = [(t.number, t.intermediate_values[max(t.intermediate_values)])
-              for t in study.get_trials(deepcopy=False)
-              if t.state == trial_state("PRUNED") and t.intermediate_values]
+    done = [
+        (t.number, t.value)
+        for t in study.get_trials(deepcopy=False)
+        if t.state == trial_state("COMPLETE") and t.value is not None
+    ]
+    pruned = [
+        (t.number, t.intermediate_values[max(t.intermediate_values)])
+        for t in study.get_trials(deepcopy=False)
+        if t.state == trial_state("PRUNED") and t.intermediate_values
+    ]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     if done:
         best, line = math.inf, []
@@ -63,38 +72,58 @@ def plot_best(study: Any, png: Path) -> None:
 
 def summary(s: Search, study: Any) -> dict[str, Any]:
     trials = study.get_trials(deepcopy=False)
-    by_state = {st: sum(1 for t in trials if t.state.name == st)
-                for st in ("COMPLETE", "PRUNED", "FAIL")}
+    by_state = {
+        st: sum(1 for t in trials if t.state.name == st) for st in ("COMPLETE", "PRUNED", "FAIL")
+    }
     complete = [t for t in trials if t.state == trial_state("COMPLETE")]
     best = min(complete, key=lambda t: t.value) if complete else None
-    return {"study": s.name, "storage": s.cfg.storage_url(), "trials": len(trials),
-            "completed": by_state["COMPLETE"], "pruned": by_state["PRUNED"],
-            "failed": by_state["FAIL"],
-            "best_trial": best.number if best else None,
-            "best_value": best.value if best else None,
-            "best_params": best.params if best else None,
-            "best_config": str(trial_dir(s, best.number) / "train.yaml") if best else None,
-            "plot": str(s.cfg.out_dir() / "best-loss.png")}
+    return {
+        "study": s.name,
+        "storage": s.cfg.storage_url(),
+        "trials": len(trials),
+        "completed": by_state["COMPLETE"],
+        "pruned": by_state["PRUNED"],
+        "failed": by_state["FAIL"],
+        "best_trial": best.number if best else None,
+        "best_value": best.value if best else None,
+        "best_params": best.params if best else None,
+        "best_config": str(trial_dir(s, best.number) / "train.yaml") if best else None,
+        "plot": str(s.cfg.out_dir() / "best-loss.png"),
+    }
 
 
 def summary_md(r: dict[str, Any], png: Path) -> str:
-    lines = [f"**study {r['study']}**: {r['trials']} trials ({r['completed']} completed, "
-             f"{r['pruned']} pruned, {r['failed']} failed)", ""]
+    lines = [
+        f"**study {r['study']}**: {r['trials']} trials ({r['completed']} completed, "
+        f"{r['pruned']} pruned, {r['failed']} failed)",
+        "",
+    ]
     if r["best_trial"] is not None:
-        lines += [f"**best validation loss {r['best_value']:.4f}** (trial {r['best_trial']})",
-                  "", *(f"- `{k}`: {v}" for k, v in r["best_params"].items()),
-                  f"- config: `{r['best_config']}`", ""]
+        lines += [
+            f"**best validation loss {r['best_value']:.4f}** (trial {r['best_trial']})",
+            "",
+            *(f"- `{k}`: {v}" for k, v in r["best_params"].items()),
+            f"- config: `{r['best_config']}`",
+            "",
+        ]
     uri = "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
     return "\n".join([*lines, f"![best loss against trials]({uri})"])
 
 
 def summary_text(r: dict[str, Any]) -> str:
-    lines = ["", f"study {r['study']}: {r['trials']} trials, {r['completed']} completed, "
-                 f"{r['pruned']} pruned, {r['failed']} failed ({r['storage']})"]
+    lines = [
+        "",
+        f"study {r['study']}: {r['trials']} trials, {r['completed']} completed, "
+        f"{r['pruned']} pruned, {r['failed']} failed ({r['storage']})",
+    ]
     if r["best_trial"] is not None:
-        lines += [f"  best validation loss: {r['best_value']:.4f} (trial {r['best_trial']})",
-                  *(f"    {k}: {v:.4g}" if isinstance(v, float) else f"    {k}: {v}"
-                    for k, v in r["best_params"].items()),
-                  f"  best trial's config: {r['best_config']}"]
+        lines += [
+            f"  best validation loss: {r['best_value']:.4f} (trial {r['best_trial']})",
+            *(
+                f"    {k}: {v:.4g}" if isinstance(v, float) else f"    {k}: {v}"
+                for k, v in r["best_params"].items()
+            ),
+            f"  best trial's config: {r['best_config']}",
+        ]
     lines.append(f"  plot:                 {r['plot']}")
     return "\n".join(lines)

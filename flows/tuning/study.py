@@ -17,26 +17,41 @@ def open_study(s: Search, create: bool = True) -> Any:
         try:
             return optuna.load_study(study_name=s.name, storage=s.cfg.storage_url())
         except KeyError:
-            raise HpoError(f"no study {s.name!r} in {s.cfg.storage_url()}: run "
-                           f"`ballast hpo run {s.path}` first") from None
+            raise HpoError(
+                f"no study {s.name!r} in {s.cfg.storage_url()}: run "
+                f"`ballast hpo run {s.path}` first"
+            ) from None
     sc, pc = s.cfg.sampler, s.cfg.pruner
-    sampler = (optuna.samplers.RandomSampler(seed=sc.seed) if sc.kind == "random" else
-               # constant_liar: trials running in parallel count as bad guesses near their
-               # point, so the sampler does not propose the same region twice at once.
-               optuna.samplers.TPESampler(seed=sc.seed, n_startup_trials=sc.n_startup_trials,
-                                          constant_liar=True))
+    sampler = (
+        optuna.samplers.RandomSampler(seed=sc.seed)
+        if sc.kind == "random"
+        # constant_liar: trials running in parallel count as bad guesses near their
+        # point, so the sampler does not propose the same region twice at once.
+        else optuna.samplers.TPESampler(
+            seed=sc.seed, n_startup_trials=sc.n_startup_trials, constant_liar=True
+        )
+    )
     rung = pc.min_resource or s.proxy.eval_every
-    pruner = {"median": lambda: optuna.pruners.MedianPruner(
-                  n_startup_trials=pc.n_startup_trials, n_warmup_steps=pc.n_warmup_steps),
-              "asha": lambda: optuna.pruners.SuccessiveHalvingPruner(
-                  min_resource=rung, reduction_factor=pc.reduction_factor),
-              "hyperband": lambda: optuna.pruners.HyperbandPruner(
-                  min_resource=rung, max_resource=s.proxy.steps,
-                  reduction_factor=pc.reduction_factor),
-              "none": optuna.pruners.NopPruner}[pc.kind]()
-    study = optuna.create_study(study_name=s.name, storage=s.cfg.storage_url(),
-                                sampler=sampler, pruner=pruner, direction="minimize",
-                                load_if_exists=True)
+    pruner = {
+        "median": lambda: optuna.pruners.MedianPruner(
+            n_startup_trials=pc.n_startup_trials, n_warmup_steps=pc.n_warmup_steps
+        ),
+        "asha": lambda: optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=rung, reduction_factor=pc.reduction_factor
+        ),
+        "hyperband": lambda: optuna.pruners.HyperbandPruner(
+            min_resource=rung, max_resource=s.proxy.steps, reduction_factor=pc.reduction_factor
+        ),
+        "none": optuna.pruners.NopPruner,
+    }[pc.kind]()
+    study = optuna.create_study(
+        study_name=s.name,
+        storage=s.cfg.storage_url(),
+        sampler=sampler,
+        pruner=pruner,
+        direction="minimize",
+        load_if_exists=True,
+    )
     for params in s.cfg.enqueue:
         study.enqueue_trial(params, skip_if_exists=True)
     return study

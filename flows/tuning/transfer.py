@@ -25,13 +25,17 @@ def transfer(hpo_config: str, width: int, out: str | Path) -> dict[str, Any]:
     s = load_hpo_config(hpo_config)
     m = s.proxy.model
     if m.mup_base_d_model is None:
-        raise HpoError(f"{hpo_config}: the proxies trained without muP (model.mup_base_d_model "
-                       "unset), so their hyperparameters do not transfer across width; set "
-                       f"overrides: {{model.mup_base_d_model: {m.d_model}}} and search again")
+        raise HpoError(
+            f"{hpo_config}: the proxies trained without muP (model.mup_base_d_model "
+            "unset), so their hyperparameters do not transfer across width; set "
+            f"overrides: {{model.mup_base_d_model: {m.d_model}}} and search again"
+        )
     head_dim = m.d_model // m.n_head
     if width % head_dim:
-        raise HpoError(f"--to-width {width} is not a multiple of the proxy's head size "
-                       f"{head_dim} (d_model {m.d_model} / n_head {m.n_head})")
+        raise HpoError(
+            f"--to-width {width} is not a multiple of the proxy's head size "
+            f"{head_dim} (d_model {m.d_model} / n_head {m.n_head})"
+        )
     study = open_study(s, create=False)
     try:
         best = study.best_trial
@@ -49,11 +53,19 @@ def transfer(hpo_config: str, width: int, out: str | Path) -> dict[str, Any]:
         parse_train_config(copy.deepcopy(doc), str(out))
     except TrainConfigError as e:
         raise HpoError(f"the transferred config is invalid: {flat_message(str(e))}") from None
-    header = (f"# Transferred by `ballast hpo transfer` from study {s.name} "
-              f"({s.cfg.storage_url()}), trial {best.number}: validation loss "
-              f"{best.value:.4f} at width {m.d_model}.\n# muP base width "
-              f"{m.mup_base_d_model}; hyperparameters: {json.dumps(best.params)}\n")
+    header = (
+        f"# Transferred by `ballast hpo transfer` from study {s.name} "
+        f"({s.cfg.storage_url()}), trial {best.number}: validation loss "
+        f"{best.value:.4f} at width {m.d_model}.\n# muP base width "
+        f"{m.mup_base_d_model}; hyperparameters: {json.dumps(best.params)}\n"
+    )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(header + yaml.safe_dump(doc, sort_keys=False))
-    return {"out": str(out), "trial": best.number, "value": best.value,
-            "params": best.params, "width": width, "base_width": m.mup_base_d_model}
+    return {
+        "out": str(out),
+        "trial": best.number,
+        "value": best.value,
+        "params": best.params,
+        "width": width,
+        "base_width": m.mup_base_d_model,
+    }

@@ -80,8 +80,14 @@ def read_evals(metrics: Path) -> list[tuple[int, float]]:
 
 
 @task(name="hpo-trial", task_run_name="trial-{number}", cache_policy=NO_CACHE)
-def run_trial(number: int, config_path: str, run_dir: str, launch: LaunchConfig,
-              stop: threading.Event, poll_s: float) -> dict[str, Any]:
+def run_trial(
+    number: int,
+    config_path: str,
+    run_dir: str,
+    launch: LaunchConfig,
+    stop: threading.Event,
+    poll_s: float,
+) -> dict[str, Any]:
     """Train one trial under the supervisor (restarts after a crash or a lost node; none
     after a divergence: a rollback with a lower LR would change the very hyperparameter
     under test). Setting `stop` (the pruner's call) cancels the job within `poll_s`."""
@@ -89,13 +95,25 @@ def run_trial(number: int, config_path: str, run_dir: str, launch: LaunchConfig,
 
     logger = get_run_logger()
     rd = Path(run_dir)
-    spec = job_spec(config_path, launch.backend, job_name(str(rd), run_token()), [],
-                    launch.nnodes, launch.nproc_per_node)
+    spec = job_spec(
+        config_path,
+        launch.backend,
+        job_name(str(rd), run_token()),
+        [],
+        launch.nnodes,
+        launch.nproc_per_node,
+    )
     backend = make_backend(launch.backend, run_dir=rd, kubernetes=launch.kubernetes)
     policy = dataclasses.replace(launch.policy(), max_recoveries=0, poll_s=poll_s)
-    outcome = supervise(backend, spec, policy, log=logger.info, should_stop=stop.is_set,
-                        handle_file=rd / HANDLE,
-                        handle_extra={"flow_run": flow_run.get_id(), "trial": number})
+    outcome = supervise(
+        backend,
+        spec,
+        policy,
+        log=logger.info,
+        should_stop=stop.is_set,
+        handle_file=rd / HANDLE,
+        handle_extra={"flow_run": flow_run.get_id(), "trial": number},
+    )
     return {"ok": outcome.ok, "ending": outcome.ending, "message": outcome.message}
 
 
@@ -127,8 +145,9 @@ def _start(s: Search, study: Any, log: Any) -> Running | None:
         return None
     stop = threading.Event()
     log(f"trial {trial.number}: {params}")
-    fut = run_trial.submit(trial.number, str(path), str(trial_dir(s, trial.number)),
-                           s.launch, stop, s.cfg.poll_s)
+    fut = run_trial.submit(
+        trial.number, str(path), str(trial_dir(s, trial.number)), s.launch, stop, s.cfg.poll_s
+    )
     return Running(trial, params, trial_dir(s, trial.number), fut, stop)
 
 
@@ -163,8 +182,10 @@ def _finish(r: Running, study: Any, log: Any) -> None:
     if r.pruned_at is not None or result["ending"] == "diverged":
         # Pruned with its intermediate values: TPE still learns that this region is bad.
         study.tell(r.trial, state=trial_state("PRUNED"))
-        log(f"trial {r.trial.number}: pruned"
-            + ("" if r.pruned_at is not None else f" ({result['message']})"))
+        log(
+            f"trial {r.trial.number}: pruned"
+            + ("" if r.pruned_at is not None else f" ({result['message']})")
+        )
     elif result["ok"] and evals:
         step, value = evals[-1]
         study.tell(r.trial, value)
@@ -179,8 +200,9 @@ def _counted(study: Any) -> int:
     """Trials that count against n_trials: every one that finished (completed, pruned,
     failed: those have an `ending`), not those a stopped search left unfinished."""
     final = (trial_state("COMPLETE"), trial_state("PRUNED"), trial_state("FAIL"))
-    return sum(1 for t in study.get_trials(deepcopy=False)
-               if t.state in final and "ending" in t.user_attrs)
+    return sum(
+        1 for t in study.get_trials(deepcopy=False) if t.state in final and "ending" in t.user_attrs
+    )
 
 
 def _close_stale(s: Search, study: Any, log: Any) -> int:
@@ -206,16 +228,17 @@ def cancel_handle(run_dir: Path, launch: LaunchConfig) -> None:
     except (OSError, ValueError, KeyError):
         return
     with contextlib.suppress(Exception):  # a job its backend no longer knows is stopped
-        make_backend(handle.backend, run_dir=run_dir, kubernetes=launch.kubernetes).cancel(
-            handle)
+        make_backend(handle.backend, run_dir=run_dir, kubernetes=launch.kubernetes).cancel(handle)
 
 
 def search(s: Search, study: Any, log: Any) -> None:
     """Run trials, `parallel` at a time, until the study holds n_trials finished ones."""
     todo = s.cfg.n_trials - _counted(study) - _close_stale(s, study, log)
     if todo <= 0:
-        log(f"study {s.name}: {_counted(study)} trials finished already "
-            f"(n_trials {s.cfg.n_trials}); nothing to run")
+        log(
+            f"study {s.name}: {_counted(study)} trials finished already "
+            f"(n_trials {s.cfg.n_trials}); nothing to run"
+        )
         return
     log(f"study {s.name}: running {todo} trials, {s.cfg.parallel} at a time")
     running: list[Running] = []

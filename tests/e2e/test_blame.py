@@ -30,13 +30,22 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # 256 bytes of "/": four packed rows of 64 byte tokens, a loss spike wherever it lands.
     rows.insert(GARBAGE_LINE - 1, {"text": "/" * 256})
     (tmp / "junk.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp / "prep.yaml").write_text(yaml.safe_dump({
-        "output": str(tmp / "prep"), "workers": 1,
-        "sources": [{"name": "plays", "paths": [str(tmp / "plays.txt")],
-                     "txt_unit": "paragraph"},
-                    {"name": "junk", "paths": [str(tmp / "junk.jsonl")], "quality": []}],
-        "dedup": {"exact": True, "near": False}, "quality": ["length"],
-        "pack": {"seq_len": 64}, "dataset": {"validation_fraction": 0.05}}))
+    (tmp / "prep.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "output": str(tmp / "prep"),
+                "workers": 1,
+                "sources": [
+                    {"name": "plays", "paths": [str(tmp / "plays.txt")], "txt_unit": "paragraph"},
+                    {"name": "junk", "paths": [str(tmp / "junk.jsonl")], "quality": []},
+                ],
+                "dedup": {"exact": True, "near": False},
+                "quality": ["length"],
+                "pack": {"seq_len": 64},
+                "dataset": {"validation_fraction": 0.05},
+            }
+        )
+    )
     r = run_cli("prep", str(tmp / "prep.yaml"), "--no-progress")
     assert r.returncode == 0, r.stderr
     return tmp
@@ -44,17 +53,41 @@ def prepared(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def train(tmp: Path, name: str, *faults: str) -> Path:
     cfg = tmp / f"{name}.yaml"
-    cfg.write_text(yaml.safe_dump(train_config(
-        str(tmp / "prep" / "dataset"), tmp / name, seed=0, steps=150, micro_batch=2,
-        eval_every=1000, eval_batches=1, optim={"lr": 3e-3}, schedule={"warmup_steps": 5},
-        checkpoint={"every": 20, "keep_last": 1},
-        # A short EMA: a 150-step run's early loss drop would otherwise dominate the
-        # variance for the whole run and hide the spikes.
-        guards={"warmup_steps": 20, "spikes_to_rollback": 10, "ema_beta": 0.9})))
+    cfg.write_text(
+        yaml.safe_dump(
+            train_config(
+                str(tmp / "prep" / "dataset"),
+                tmp / name,
+                seed=0,
+                steps=150,
+                micro_batch=2,
+                eval_every=1000,
+                eval_batches=1,
+                optim={"lr": 3e-3},
+                schedule={"warmup_steps": 5},
+                checkpoint={"every": 20, "keep_last": 1},
+                # A short EMA: a 150-step run's early loss drop would otherwise dominate the
+                # variance for the whole run and hide the spikes.
+                guards={"warmup_steps": 20, "spikes_to_rollback": 10, "ema_beta": 0.9},
+            )
+        )
+    )
     if faults:  # the trainer's fault hooks: its module entry point takes them
-        r = subprocess.run([sys.executable, "-m", "training.train", "--config", str(cfg),
-                            *(a for f in faults for a in ("--fault", f))], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300, env=cli_env())
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "training.train",
+                "--config",
+                str(cfg),
+                *(a for f in faults for a in ("--fault", f)),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=cli_env(),
+        )
     else:
         r = run_cli("train", str(cfg))
     assert r.returncode == 0, r.stderr[-2000:]
@@ -68,8 +101,11 @@ def blame_json(run: Path, *args: str) -> Any:
 
 
 def events(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()
-            if '"kind": "event"' in ln]
+    return [
+        json.loads(ln)
+        for ln in (run / "metrics.jsonl").read_text().splitlines()
+        if '"kind": "event"' in ln
+    ]
 
 
 def test_blame_names_the_garbage_document_of_each_skipped_step(prepared: Path) -> None:

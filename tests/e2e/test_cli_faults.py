@@ -42,14 +42,20 @@ def write_corpus(root: Path, docs_per_source: int, words: int = 100, seed: int =
 
 
 def write_config(path: Path, data: Path, out: Path | str, workers: int = 2) -> Path:
-    path.write_text(yaml.safe_dump({
-        "output": str(out),
-        "workers": workers,
-        "sources": [{"name": src, "paths": [str(data / src / f"{src}.jsonl")]}
-                    for src in ("web", "news")],
-        "ingest": {"shard_docs": 1000},
-        "quality": ["length"],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "output": str(out),
+                "workers": workers,
+                "sources": [
+                    {"name": src, "paths": [str(data / src / f"{src}.jsonl")]}
+                    for src in ("web", "news")
+                ],
+                "ingest": {"shard_docs": 1000},
+                "quality": ["length"],
+            }
+        )
+    )
     return path
 
 
@@ -86,8 +92,9 @@ def _default_sigint() -> None:
 
 
 @contextlib.contextmanager
-def running_prep(cfg: Path, out_dir: Path, **popen: object) -> Iterator[
-        tuple[subprocess.Popen[bytes], list[psutil.Process]]]:
+def running_prep(
+    cfg: Path, out_dir: Path, **popen: object
+) -> Iterator[tuple[subprocess.Popen[bytes], list[psutil.Process]]]:
     """Start `ballast prep` with 2 workers; yield it once both workers are up, with its
     child processes (workers and multiprocessing's resource tracker). Afterwards, kill
     whatever of those this test started is still alive (by pid), so that a failing test
@@ -96,10 +103,15 @@ def running_prep(cfg: Path, out_dir: Path, **popen: object) -> Iterator[
         # The CLI starts with SIGINT at its default, as from a terminal: an ignored
         # signal is inherited across exec, and in a full `pytest -n 2` run the worker
         # process had come to ignore it (the CLI then ran to the end, exit 0).
-        proc = subprocess.Popen([sys.executable, "-m", "cli.main", "prep", str(cfg),
-                                 "--no-progress"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=err, env=cli_env(), preexec_fn=_default_sigint,
-                                **popen)  # type: ignore[call-overload]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "prep", str(cfg), "--no-progress"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=cli_env(),
+            preexec_fn=_default_sigint,
+            **popen,
+        )  # type: ignore[call-overload]
         kids: list[psutil.Process] = []
         try:
             parent = psutil.Process(proc.pid)
@@ -172,8 +184,9 @@ def test_output_path_that_is_a_file(small_corpus, tmp_path):
 @contextlib.contextmanager
 def tmpfs(path: Path, options: str) -> Iterator[Path]:
     path.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
@@ -182,8 +195,9 @@ def tmpfs(path: Path, options: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(path)], check=False)
 
 
-@pytest.mark.parametrize("case", ["permission_denied", "parent_is_a_file", "sysfs",
-                                  "read_only_filesystem"])
+@pytest.mark.parametrize(
+    "case", ["permission_denied", "parent_is_a_file", "sysfs", "read_only_filesystem"]
+)
 def test_output_that_cannot_be_created(small_corpus, tmp_path, case):
     """Permissions are not enforced for root (the tests usually run as root), so the
     cases a root can meet run too: a parent that is a file, a path under /sys (EPERM),

@@ -56,8 +56,12 @@ class Cluster:
                 p.wait(timeout=5)
 
 
-def start_cluster(root: Path, env: dict[str, str], n_workers: int = 2,
-                  worker_env: dict[int, dict[str, str]] | None = None) -> Cluster:
+def start_cluster(
+    root: Path,
+    env: dict[str, str],
+    n_workers: int = 2,
+    worker_env: dict[int, dict[str, str]] | None = None,
+) -> Cluster:
     """A scheduler and `n_workers` single-threaded worker processes (no nanny, so a killed
     worker stays dead), each with scratch of its own (TMPDIR and Dask's local directory);
     `worker_env[i]` adds to (or, with "" values, removes from) worker i's environment."""
@@ -66,10 +70,26 @@ def start_cluster(root: Path, env: dict[str, str], n_workers: int = 2,
     root.mkdir(parents=True, exist_ok=True)
     sched_file = root / "scheduler.json"
     log = (root / "scheduler.log").open("wb")
-    cluster = Cluster(sched_file, subprocess.Popen(
-        [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
-         "--no-dashboard", "--scheduler-file", str(sched_file)],
-        env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+    cluster = Cluster(
+        sched_file,
+        subprocess.Popen(
+            [
+                str(BIN / "dask"),
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                str(sched_file),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        ),
+    )
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         while not cluster.address:
@@ -87,12 +107,31 @@ def start_cluster(root: Path, env: dict[str, str], n_workers: int = 2,
                     wenv[k] = v
                 else:
                     wenv.pop(k, None)
-            cluster.workers.append(subprocess.Popen(
-                [str(BIN / "dask"), "worker", "--scheduler-file", str(sched_file),
-                 "--host", "127.0.0.1", "--nthreads", "1", "--no-nanny", "--no-dashboard",
-                 "--name", f"worker{i}", "--local-directory", str(scratch)],
-                env=wenv, cwd=scratch, stdout=(root / f"worker{i}.log").open("wb"),
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+            cluster.workers.append(
+                subprocess.Popen(
+                    [
+                        str(BIN / "dask"),
+                        "worker",
+                        "--scheduler-file",
+                        str(sched_file),
+                        "--host",
+                        "127.0.0.1",
+                        "--nthreads",
+                        "1",
+                        "--no-nanny",
+                        "--no-dashboard",
+                        "--name",
+                        f"worker{i}",
+                        "--local-directory",
+                        str(scratch),
+                    ],
+                    env=wenv,
+                    cwd=scratch,
+                    stdout=(root / f"worker{i}.log").open("wb"),
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                )
+            )
         with Client(cluster.address, timeout="30s", set_as_default=False) as client:
             client.wait_for_workers(n_workers, timeout=START_TIMEOUT_S)
         return cluster
@@ -102,8 +141,9 @@ def start_cluster(root: Path, env: dict[str, str], n_workers: int = 2,
 
 
 @pytest.fixture(scope="module")
-def s3_world(moto_endpoint: str, s3_client: Any,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def s3_world(
+    moto_endpoint: str, s3_client: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
     """A bucket holding the test corpus under in/, the environment that reaches it, and a
     reference run of the local process pool on it (output s3://BUCKET/local)."""
     bucket = f"cluster-{os.getpid()}"
@@ -112,16 +152,20 @@ def s3_world(moto_endpoint: str, s3_client: Any,
     planted = make_corpus(data)
     for f in sorted(p for p in data.rglob("*") if p.is_file()):
         s3_client.upload_file(str(f), bucket, f"in/{f.relative_to(data).as_posix()}")
-    env = {"AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY_ID, "AWS_SECRET_ACCESS_KEY": FAKE_SECRET_ACCESS_KEY,
-           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": moto_endpoint,
-           "AWS_EC2_METADATA_DISABLED": "true", "BALLAST_DASK_CONNECT_TIMEOUT": "3"}
+    env = {
+        "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET_ACCESS_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "BALLAST_DASK_CONNECT_TIMEOUT": "3",
+    }
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
         for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "DASK_SCHEDULER_ADDRESS"):
             mp.delenv(k, raising=False)
-        world = {"bucket": bucket, "planted": planted, "env": {**os.environ},
-                 "client": s3_client}
+        world = {"bucket": bucket, "planted": planted, "env": {**os.environ}, "client": s3_client}
         run_prep(parse_config(s3_config(bucket, "local")), progress=False)
         yield world
 
@@ -138,11 +182,13 @@ def s3_config(bucket: str, out: str) -> dict[str, Any]:
 
 def objects(client: Any, bucket: str, prefix: str) -> dict[str, bytes]:
     out = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket,
-                                                                  Prefix=f"{prefix}/"):
+    for page in client.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{prefix}/"
+    ):
         for o in page.get("Contents", []):
-            out[o["Key"][len(prefix) + 1:]] = client.get_object(
-                Bucket=bucket, Key=o["Key"])["Body"].read()
+            out[o["Key"][len(prefix) + 1 :]] = client.get_object(Bucket=bucket, Key=o["Key"])[
+                "Body"
+            ].read()
     return out
 
 
@@ -165,16 +211,23 @@ def assert_same_output(world: dict[str, Any], out: str) -> None:
     assert rep["problems"] == []
     planted = world["planted"]
     assert rep["stages"]["ingest"]["total"]["docs_in"] == (
-        planted["n_web_lines"] + planted["n_code"])
+        planted["n_web_lines"] + planted["n_code"]
+    )
 
 
-def ballast_prep(world: dict[str, Any], tmp_path: Path, out: str, address: str,
-                 timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def ballast_prep(
+    world: dict[str, Any], tmp_path: Path, out: str, address: str, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     cfg_path = tmp_path / f"{out}.yaml"
     cfg_path.write_text(yaml.safe_dump(s3_config(world["bucket"], out)))
-    return subprocess.run([str(BIN / "ballast"), "prep", str(cfg_path), "--dask", address,
-                           "--no-progress"], env=world["env"], cwd=tmp_path, text=True,
-                          capture_output=True, timeout=timeout)
+    return subprocess.run(
+        [str(BIN / "ballast"), "prep", str(cfg_path), "--dask", address, "--no-progress"],
+        env=world["env"],
+        cwd=tmp_path,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
 
 
 def test_cluster_output_is_byte_identical_to_the_local_pool(s3_world, tmp_path):
@@ -188,16 +241,22 @@ def test_cluster_output_is_byte_identical_to_the_local_pool(s3_world, tmp_path):
     assert_same_output(s3_world, "cluster")
     # Scratch is the workers' own; nothing of the run was left on their local disks.
     for i in range(2):
-        left = [p for p in (tmp_path / "cluster" / f"worker{i}").rglob("*")
-                if p.is_file() and "ballast" in p.name]
+        left = [
+            p
+            for p in (tmp_path / "cluster" / f"worker{i}").rglob("*")
+            if p.is_file() and "ballast" in p.name
+        ]
         assert left == []
 
 
 def test_a_worker_killed_in_near_dedup_costs_nothing(s3_world, tmp_path):
     """Worker 0 SIGKILLs itself as it starts a near-dedup bucketing task; the scheduler
     reruns its task on worker 1, and the output is still the reference's."""
-    cluster = start_cluster(tmp_path / "cluster", s3_world["env"],
-                            worker_env={0: {WORKER_FAILPOINT_ENV: "near: buckets"}})
+    cluster = start_cluster(
+        tmp_path / "cluster",
+        s3_world["env"],
+        worker_env={0: {WORKER_FAILPOINT_ENV: "near: buckets"}},
+    )
     try:
         r = ballast_prep(s3_world, tmp_path, "killed", cluster.address)
         killed = cluster.workers[0].poll()
@@ -216,8 +275,7 @@ def test_unreachable_scheduler_is_one_line_before_any_work(s3_world, tmp_path):
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
-    assert lines[0].startswith(f"error: cannot reach the Dask scheduler at tcp://127.0.0.1:"
-                               f"{port}")
+    assert lines[0].startswith(f"error: cannot reach the Dask scheduler at tcp://127.0.0.1:{port}")
     assert "Traceback" not in r.stderr
     assert objects(s3_world["client"], s3_world["bucket"], "unreached") == {}
 
@@ -225,10 +283,19 @@ def test_unreachable_scheduler_is_one_line_before_any_work(s3_world, tmp_path):
 def test_workers_that_cannot_read_the_data_stop_the_run(s3_world, tmp_path):
     """A worker without the S3 credentials the submitting machine has: the run stops
     after claiming the output, naming the worker and what it cannot read."""
-    cluster = start_cluster(tmp_path / "cluster", s3_world["env"], n_workers=1, worker_env={
-        0: {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "",
-            "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-            "AWS_CONFIG_FILE": str(tmp_path / "none")}})
+    cluster = start_cluster(
+        tmp_path / "cluster",
+        s3_world["env"],
+        n_workers=1,
+        worker_env={
+            0: {
+                "AWS_ACCESS_KEY_ID": "",
+                "AWS_SECRET_ACCESS_KEY": "",
+                "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+                "AWS_CONFIG_FILE": str(tmp_path / "none"),
+            }
+        },
+    )
     try:
         r = ballast_prep(s3_world, tmp_path, "blind", cluster.address, timeout=120)
     finally:
@@ -240,7 +307,10 @@ def test_workers_that_cannot_read_the_data_stop_the_run(s3_world, tmp_path):
     assert "credentials" in err and "(and 2 more); 1 of 1 workers" in err
     # Nothing but the claim: no shard was written.
     assert set(objects(s3_world["client"], s3_world["bucket"], "blind")) <= {
-        "_run.json", "_inputs.json", "_versions/v0001.plan.json"}
+        "_run.json",
+        "_inputs.json",
+        "_versions/v0001.plan.json",
+    }
 
 
 def test_prep_flow_on_the_cluster(s3_world, prefect_api, tmp_path):
@@ -250,11 +320,19 @@ def test_prep_flow_on_the_cluster(s3_world, prefect_api, tmp_path):
 
     from flows.prep import prep
 
-    env = {**s3_world["env"], "PREFECT_API_URL": prefect_api,
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    cluster = start_cluster(tmp_path / "cluster", env, worker_env={
-        i: {"PREFECT_HOME": str(tmp_path / "cluster" / f"worker{i}" / "prefect")}
-        for i in range(2)})
+    env = {
+        **s3_world["env"],
+        "PREFECT_API_URL": prefect_api,
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    }
+    cluster = start_cluster(
+        tmp_path / "cluster",
+        env,
+        worker_env={
+            i: {"PREFECT_HOME": str(tmp_path / "cluster" / f"worker{i}" / "prefect")}
+            for i in range(2)
+        },
+    )
     cfg_path = tmp_path / "flow.yaml"
     cfg_path.write_text(yaml.safe_dump(s3_config(s3_world["bucket"], "flow")))
     try:
@@ -279,10 +357,18 @@ def test_prep_flow_on_the_cluster(s3_world, prefect_api, tmp_path):
         )
 
         async with get_client() as client:
-            subs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(
-                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent])))
-            tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(
-                id=FlowRunFilterId(any_=[s.id for s in subs]))) if subs else []
+            subs = await client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent])
+                )
+            )
+            tasks = (
+                await client.read_task_runs(
+                    flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[s.id for s in subs]))
+                )
+                if subs
+                else []
+            )
             return subs, [t.name for t in tasks]
 
     subs, names = asyncio.run(subflow_tasks())

@@ -19,16 +19,33 @@ from tests.support.helpers import ROOT
 from training.console import event_line, is_narrative
 
 
-def run(dataset: str, run_dir: Path, tmp_path: Path, **env: str
-        ) -> subprocess.CompletedProcess[str]:
+def run(
+    dataset: str, run_dir: Path, tmp_path: Path, **env: str
+) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "t.yaml"
-    config.write_text(yaml.safe_dump({
-        "dataset": dataset, "run_dir": str(run_dir), "steps": 6, "micro_batch": 4,
-        "eval_every": 3, "eval_batches": 1, "model": TINY,
-        "checkpoint": {"every": 3}, "schedule": {"warmup_steps": 2}}))
-    return subprocess.run([sys.executable, "-m", "training.train", "--config", str(config)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **env})
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "dataset": dataset,
+                "run_dir": str(run_dir),
+                "steps": 6,
+                "micro_batch": 4,
+                "eval_every": 3,
+                "eval_batches": 1,
+                "model": TINY,
+                "checkpoint": {"every": 3},
+                "schedule": {"warmup_steps": 2},
+            }
+        )
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "training.train", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
 
 
 def test_a_run_by_hand_prints_lines_for_people_and_files_its_events(train_dataset, tmp_path):
@@ -45,9 +62,11 @@ def test_a_run_by_hand_prints_lines_for_people_and_files_its_events(train_datase
     assert any(ln.startswith("validation loss: ") and "(best " in ln for ln in err), err
     assert f"final checkpoint: {run_dir}/checkpoints/step-00000006" in err
     assert all(is_narrative(ln) for ln in err), [ln for ln in err if not is_narrative(ln)]
-    assert f"loss curve: {run_dir.resolve()}/loss.png; metrics: " \
-           f"{run_dir.resolve()}/metrics.jsonl; run record: " \
-           f"{run_dir.resolve()}/final.json" in err
+    assert (
+        f"loss curve: {run_dir.resolve()}/loss.png; metrics: "
+        f"{run_dir.resolve()}/metrics.jsonl; run record: "
+        f"{run_dir.resolve()}/final.json" in err
+    )
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert events[0]["event"] == "start" and events[-1]["event"] == "done"
     assert events[-1]["step"] == 6
@@ -63,12 +82,28 @@ def test_a_launched_run_also_writes_events_to_stderr(train_dataset, tmp_path):
 
 
 def test_event_lines_read_as_sentences():
-    assert event_line({"event": "resume", "step": 120, "checkpoint": "step-00000120"}) == \
-        "resumed from step-00000120 at step 120"
-    assert event_line({"event": "progress", "step": 40, "steps": 120, "loss": 4.12345,
-                       "tokens_per_s": 3120.4, "eta_s": 65.0}) == \
-        "step 40/120, loss 4.1235, 3,120 tokens/s, ETA 1m05s"
-    assert event_line({"event": "diverged", "step": 70, "rollbacks": 3}) == \
-        "diverged at step 70 beyond the rollback budget (3 rollbacks): exit 3"
-    assert event_line({"event": "batch_size", "step": 9, "accum_from": 2, "accum_to": 4}) == \
-        "step 9: batch_size (accum_from 2, accum_to 4)"
+    assert (
+        event_line({"event": "resume", "step": 120, "checkpoint": "step-00000120"})
+        == "resumed from step-00000120 at step 120"
+    )
+    assert (
+        event_line(
+            {
+                "event": "progress",
+                "step": 40,
+                "steps": 120,
+                "loss": 4.12345,
+                "tokens_per_s": 3120.4,
+                "eta_s": 65.0,
+            }
+        )
+        == "step 40/120, loss 4.1235, 3,120 tokens/s, ETA 1m05s"
+    )
+    assert (
+        event_line({"event": "diverged", "step": 70, "rollbacks": 3})
+        == "diverged at step 70 beyond the rollback budget (3 rollbacks): exit 3"
+    )
+    assert (
+        event_line({"event": "batch_size", "step": 9, "accum_from": 2, "accum_to": 4})
+        == "step 9: batch_size (accum_from 2, accum_to 4)"
+    )

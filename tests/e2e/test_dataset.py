@@ -29,11 +29,18 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def cfg_dict(data: Path, out: Path, **over) -> dict:
     d = {
-        "output": str(out), "workers": 1, "seed": 3,
+        "output": str(out),
+        "workers": 1,
+        "seed": 3,
         "sources": [
             {"name": "web", "paths": [str(data / "web.jsonl")], "id_field": "id", "weight": 0.7},
-            {"name": "code", "paths": [str(data / "code.jsonl")], "id_field": "id",
-             "weight": 0.3, "quality": []},
+            {
+                "name": "code",
+                "paths": [str(data / "code.jsonl")],
+                "id_field": "id",
+                "weight": 0.3,
+                "quality": [],
+            },
         ],
         "ingest": {"shard_docs": 100},
         "quality": ["char_repetition", "gopher_repetition"],
@@ -144,10 +151,16 @@ def test_curriculum_puts_chosen_sources_first(data, tmp_path):
     c = cfg_dict(data, out)
     c["mixture"] = {"order": ["code"]}
     run_prep(parse_config(c), until="mixture", progress=False)
-    g0 = {s for f in (out / "v0001" / "mix" / "train").glob("g00-*/*.parquet")
-          for s in pq.read_table(f, columns=["source"])["source"].to_pylist()}
-    g1 = {s for f in (out / "v0001" / "mix" / "train").glob("g01-*/*.parquet")
-          for s in pq.read_table(f, columns=["source"])["source"].to_pylist()}
+    g0 = {
+        s
+        for f in (out / "v0001" / "mix" / "train").glob("g00-*/*.parquet")
+        for s in pq.read_table(f, columns=["source"])["source"].to_pylist()
+    }
+    g1 = {
+        s
+        for f in (out / "v0001" / "mix" / "train").glob("g01-*/*.parquet")
+        for s in pq.read_table(f, columns=["source"])["source"].to_pylist()
+    }
     assert g0 == {"code"} and g1 == {"web"}
 
 
@@ -155,10 +168,12 @@ def test_same_config_and_seed_give_identical_bytes(data, built, tmp_path):
     out1, _ = built
     out2 = tmp_path / "again"
     run_prep(parse_config({**cfg_dict(data, out2), "workers": 2}), progress=False)
-    files = sorted(p.relative_to(out1 / "dataset") for p in (out1 / "dataset").rglob("*")
-                   if p.is_file())
-    assert files == sorted(p.relative_to(out2 / "dataset") for p in (out2 / "dataset").rglob("*")
-                           if p.is_file())
+    files = sorted(
+        p.relative_to(out1 / "dataset") for p in (out1 / "dataset").rglob("*") if p.is_file()
+    )
+    assert files == sorted(
+        p.relative_to(out2 / "dataset") for p in (out2 / "dataset").rglob("*") if p.is_file()
+    )
     for f in files:
         assert (out1 / "dataset" / f).read_bytes() == (out2 / "dataset" / f).read_bytes(), f
 
@@ -199,8 +214,9 @@ def test_partitions_follow_the_token_count(data, tmp_path, monkeypatch):
 
     monkeypatch.setattr(mixture, "PARTITION_TOKENS", 20_000)
     out = tmp_path / "run"
-    report = run_prep(parse_config(cfg_dict(data, out, dataset={"validation_fraction": 0.2})),
-                      progress=False)
+    report = run_prep(
+        parse_config(cfg_dict(data, out, dataset={"validation_fraction": 0.2})), progress=False
+    )
     plan = json.loads((out / "v0001" / mixture.PLAN_KEY).read_text())
     assert plan["train_partitions"] > 4
     assert plan["train_partitions"] * 20_000 >= plan["total_realised_tokens"]
@@ -208,8 +224,7 @@ def test_partitions_follow_the_token_count(data, tmp_path, monkeypatch):
     root = out / "v0001" / "packed"
     packed = {p.relative_to(root).as_posix() for p in root.rglob("*.parquet")}
     assert len([p for p in packed if p.startswith("train/")]) == plan["train_partitions"]
-    assert len([p for p in packed if p.startswith("validation/")]) == plan[
-        "validation_partitions"]
+    assert len([p for p in packed if p.startswith("validation/")]) == plan["validation_partitions"]
     assert report["packing"]["train"]["real_tokens"] == plan["total_realised_tokens"]
     assert verify(str(out / "dataset" / "v0001")) == []
     dd = load_from_disk(str(out / "dataset" / "v0001"))

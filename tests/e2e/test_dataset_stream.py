@@ -37,8 +37,14 @@ class RemoteLikeStore(LocalStore):
         return None
 
 
-def reference_save(store: Store, parts: dict[str, list[str]], seq_len: int,
-                   shards: dict[str, int], fingerprint: str, out: Path) -> None:
+def reference_save(
+    store: Store,
+    parts: dict[str, list[str]],
+    seq_len: int,
+    shards: dict[str, int],
+    fingerprint: str,
+    out: Path,
+) -> None:
     """What write_dataset did before it streamed: every split staged as one Arrow file,
     memory-mapped and saved with `DatasetDict.save_to_disk`."""
     from datasets import Dataset, DatasetDict
@@ -48,22 +54,32 @@ def reference_save(store: Store, parts: dict[str, list[str]], seq_len: int,
     staged = out.parent / f"{out.name}-staged"
     staged.mkdir()
     for name, ps in parts.items():
-        with pa.OSFile(str(staged / f"{name}.arrow"), "wb") as sink, \
-                pa.ipc.new_stream(sink, schema) as writer:
+        with (
+            pa.OSFile(str(staged / f"{name}.arrow"), "wb") as sink,
+            pa.ipc.new_stream(sink, schema) as writer,
+        ):
             for p in ps:
                 table = pq.read_table(pa.BufferReader(store.get(packed_key(p))))
                 for batch in table.cast(schema).to_batches(max_chunksize=1000):
                     writer.write_batch(batch)
-    dd = DatasetDict({
-        name: Dataset(MemoryMappedTable.from_file(str(staged / f"{name}.arrow")),
-                      fingerprint=f"{fingerprint}-{name}")
-        for name in parts})
+    dd = DatasetDict(
+        {
+            name: Dataset(
+                MemoryMappedTable.from_file(str(staged / f"{name}.arrow")),
+                fingerprint=f"{fingerprint}-{name}",
+            )
+            for name in parts
+        }
+    )
     dd.save_to_disk(str(out), num_shards=shards)
 
 
 def tree(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def put_packed(store: Store, part: str, rows: int, seq_len: int, seed: int) -> None:
@@ -77,8 +93,16 @@ def put_packed(store: Store, part: str, rows: int, seq_len: int, seed: int) -> N
     store.put(packed_done_key(part), json.dumps({"rows": rows}).encode())
 
 
-def write_streaming(store: Store, target: Store, parts: list[str], name: str, seq_len: int,
-                    shards: int, fingerprint: str, scratch: Path) -> dict[str, dict[str, Any]]:
+def write_streaming(
+    store: Store,
+    target: Store,
+    parts: list[str],
+    name: str,
+    seq_len: int,
+    shards: int,
+    fingerprint: str,
+    scratch: Path,
+) -> dict[str, dict[str, Any]]:
     schema = row_schema(seq_len)
     rows = dataset.packed_rows(store, parts)
     batches = dataset.packed_batches(store, parts, dataset.read_batch_rows(schema), scratch)
@@ -86,14 +110,18 @@ def write_streaming(store: Store, target: Store, parts: list[str], name: str, se
 
 
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
-@pytest.mark.parametrize(("sizes", "shards", "row_group"), [
-    ([1396, 0, 1763, 5], 3, None),  # shards and 1000-row batches cross partitions
-    ([100, 250, 7], 4, "5KB"),  # save_to_disk's own batch size drops below 1000 rows
-    ([1, 1], 2, None),  # a row per shard
-    ([0], 1, None),  # an empty split is one schema-only shard
-])
-def test_split_matches_save_to_disk_byte_for_byte(tmp_path, monkeypatch, remote, sizes,
-                                                  shards, row_group):
+@pytest.mark.parametrize(
+    ("sizes", "shards", "row_group"),
+    [
+        ([1396, 0, 1763, 5], 3, None),  # shards and 1000-row batches cross partitions
+        ([100, 250, 7], 4, "5KB"),  # save_to_disk's own batch size drops below 1000 rows
+        ([1, 1], 2, None),  # a row per shard
+        ([0], 1, None),  # an empty split is one schema-only shard
+    ],
+)
+def test_split_matches_save_to_disk_byte_for_byte(
+    tmp_path, monkeypatch, remote, sizes, shards, row_group
+):
     import datasets
     from datasets import load_from_disk
 
@@ -106,8 +134,9 @@ def test_split_matches_save_to_disk_byte_for_byte(tmp_path, monkeypatch, remote,
     for i, (part, n) in enumerate(zip(parts, sizes, strict=True)):
         put_packed(store, part, n, seq_len, seed=i)
     (tmp_path / "scratch").mkdir()
-    entries = write_streaming(store, target, parts, "train", seq_len, shards, "fp-train",
-                              tmp_path / "scratch")
+    entries = write_streaming(
+        store, target, parts, "train", seq_len, shards, "fp-train", tmp_path / "scratch"
+    )
     target.put("dataset_dict.json", b'{"splits": ["train"]}')
     reference_save(store, {"train": parts}, seq_len, {"train": shards}, "fp", tmp_path / "ref")
 
@@ -136,8 +165,9 @@ def test_wrong_done_marker_is_an_error(tmp_path):
     for rows in (9, 11):
         store.put(packed_done_key("train/g00-p0000"), json.dumps({"rows": rows}).encode())
         with pytest.raises(RuntimeError, match="rows than their done markers say"):
-            write_streaming(store, target, ["train/g00-p0000"], "train", 8, 2, "fp",
-                            tmp_path / "scratch")
+            write_streaming(
+                store, target, ["train/g00-p0000"], "train", 8, 2, "fp", tmp_path / "scratch"
+            )
 
 
 def prep_cfg(root: Path) -> dict[str, Any]:
@@ -146,17 +176,28 @@ def prep_cfg(root: Path) -> dict[str, Any]:
     write_jsonl(root / "web.jsonl", [{"id": r["id"], "text": r["text"]} for r in web])
     write_jsonl(root / "code.jsonl", [{"id": r["id"], "text": r["text"]} for r in code])
     return {
-        "output": str(root / "run"), "workers": 1, "seed": 3,
+        "output": str(root / "run"),
+        "workers": 1,
+        "seed": 3,
         "sources": [
             {"name": "web", "paths": [str(root / "web.jsonl")], "id_field": "id", "weight": 0.7},
-            {"name": "code", "paths": [str(root / "code.jsonl")], "id_field": "id",
-             "weight": 0.3, "quality": []},
+            {
+                "name": "code",
+                "paths": [str(root / "code.jsonl")],
+                "id_field": "id",
+                "weight": 0.3,
+                "quality": [],
+            },
         ],
         "ingest": {"shard_docs": 200},
         "quality": ["char_repetition"],
         "pack": {"seq_len": 64, "strategy": "bfd", "window": 500},
-        "dataset": {"validation_fraction": 0.05, "train_shards": 3, "validation_shards": 2,
-                    "pack_partitions": 5},
+        "dataset": {
+            "validation_fraction": 0.05,
+            "train_shards": 3,
+            "validation_shards": 2,
+            "pack_partitions": 5,
+        },
     }
 
 
@@ -184,8 +225,10 @@ def test_prep_dataset_matches_save_to_disk_byte_for_byte(tmp_path):
         assert new[rel] == old[rel], rel
     manifest = json.loads(new[MANIFEST])
     for rel in old:
-        entry: dict[str, Any] = {"sha256": sha256_file(ref / rel),
-                                 "bytes": (ref / rel).stat().st_size}
+        entry: dict[str, Any] = {
+            "sha256": sha256_file(ref / rel),
+            "bytes": (ref / rel).stat().st_size,
+        }
         if rel.endswith(".arrow"):
             entry["rows"], entry["real_tokens"] = arrow_stats(ref / rel)
             entry["tokens"] = entry["rows"] * cfg.pack.seq_len
@@ -231,8 +274,10 @@ def test_memory_stays_at_a_few_batches_not_the_split(tmp_path):
     # Compressible values keep the parquet file (and the time to make it) small.
     ids = pa.array(np.arange(rows * seq_len, dtype=np.int32) % 1000)
     mask = pa.array(np.ones(rows * seq_len, dtype=np.int8))
-    table = pa.table([pa.FixedSizeListArray.from_arrays(a, seq_len) for a in (ids, ids, ids, mask)],
-                     schema=schema)
+    table = pa.table(
+        [pa.FixedSizeListArray.from_arrays(a, seq_len) for a in (ids, ids, ids, mask)],
+        schema=schema,
+    )
     split_bytes = table.nbytes
     store.put(packed_key("train/g00-p0000"), table_to_parquet_bytes(table))
     store.put(packed_done_key("train/g00-p0000"), json.dumps({"rows": rows}).encode())
@@ -240,8 +285,14 @@ def test_memory_stays_at_a_few_batches_not_the_split(tmp_path):
     (tmp_path / "scratch").mkdir()
 
     repo = ROOT
-    proc = subprocess.run([sys.executable, "-c", MEASURE, str(tmp_path), str(seq_len)],
-                          cwd=repo, capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", MEASURE, str(tmp_path), str(seq_len)],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["rows"] == rows

@@ -30,7 +30,8 @@ async def _artifact(key: str) -> list[dict]:
 
     async with get_client() as client:
         arts = await client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+        )
     newest = max(arts, key=lambda a: a.created)
     data = newest.data
     if isinstance(data, str) and not data.startswith("data:"):  # tables come as JSON text
@@ -47,11 +48,22 @@ def test_train_flow_reports_attempts(prefect_api, train_dataset, tmp_path):
     from flows.train import train
 
     cfg = tmp_path / "t.yaml"
-    cfg.write_text(yaml.safe_dump(train_config(
-        train_dataset, tmp_path / "run", steps=60, eval_every=1000, checkpoint={"every": 10},
-        schedule={"warmup_steps": 5}, guards={"warmup_steps": 10, "max_rollbacks": 1})))
-    result = train(str(cfg), launch={"poll_s": 0.3},
-                   extra_args=["--fault", "lr_blowup_persistent@30-200"])
+    cfg.write_text(
+        yaml.safe_dump(
+            train_config(
+                train_dataset,
+                tmp_path / "run",
+                steps=60,
+                eval_every=1000,
+                checkpoint={"every": 10},
+                schedule={"warmup_steps": 5},
+                guards={"warmup_steps": 10, "max_rollbacks": 1},
+            )
+        )
+    )
+    result = train(
+        str(cfg), launch={"poll_s": 0.3}, extra_args=["--fault", "lr_blowup_persistent@30-200"]
+    )
     assert result["ok"] and result["step"] == 60
     assert Path(result["loss_curve"]).is_file() and Path(result["checkpoint"]).is_dir()
     rows = asyncio.run(_artifact("train-attempts"))
@@ -79,8 +91,9 @@ def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
     from flows.deployments import deploy_all
 
     prep, train = write_configs(tmp_path)
-    ids = deploy_all(str(prep), str(train), pool_type="process", cron="0 3 * * *",
-                     launch={"poll_s": 0.5})
+    ids = deploy_all(
+        str(prep), str(train), pool_type="process", cron="0 3 * * *", launch={"poll_s": 0.5}
+    )
     assert set(ids) == {"pipeline/scheduled", "prep/prep-only", "train/train-only"}
 
     async def deployment_info() -> tuple[list, str]:
@@ -95,8 +108,11 @@ def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
     async def form() -> tuple[dict, str | None, int | None]:
         async with get_client() as client:
             dep = await client.read_deployment(ids["pipeline/scheduled"])
-            return (dep.parameter_openapi_schema["properties"], dep.schedules[0].schedule.timezone,
-                    dep.global_concurrency_limit.limit if dep.global_concurrency_limit else None)
+            return (
+                dep.parameter_openapi_schema["properties"],
+                dep.schedules[0].schedule.timezone,
+                dep.global_concurrency_limit.limit if dep.global_concurrency_limit else None,
+            )
 
     # The run form explains each parameter (from the flow's docstring), the schedule says
     # its timezone, and one run at a time.
@@ -105,7 +121,8 @@ def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
     assert "relative to the worker's working directory" in described
     assert props["run_dir"]["description"].startswith("Where training keeps checkpoints")
     assert " ".join(props["launch"]["description"].split()).startswith(
-        "Overrides of the training config's `launch:` section for this run")
+        "Overrides of the training config's `launch:` section for this run"
+    )
     # A scheduled run can put prep on a Dask cluster from the run form (issue Scale II).
     assert "Dask cluster" in " ".join(props["dask_address"]["description"].split())
     assert tz == "UTC" and limit == 1
@@ -122,20 +139,40 @@ def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
         if night == 1:
             with open(corpus, "a") as f:
                 for i in range(40):
-                    f.write(json.dumps({"text": f"news of night two, item {i}: " + "word " * 60})
-                            + "\n")
-        run = run_deployment("pipeline/scheduled", timeout=0,
-                             parameters={"steps": 60} if night else None)
+                    f.write(
+                        json.dumps({"text": f"news of night two, item {i}: " + "word " * 60}) + "\n"
+                    )
+        run = run_deployment(
+            "pipeline/scheduled", timeout=0, parameters={"steps": 60} if night else None
+        )
         worker = subprocess.run(
-            [sys.executable, "-m", "prefect", "worker", "start", "--pool", "ballast-process",
-             "--run-once", "--type", "process"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "worker",
+                "start",
+                "--pool",
+                "ballast-process",
+                "--run-once",
+                "--type",
+                "process",
+            ],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         outputs.append(worker.stdout[-3000:] + worker.stderr[-3000:])
         states.append(asyncio.run(_final_state(run.id)))
         assert states[-1] == "COMPLETED", f"night {night}:\n{outputs[-1]}"
         # The second night's form set steps: the name says so (issue 29, item 3).
-        assert re.fullmatch(rf"pipeline-prep-{'60steps-' if night else ''}"
-                            r"\d{4}-\d\d-\d\d-\d{4}", asyncio.run(_flow_run_name(run.id)))
+        assert re.fullmatch(
+            rf"pipeline-prep-{'60steps-' if night else ''}"
+            r"\d{4}-\d\d-\d\d-\d{4}",
+            asyncio.run(_flow_run_name(run.id)),
+        )
         rows = asyncio.run(_artifact("train-attempts"))
         assert rows[-1]["ending"] == "done", rows
         if night == 0:
@@ -215,12 +252,14 @@ def test_prefect_yaml_matches_the_flows():
         # Job variables exist in the kubernetes pool's template (a typo would be ignored).
         if d["work_pool"]["name"] == POOLS["kubernetes"]:
             assert set(d["work_pool"]["job_variables"]) <= set(
-                template["variables"]["properties"]), d["name"]
+                template["variables"]["properties"]
+            ), d["name"]
             assert d["work_pool"]["job_variables"]["image"] == IMAGE, d["name"]
         if "launch" in d["parameters"]:
             backend = parse_launch(None, d["parameters"]["launch"]).backend
-            assert backend == ("kubernetes" if d["work_pool"]["name"] == POOLS["kubernetes"]
-                               else "local"), d["name"]
+            assert backend == (
+                "kubernetes" if d["work_pool"]["name"] == POOLS["kubernetes"] else "local"
+            ), d["name"]
         names.add(f"{f.name}/{d['name']}")
     assert {"pipeline/scheduled", "prep/prep-only", "train/train-only"} <= names
 
@@ -268,14 +307,34 @@ def test_cancelling_the_flow_run_cancels_the_job(prefect_api, tmp_path):
     from dataprep.pipeline import run_prep
 
     run_prep(load_config(str(prep)), progress=False)
-    deploy_all(str(prep), str(train), pool_type="process", pool="ballast-cancel", cron=None,
-               launch={"poll_s": 0.5})
+    deploy_all(
+        str(prep),
+        str(train),
+        pool_type="process",
+        pool="ballast-cancel",
+        cron=None,
+        launch={"poll_s": 0.5},
+    )
     run = run_deployment("train/train-only", timeout=0)
     env = {**os.environ, "PREFECT_API_URL": prefect_api}
     worker = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "worker", "start", "--pool", "ballast-cancel",
-         "--type", "process"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "prefect",
+            "worker",
+            "start",
+            "--pool",
+            "ballast-cancel",
+            "--type",
+            "process",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     handle_file = tmp_path / "run" / "supervisor" / "current-job.json"
     try:
         deadline = time.time() + 180

@@ -23,8 +23,9 @@ from training.metrics import MetricsLog, read
 
 def _mount(path: Path, size: str) -> bool:
     path.mkdir(parents=True, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "none", str(path)],
-                       capture_output=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "none", str(path)], capture_output=True
+    )
     return r.returncode == 0
 
 
@@ -42,23 +43,43 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def train(config: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "training.train", "--config", str(config)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "training.train", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
-def test_a_full_disk_stops_the_run_in_one_line_and_a_restart_resumes(train_dataset, small_disk,
-                                                                       tmp_path):
+def test_a_full_disk_stops_the_run_in_one_line_and_a_restart_resumes(
+    train_dataset, small_disk, tmp_path
+):
     run = small_disk / "run"
     config = tmp_path / "t.yaml"
-    config.write_text(yaml.safe_dump(train_config(
-        train_dataset, run, steps=20, eval_every=1000, eval_batches=1, checkpoint={"every": 5})))
+    config.write_text(
+        yaml.safe_dump(
+            train_config(
+                train_dataset,
+                run,
+                steps=20,
+                eval_every=1000,
+                eval_batches=1,
+                checkpoint={"every": 5},
+            )
+        )
+    )
     r = train(config)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.startswith("error")]
     assert len(lines) == 1, r.stderr[-3000:]
-    assert lines[0].startswith("error: ") and "step-00000010: No space left on device" in (
-        lines[0]) and "free of" in lines[0] and "relaunch to resume" in lines[0], lines[0]
+    assert (
+        lines[0].startswith("error: ")
+        and "step-00000010: No space left on device" in (lines[0])
+        and "free of" in lines[0]
+        and "relaunch to resume" in lines[0]
+    ), lines[0]
     # Reported when it failed: the loop stopped within a step or two of the save.
     records = read(run / "metrics.jsonl")  # every line a whole JSON record
     assert max(r["step"] for r in records if r["kind"] == "train") <= 12

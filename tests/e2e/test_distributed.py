@@ -16,8 +16,18 @@ from training.metrics import read
 
 
 def torchrun(nproc: int, config: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", "-m", "training.train", "--config", str(config), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "training.train",
+        "--config",
+        str(config),
+        *extra,
+    ]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
@@ -30,8 +40,16 @@ def test_ddp_two_processes_match_one(dataset, tmp_path):
     runs = {}
     for n in (1, 2):
         run_dir = tmp_path / f"world{n}"
-        c = train_config(dataset, run_dir, log_every=1, steps=20, micro_batch=4, accum_steps=2,
-                         eval_every=10, checkpoint={"every": 10})
+        c = train_config(
+            dataset,
+            run_dir,
+            log_every=1,
+            steps=20,
+            micro_batch=4,
+            accum_steps=2,
+            eval_every=10,
+            checkpoint={"every": 10},
+        )
         p = tmp_path / f"w{n}.yaml"
         p.write_text(yaml.safe_dump(c))
         r = torchrun(n, p)
@@ -50,8 +68,19 @@ def test_ddp_two_processes_match_one(dataset, tmp_path):
 
 
 def entrypoint(config: Path, *extra: str, restarts: int = 0) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "training.entrypoint", "--nproc-per-node", "1",
-           "--max-restarts", str(restarts), "--", "--config", str(config), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "training.entrypoint",
+        "--nproc-per-node",
+        "1",
+        "--max-restarts",
+        str(restarts),
+        "--",
+        "--config",
+        str(config),
+        *extra,
+    ]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
@@ -62,15 +91,25 @@ def test_entrypoint_passes_worker_exit_codes_through(dataset, tmp_path):
     assert entrypoint(ok).returncode == 0
 
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({**train_config(dataset, tmp_path / "bad", log_every=1),
-                                   "stpes": 3}))
+    bad.write_text(
+        yaml.safe_dump({**train_config(dataset, tmp_path / "bad", log_every=1), "stpes": 3})
+    )
     r = entrypoint(bad, restarts=1)
     assert r.returncode == 1, r.stderr[-2000:]  # torchrun alone would say 1 for anything
 
     div = tmp_path / "div.yaml"
-    div.write_text(yaml.safe_dump(train_config(dataset, tmp_path / "div", log_every=1, steps=120,
-                                               guards={"warmup_steps": 10, "max_rollbacks": 0},
-                                               checkpoint={"every": 10})))
+    div.write_text(
+        yaml.safe_dump(
+            train_config(
+                dataset,
+                tmp_path / "div",
+                log_every=1,
+                steps=120,
+                guards={"warmup_steps": 10, "max_rollbacks": 0},
+                checkpoint={"every": 10},
+            )
+        )
+    )
     r = entrypoint(div, "--fault", "lr_blowup_persistent@30-200", restarts=1)
     assert r.returncode == 3, r.stderr[-2000:]
     assert (tmp_path / "div" / "DIVERGED").is_file()  # the restart did not train on
@@ -110,21 +149,45 @@ def test_killed_twice_resumes_exactly(dataset, tmp_path, parallel):
 
     def config(run: Path) -> Path:
         p = tmp_path / f"{run.name}.yaml"
-        p.write_text(yaml.safe_dump(train_config(dataset, run, log_every=1, steps=40, micro_batch=4,
-                                                 eval_every=20,
-                                                 checkpoint={"every": 5, "keep_last": 2},
-                                                 parallel=parallel)))
+        p.write_text(
+            yaml.safe_dump(
+                train_config(
+                    dataset,
+                    run,
+                    log_every=1,
+                    steps=40,
+                    micro_batch=4,
+                    eval_every=20,
+                    checkpoint={"every": 5, "keep_last": 2},
+                    parallel=parallel,
+                )
+            )
+        )
         return p
 
     ref, run = tmp_path / "ref", tmp_path / "killed"
     assert torchrun(2, config(ref)).returncode == 0
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "training.train", "--config", str(config(run))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "training.train",
+        "--config",
+        str(config(run)),
+    ]
     rng = random.Random(3)
     kills = 0
     for _ in range(2):
-        proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         start = ckpt.latest_step(run / "checkpoints") or 0
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None:
@@ -145,15 +208,23 @@ def test_killed_twice_resumes_exactly(dataset, tmp_path, parallel):
 
 
 @pytest.mark.slow
-def test_fsdp2_matches_one_process_and_resumes_at_another_world_size(
-        dataset, tmp_path):
+def test_fsdp2_matches_one_process_and_resumes_at_another_world_size(dataset, tmp_path):
     from training import checkpoint as ckpt
 
     runs = {}
     for n, parallel in ((1, "ddp"), (2, "fsdp2")):
         run_dir = tmp_path / f"{parallel}{n}"
-        c = train_config(dataset, run_dir, log_every=1, steps=12, micro_batch=4, accum_steps=2,
-                         eval_every=6, checkpoint={"every": 6}, parallel=parallel)
+        c = train_config(
+            dataset,
+            run_dir,
+            log_every=1,
+            steps=12,
+            micro_batch=4,
+            accum_steps=2,
+            eval_every=6,
+            checkpoint={"every": 6},
+            parallel=parallel,
+        )
         p = tmp_path / f"{parallel}{n}.yaml"
         p.write_text(yaml.safe_dump(c))
         r = torchrun(n, p)

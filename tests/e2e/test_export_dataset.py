@@ -29,19 +29,29 @@ def _prep(root: Path, strategy: str) -> str:
 
     text = shared_file("tinyshakespeare.txt").read_text(encoding="utf-8")[:60_000]
     (root / "s.txt").write_text(text, encoding="utf-8")
-    run_prep(parse_config({
-        "output": str(root / "prep"), "workers": 1,
-        "sources": [{"name": "tiny", "paths": [str(root / "s.txt")], "txt_unit": "paragraph"}],
-        "dedup": {"exact": False, "near": False}, "quality": [],
-        "pack": {"seq_len": SEQ_LEN, "strategy": strategy},
-        "dataset": {"validation_fraction": 0.1, "pack_partitions": 2, "train_shards": 3},
-    }), progress=False)
+    run_prep(
+        parse_config(
+            {
+                "output": str(root / "prep"),
+                "workers": 1,
+                "sources": [
+                    {"name": "tiny", "paths": [str(root / "s.txt")], "txt_unit": "paragraph"}
+                ],
+                "dedup": {"exact": False, "near": False},
+                "quality": [],
+                "pack": {"seq_len": SEQ_LEN, "strategy": strategy},
+                "dataset": {"validation_fraction": 0.1, "pack_partitions": 2, "train_shards": 3},
+            }
+        ),
+        progress=False,
+    )
     return str(root / "prep" / "dataset" / "v0001")
 
 
 @pytest.fixture(scope="module", params=["concat", "bfd"])
-def dataset(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-            ) -> tuple[str, str]:
+def dataset(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, str]:
     return request.param, _prep(tmp_path_factory.mktemp(request.param), request.param)
 
 
@@ -49,8 +59,7 @@ def arrow(ds: str, split: str) -> dict[str, np.ndarray]:
     from datasets import load_from_disk
 
     d = load_from_disk(ds)[split]
-    return {c: np.array(d[c]) for c in ("input_ids", "position_ids", "segment_ids",
-                                        "loss_mask")}
+    return {c: np.array(d[c]) for c in ("input_ids", "position_ids", "segment_ids", "loss_mask")}
 
 
 def manifest(ds: str) -> dict[str, Any]:
@@ -89,8 +98,9 @@ def whole_documents(ds: str, split: str) -> list[np.ndarray]:
     pieces: dict[int, list[tuple[int, list[int]]]] = {}
     last: dict[int, int] = {}
     n = 0
-    for r, (ids, seg) in enumerate(zip(cols["input_ids"].tolist(),
-                                       cols["segment_ids"].tolist(), strict=True)):
+    for r, (ids, seg) in enumerate(
+        zip(cols["input_ids"].tolist(), cols["segment_ids"].tolist(), strict=True)
+    ):
         for k, sp in enumerate(prov.spans(split, r), start=1):
             toks = [t for t, s in zip(ids, seg, strict=True) if s == k]
             assert len(toks) == sp.end - sp.start
@@ -155,8 +165,7 @@ def nanogpt_shard(path: Path) -> tuple[int, np.ndarray]:
     return ntok, tokens
 
 
-def test_llmc_shards_hold_the_eos_first_stream(dataset: tuple[str, str], tmp_path: Path
-                                               ) -> None:
+def test_llmc_shards_hold_the_eos_first_stream(dataset: tuple[str, str], tmp_path: Path) -> None:
     _, ds = dataset
     out = tmp_path / "llmc"
     rec = export_dataset(ds, "llmc", str(out), shard_tokens=20_000)
@@ -165,8 +174,9 @@ def test_llmc_shards_hold_the_eos_first_stream(dataset: tuple[str, str], tmp_pat
     for split, name in (("train", "train"), ("validation", "val")):
         want = whole_documents(ds, split)
         # llm.c's fineweb.py: [eot] + the document's tokens; ours end with EOS, so it moves.
-        stream = np.concatenate([np.concatenate([[eos], d[:-1] if d[-1] == eos else d])
-                                 for d in want])
+        stream = np.concatenate(
+            [np.concatenate([[eos], d[:-1] if d[-1] == eos else d]) for d in want]
+        )
         files = rec["splits"][split]["files"]
         assert files == sorted(files) and all(f.startswith(f"{name}_") for f in files)
         got = []
@@ -185,11 +195,12 @@ def test_mds_rows_through_streaming_dataset(dataset: tuple[str, str], tmp_path: 
     streaming = import_streaming()
     for split in ("train", "validation"):
         cols = arrow(ds, split)
-        sd = streaming.StreamingDataset(local=str(out), split=split, shuffle=False,
-                                        batch_size=1)
+        sd = streaming.StreamingDataset(local=str(out), split=split, shuffle=False, batch_size=1)
         assert len(sd) == len(cols["input_ids"]) == rec["splits"][split]["samples"]
-        got = {k: np.stack([sd[i][k] for i in range(len(sd))])
-               for k in ("tokens", "position_ids", "segment_ids", "loss_mask")}
+        got = {
+            k: np.stack([sd[i][k] for i in range(len(sd))])
+            for k in ("tokens", "position_ids", "segment_ids", "loss_mask")
+        }
         assert np.array_equal(got["tokens"], cols["input_ids"])
         for k in ("position_ids", "segment_ids", "loss_mask"):
             assert np.array_equal(got[k], cols[k]), k
@@ -227,8 +238,9 @@ def test_sequences_join_across_batches() -> None:
     # B ends in row 2, then doc C, then padding. Batches of one row each.
     ids = np.array([[1, 2, eos, 4], [5, 6, 7, 8], [3, eos, 1, eos]])
     seg = np.array([[1, 1, 1, 2], [1, 1, 1, 1], [1, 1, 2, 2]])
-    batches = [Rows(ids[i:i + 1], np.zeros_like(ids[i:i + 1]), seg[i:i + 1])
-               for i in range(3)]
+    batches = [
+        Rows(ids[i : i + 1], np.zeros_like(ids[i : i + 1]), seg[i : i + 1]) for i in range(3)
+    ]
     joined = list(sequences(iter(batches), eos, join=True))
     tokens = np.concatenate([s.tokens for s in joined])
     lengths = np.concatenate([s.lengths for s in joined])
@@ -269,12 +281,21 @@ def test_bad_requests_are_one_line(train_dataset: str, tmp_path: Path) -> None:
     assert r.returncode == 1
     assert_one_line_error(r, str(out), "not empty")
     assert (out / "keep.txt").read_text() == "mine"
-    r = run_cli("export", "dataset", str(tmp_path / "nothing"), str(tmp_path / "o"),
-                "--format", "mds")
+    r = run_cli(
+        "export", "dataset", str(tmp_path / "nothing"), str(tmp_path / "o"), "--format", "mds"
+    )
     assert r.returncode == 1
     assert_one_line_error(r, "manifest.json")
-    r = run_cli("export", "dataset", train_dataset, str(tmp_path / "o"), "--format", "mds",
-                "--splits", "train,test")
+    r = run_cli(
+        "export",
+        "dataset",
+        train_dataset,
+        str(tmp_path / "o"),
+        "--format",
+        "mds",
+        "--splits",
+        "train,test",
+    )
     assert r.returncode == 1
     assert_one_line_error(r, "'test'")
     assert not (tmp_path / "o").exists()
@@ -282,8 +303,7 @@ def test_bad_requests_are_one_line(train_dataset: str, tmp_path: Path) -> None:
         export_dataset(train_dataset, "parquet", str(tmp_path / "o"))
 
 
-def test_s3_output(train_dataset: str, s3_bucket: str, moto_endpoint: str,
-                   tmp_path: Path) -> None:
+def test_s3_output(train_dataset: str, s3_bucket: str, moto_endpoint: str, tmp_path: Path) -> None:
     import boto3
 
     opts = StorageOptions(endpoint_url=moto_endpoint)
@@ -309,14 +329,21 @@ def test_documents_join_pieces_in_offset_order() -> None:
     # first chunk (0..4). Row 2: doc 3's first chunk (0..4), never finished.
     ids = np.array([[5, eos, 2, eos], [1, 2, 3, 4], [6, 6, 6, 6]])
     seg = np.array([[1, 1, 2, 2], [1, 1, 1, 1], [1, 1, 1, 1]])
-    spans = [Spans(np.array([7, 1]), np.array([4, 0]), np.array([6, 2])),
-             Spans(np.array([7]), np.array([0]), np.array([4])),
-             Spans(np.array([3]), np.array([0]), np.array([4]))]
-    batches = [(Rows(ids[i:i + 1], np.zeros_like(ids[i:i + 1]), seg[i:i + 1]), spans[i])
-               for i in range(3)]
+    spans = [
+        Spans(np.array([7, 1]), np.array([4, 0]), np.array([6, 2])),
+        Spans(np.array([7]), np.array([0]), np.array([4])),
+        Spans(np.array([3]), np.array([0]), np.array([4])),
+    ]
+    batches = [
+        (Rows(ids[i : i + 1], np.zeros_like(ids[i : i + 1]), seg[i : i + 1]), spans[i])
+        for i in range(3)
+    ]
     out = list(documents(iter(batches), eos))
-    seqs = [s.tokens[a - n:a].tolist() for s in out
-            for a, n in zip(np.cumsum(s.lengths), s.lengths, strict=True)]
+    seqs = [
+        s.tokens[a - n : a].tolist()
+        for s in out
+        for a, n in zip(np.cumsum(s.lengths), s.lengths, strict=True)
+    ]
     assert seqs == [[2, eos], [1, 2, 3, 4, 5, eos], [6, 6, 6, 6]]
     assert sum(s.cut for s in out) == 1
     bad = [(batches[0][0], Spans(np.array([7]), np.array([0]), np.array([2])))]

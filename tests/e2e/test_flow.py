@@ -31,8 +31,11 @@ def flow_config(data: Path, out: Path) -> dict:
 
 def output_files(root: Path) -> list[Path]:
     """Every file a run writes that must be deterministic (not timings or run ids)."""
-    return sorted(p.relative_to(root) for p in root.rglob("*")
-                  if p.is_file() and (p.suffix == ".parquet" or "dataset" in p.parts))
+    return sorted(
+        p.relative_to(root)
+        for p in root.rglob("*")
+        if p.is_file() and (p.suffix == ".parquet" or "dataset" in p.parts)
+    )
 
 
 def assert_same_bytes(a: Path, b: Path) -> None:
@@ -59,14 +62,18 @@ def test_prep_flow_matches_cli_output(prefect_api, corpus, tmp_path: Path):
     report = result["report"]
     assert report["problems"] == []
     assert report["stages"]["ingest"]["total"]["docs_in"] == (
-        planted["n_web_lines"] + planted["n_code"])
+        planted["n_web_lines"] + planted["n_code"]
+    )
 
     ref = tmp_path / "cli-out"
     run_prep(parse_config({**cfg, "output": str(ref)}), progress=False)
     assert_same_bytes(ref, out)
 
-    for key, needle in (("prep-accounting", "near"), ("prep-mixture", "realised"),
-                        ("prep-packing", "efficiency")):
+    for key, needle in (
+        ("prep-accounting", "near"),
+        ("prep-mixture", "realised"),
+        ("prep-packing", "efficiency"),
+    ):
         art = Artifact.get(key)
         assert art is not None and needle in str(art.data), key
 
@@ -74,8 +81,10 @@ def test_prep_flow_matches_cli_output(prefect_api, corpus, tmp_path: Path):
     logs = "\n".join(m.message for m in asyncio.run(_logs(state.state_details.flow_run_id)))
     for name, st in report["stages"].items():
         t = st["total"]
-        assert (f"{name}: {t['docs_in']:,} documents in, {t['kept']:,} kept, "
-                f"{sum(t['dropped'].values()):,} dropped") in logs, (name, logs[-2000:])
+        assert (
+            f"{name}: {t['docs_in']:,} documents in, {t['kept']:,} kept, "
+            f"{sum(t['dropped'].values()):,} dropped"
+        ) in logs, (name, logs[-2000:])
 
     # A second run finds every shard done (cached or marked) and rewrites nothing.
     before = {f: (out / f).stat().st_mtime_ns for f in output_files(out)}
@@ -89,8 +98,7 @@ async def _logs(flow_run_id: Any) -> list[Any]:
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     async with get_client() as client:
-        return await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(
-            any_=[flow_run_id])))
+        return await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
 
 
 def test_dask_runner_gives_identical_bytes(prefect_api, corpus, tmp_path: Path):

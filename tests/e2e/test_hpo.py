@@ -21,18 +21,37 @@ BAD = [{"optim.lr": 1e-6, "model.init_std": 3.0}, {"optim.lr": 1e-6, "model.init
 
 def write_search(tmp: Path, dataset: str, **over) -> Path:
     base = tmp / "base.yaml"
-    base.write_text(yaml.safe_dump(train_config(
-        dataset, tmp / "unused", steps=100, eval_every=50, eval_batches=2,
-        checkpoint={"every": STEPS, "keep_last": 1},
-        launch={"poll_s": 0.2, "max_restarts": 0})))
+    base.write_text(
+        yaml.safe_dump(
+            train_config(
+                dataset,
+                tmp / "unused",
+                steps=100,
+                eval_every=50,
+                eval_batches=2,
+                checkpoint={"every": STEPS, "keep_last": 1},
+                launch={"poll_s": 0.2, "max_restarts": 0},
+            )
+        )
+    )
     cfg = {
-        "base_config": str(base), "out": str(tmp / "hpo"), "n_trials": 4, "parallel": 2,
-        "steps": STEPS, "eval_every": 3, "overrides": {"model.mup_base_d_model": 32},
-        "space": {"optim.lr": {"type": "categorical", "choices": [1e-6, 1e-3, 3e-3]},
-                  "model.init_std": {"type": "categorical", "choices": [0.02, 1.0, 3.0]}},
+        "base_config": str(base),
+        "out": str(tmp / "hpo"),
+        "n_trials": 4,
+        "parallel": 2,
+        "steps": STEPS,
+        "eval_every": 3,
+        "overrides": {"model.mup_base_d_model": 32},
+        "space": {
+            "optim.lr": {"type": "categorical", "choices": [1e-6, 1e-3, 3e-3]},
+            "model.init_std": {"type": "categorical", "choices": [0.02, 1.0, 3.0]},
+        },
         # Two good trials run (and finish) first, then two bad ones meet the pruner.
-        "enqueue": GOOD + BAD, "sampler": {"kind": "random", "seed": 0},
-        "pruner": {"kind": "median", "n_startup_trials": 2}, "poll_s": 0.2, **over,
+        "enqueue": GOOD + BAD,
+        "sampler": {"kind": "random", "seed": 0},
+        "pruner": {"kind": "median", "n_startup_trials": 2},
+        "poll_s": 0.2,
+        **over,
     }
     path = tmp / "hpo.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -82,8 +101,7 @@ def test_a_repeated_search_runs_no_trial_again(searched):
     again = hpo(str(path))
     assert again["trials"] == first["trials"] == 4
     assert again["best_value"] == first["best_value"]
-    assert {p: p.stat().st_mtime_ns for p in (out / "trials").glob("*/supervisor/jobs/*")
-            } == before
+    assert {p: p.stat().st_mtime_ns for p in (out / "trials").glob("*/supervisor/jobs/*")} == before
 
 
 def test_transfer_writes_the_target_width_config(searched, tmp_path):
@@ -91,8 +109,7 @@ def test_transfer_writes_the_target_width_config(searched, tmp_path):
 
     path, _, r = searched
     out = tmp_path / "wide.yaml"
-    res = run_cli("hpo", "transfer", "--study", str(path), "--to-width", "128",
-                  "--out", str(out))
+    res = run_cli("hpo", "transfer", "--study", str(path), "--to-width", "128", "--out", str(out))
     assert res.returncode == 0, res.stderr
     cfg = load_train_config(out)
     assert (cfg.model.d_model, cfg.model.n_head, cfg.model.mup_base_d_model) == (128, 8, 32)
@@ -109,21 +126,27 @@ def test_a_bad_space_is_one_line_naming_the_key(tmp_path):
     assert_one_line_error(r, "space.optim.lrr", "no key 'lrr' in optim")
 
 
-@pytest.mark.parametrize(("over", "needle"), [
-    ({"space": {"optim.lr": {"type": "float", "low": 0.0, "high": 1e-2}}}, "space.optim.lr"),
-    ({"space": {"optim.lr": {"type": "float", "low": 0.1, "high": 0.01}}},
-     "space.optim.lr"),
-    ({"space": {"optim.lr": {"type": "float", "low": 0, "high": 1, "log": True}}},
-     "space.optim.lr"),
-    ({"space": {"model.n_head": {"type": "int", "low": 2, "high": 3}}}, "space.model.n_head"),
-    ({"space": {"optim": {"type": "float", "low": 0, "high": 1}}}, "space.optim"),
-    ({"space": {"optim.betas.2": {"type": "float", "low": 0.9, "high": 0.99}}},
-     "space.optim.betas.2"),
-    ({"space": {"run_dir": {"type": "categorical", "choices": ["a"]}}}, "space.run_dir"),
-    ({"overrides": {"model.width": 64}}, "overrides.model.width"),
-    ({"enqueue": [{"optim.eps": 1e-8}]}, "enqueue[0].optim.eps"),
-    ({"pruner": {"kind": "asha", "reduction_factor": 1}}, "pruner.reduction_factor"),
-])
+@pytest.mark.parametrize(
+    ("over", "needle"),
+    [
+        ({"space": {"optim.lr": {"type": "float", "low": 0.0, "high": 1e-2}}}, "space.optim.lr"),
+        ({"space": {"optim.lr": {"type": "float", "low": 0.1, "high": 0.01}}}, "space.optim.lr"),
+        (
+            {"space": {"optim.lr": {"type": "float", "low": 0, "high": 1, "log": True}}},
+            "space.optim.lr",
+        ),
+        ({"space": {"model.n_head": {"type": "int", "low": 2, "high": 3}}}, "space.model.n_head"),
+        ({"space": {"optim": {"type": "float", "low": 0, "high": 1}}}, "space.optim"),
+        (
+            {"space": {"optim.betas.2": {"type": "float", "low": 0.9, "high": 0.99}}},
+            "space.optim.betas.2",
+        ),
+        ({"space": {"run_dir": {"type": "categorical", "choices": ["a"]}}}, "space.run_dir"),
+        ({"overrides": {"model.width": 64}}, "overrides.model.width"),
+        ({"enqueue": [{"optim.eps": 1e-8}]}, "enqueue[0].optim.eps"),
+        ({"pruner": {"kind": "asha", "reduction_factor": 1}}, "pruner.reduction_factor"),
+    ],
+)
 def test_config_errors_name_the_key(tmp_path, over, needle):
     from core.errors import ConfigError
     from flows.hpo import load_hpo_config

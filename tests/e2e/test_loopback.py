@@ -21,20 +21,46 @@ def listeners(root: int) -> set[tuple[str, int]]:
         pids = {root} | {c.pid for c in proc.children(recursive=True)}
     except psutil.NoSuchProcess:
         return set()
-    return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections("tcp")
-            if c.status == psutil.CONN_LISTEN and c.pid in pids}
+    return {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN and c.pid in pids
+    }
 
 
 def test_two_local_ranks_listen_on_loopback_only(train_dataset, tmp_path):
     config = tmp_path / "t.yaml"
-    config.write_text(yaml.safe_dump({
-        "dataset": train_dataset, "run_dir": str(tmp_path / "run"), "steps": 30,
-        "micro_batch": 4, "eval_every": 1000, "eval_batches": 1, "model": TINY,
-        "checkpoint": {"every": 1000}, "schedule": {"warmup_steps": 2}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "dataset": train_dataset,
+                "run_dir": str(tmp_path / "run"),
+                "steps": 30,
+                "micro_batch": 4,
+                "eval_every": 1000,
+                "eval_batches": 1,
+                "model": TINY,
+                "checkpoint": {"every": 1000},
+                "schedule": {"warmup_steps": 2},
+            }
+        )
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "training.entrypoint", "--nproc-per-node", "2", "--",
-         "--config", str(config)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True)
+        [
+            sys.executable,
+            "-m",
+            "training.entrypoint",
+            "--nproc-per-node",
+            "2",
+            "--",
+            "--config",
+            str(config),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     seen: set[tuple[str, int]] = set()
     while proc.poll() is None:
         seen |= listeners(proc.pid)

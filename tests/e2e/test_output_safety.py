@@ -45,8 +45,11 @@ def _current_umask() -> int:
 
 def _claim_cfg(uri: str, seed: int) -> dict[str, Any]:
     # claim_output reads nothing but the config: the input need not exist.
-    return {"output": uri, "seed": seed,
-            "sources": [{"name": "web", "paths": ["/nonexistent/web.jsonl"]}]}
+    return {
+        "output": uri,
+        "seed": seed,
+        "sources": [{"name": "web", "paths": ["/nonexistent/web.jsonl"]}],
+    }
 
 
 def _claimer(seed: int, jobs: Any, results: Any, barrier: Any) -> None:
@@ -74,8 +77,10 @@ def race(uris: list[str]) -> list[list[tuple[int, str, str]]]:
     barrier = ctx.Barrier(2)
     results = ctx.Queue()
     jobs = [ctx.Queue(), ctx.Queue()]
-    procs = [ctx.Process(target=_claimer, args=(seed, q, results, barrier), daemon=True)
-             for seed, q in zip((1, 2), jobs, strict=True)]
+    procs = [
+        ctx.Process(target=_claimer, args=(seed, q, results, barrier), daemon=True)
+        for seed, q in zip((1, 2), jobs, strict=True)
+    ]
     for p in procs:
         p.start()
     rounds = []
@@ -120,13 +125,16 @@ def test_racing_claims_local_exactly_one_wins(tmp_path: Path) -> None:
         assert sorted(p.name for p in o.iterdir()) == [RUN_KEY]
 
 
-def test_racing_claims_s3_exactly_one_wins(moto_endpoint: str, s3_bucket: str, s3_client: Any,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_racing_claims_s3_exactly_one_wins(
+    moto_endpoint: str, s3_bucket: str, s3_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)  # inherited by the racers
     keys = [f"out{k}" for k in range(20)]
     rounds = race([f"s3://{s3_bucket}/{k}" for k in keys])
-    check_rounds(rounds, lambda k: s3_client.get_object(
-        Bucket=s3_bucket, Key=f"{keys[k]}/{RUN_KEY}")["Body"].read())
+    check_rounds(
+        rounds,
+        lambda k: s3_client.get_object(Bucket=s3_bucket, Key=f"{keys[k]}/{RUN_KEY}")["Body"].read(),
+    )
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -154,7 +162,9 @@ def test_put_if_absent(store: Store, tmp_path: Path) -> None:
 
 def prep_cfg(data: Path, out: Path) -> dict[str, Any]:
     return {
-        "output": str(out), "workers": 1, "seed": 5,
+        "output": str(out),
+        "workers": 1,
+        "seed": 5,
         "sources": [{"name": "web", "paths": [str(data / "web.jsonl")], "id_field": "id"}],
         "ingest": {"shard_docs": 40},
         "dedup": {"exact": True, "near": False},
@@ -204,8 +214,13 @@ def test_verify_names_a_stale_temporary_file(built: Path, tmp_path: Path) -> Non
     assert "train/.data-00000-of-00002.arrow.q1w2e3r4.tmp" in text
     assert "validation/notes.txt" in text
 
-    r = subprocess.run([sys.executable, "-m", "cli.main", "verify", str(copy)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "cli.main", "verify", str(copy)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 1
     assert "train/.data-00000-of-00002.arrow.q1w2e3r4.tmp" in r.stderr
 
@@ -215,16 +230,20 @@ def test_rerun_removes_stale_temporary_files(built: Path, data: Path, tmp_path: 
     keep = out / "dataset" / "v0001" / "train" / ".keep"  # hidden, but not a temporary name
     keep.write_text("")
     run_prep(parse_config(prep_cfg(data, out)), progress=False)
-    left = sorted(p.relative_to(out / "dataset" / "v0001").as_posix()
-                  for p in (out / "dataset" / "v0001").rglob("*") if p.name.endswith(".tmp"))
+    left = sorted(
+        p.relative_to(out / "dataset" / "v0001").as_posix()
+        for p in (out / "dataset" / "v0001").rglob("*")
+        if p.name.endswith(".tmp")
+    )
     assert left == []
     assert keep.exists()
     keep.unlink()
     assert verify(str(out / "dataset" / "v0001")) == []
 
 
-def test_a_stale_temporary_in_a_finished_dataset_is_removed(built: Path, data: Path,
-                                                            tmp_path: Path) -> None:
+def test_a_stale_temporary_in_a_finished_dataset_is_removed(
+    built: Path, data: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "run"
     shutil.copytree(built, out)
     stale = out / "dataset" / "v0001" / "validation" / ".data-00000-of-00001.arrow.zz99yy88.tmp"
@@ -234,8 +253,9 @@ def test_a_stale_temporary_in_a_finished_dataset_is_removed(built: Path, data: P
     assert verify(str(out / "dataset" / "v0001")) == []
 
 
-def test_dataset_step_stages_nothing_under_tmpdir(built: Path, data: Path, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dataset_step_stages_nothing_under_tmpdir(
+    built: Path, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import tempfile
 
     out = killed_in_dataset_step(built, tmp_path / "run")
@@ -259,8 +279,7 @@ def test_dataset_step_stages_nothing_under_tmpdir(built: Path, data: Path, tmp_p
     assert verify(str(out / "dataset" / "v0001")) == []
 
 
-def test_stale_staging_of_a_killed_run_is_removed(built: Path, data: Path,
-                                                  tmp_path: Path) -> None:
+def test_stale_staging_of_a_killed_run_is_removed(built: Path, data: Path, tmp_path: Path) -> None:
     out = killed_in_dataset_step(built, tmp_path / "run")
     leftover = out / dataset.SCRATCH_DIR / "dataset-v0001" / "part.parquet"
     leftover.parent.mkdir(parents=True)
@@ -269,8 +288,9 @@ def test_stale_staging_of_a_killed_run_is_removed(built: Path, data: Path,
     assert not (out / dataset.SCRATCH_DIR).exists()
 
 
-def test_scratch_is_the_outputs_own(tmp_path: Path, aws_env: None,
-                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_scratch_is_the_outputs_own(
+    tmp_path: Path, aws_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     local = parse_config(_claim_cfg(str(tmp_path / "out"), 1))
     assert dataset.scratch_dir(local) == tmp_path / "out" / dataset.SCRATCH_DIR / "dataset"
     monkeypatch.setenv("BALLAST_SCRATCH", str(tmp_path / "scratch"))
@@ -289,8 +309,14 @@ def test_output_files_follow_the_umask(data: Path, tmp_path: Path, umask: int) -
     out = tmp_path / "run"
     cfg = tmp_path / "prep.yaml"
     cfg.write_text(yaml.safe_dump(prep_cfg(data, out)))
-    r = subprocess.run([sys.executable, "-m", "cli.main", "prep", str(cfg), "--no-progress"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600, umask=umask)
+    r = subprocess.run(
+        [sys.executable, "-m", "cli.main", "prep", str(cfg), "--no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        umask=umask,
+    )
     assert r.returncode == 0, r.stderr
     wrong = {}
     for p in [out, *out.rglob("*")]:
@@ -314,8 +340,7 @@ def test_store_writes_follow_the_umask(tmp_path: Path) -> None:
         assert stat.S_IMODE((tmp_path / "s" / key).stat().st_mode) == want, key
 
 
-def test_s3_download_follows_the_umask(moto_endpoint: str, s3_bucket: str,
-                                       tmp_path: Path) -> None:
+def test_s3_download_follows_the_umask(moto_endpoint: str, s3_bucket: str, tmp_path: Path) -> None:
     store = S3Store(f"s3://{s3_bucket}/p", StorageOptions(endpoint_url=moto_endpoint))
     store.put("k.bin", b"data")
     store.get_file("k.bin", tmp_path / "k.bin")

@@ -122,8 +122,12 @@ def test_workers_do_not_change_the_output(corpus, run, tmp_path):
 
 def test_missing_input_fails_before_any_work(tmp_path):
     out = tmp_path / "out"
-    cfg = parse_config({"output": str(out),
-                        "sources": [{"name": "web", "paths": [str(tmp_path / "nope/*.jsonl")]}]})
+    cfg = parse_config(
+        {
+            "output": str(out),
+            "sources": [{"name": "web", "paths": [str(tmp_path / "nope/*.jsonl")]}],
+        }
+    )
     with pytest.raises(IngestError, match="web"):
         run_prep(cfg, progress=False)
     assert not out.exists()
@@ -139,9 +143,14 @@ def test_other_config_on_same_output_is_refused(corpus, run):
 
 
 def _cli(cfg_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", "prep", str(cfg_path), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", "prep", str(cfg_path), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def test_killed_during_near_dedup_resumes_to_identical_output(corpus, tmp_path):
@@ -151,11 +160,13 @@ def test_killed_during_near_dedup_resumes_to_identical_output(corpus, tmp_path):
     ref_out, out = tmp_path / "ref", tmp_path / "killed"
     for o in (ref_out, out):
         (tmp_path / f"{o.name}.yaml").write_text(
-            yaml.safe_dump(prep_config(data, o, shard_docs=25)))
+            yaml.safe_dump(prep_config(data, o, shard_docs=25))
+        )
     assert _cli(tmp_path / "ref.yaml", "--no-progress").returncode == 0
 
-    killed = _cli(tmp_path / "killed.yaml", "--no-progress",
-                  env={"BALLAST_FAILPOINT": "near: signatures:3"})
+    killed = _cli(
+        tmp_path / "killed.yaml", "--no-progress", env={"BALLAST_FAILPOINT": "near: signatures:3"}
+    )
     assert killed.returncode == -9, killed.stderr
     sigs = sorted((out / "near" / "sig").glob("*.npz"))
     assert len(sigs) == 3 and not (out / "v0001" / "report.json").exists()
@@ -173,10 +184,13 @@ def test_killed_during_near_dedup_resumes_to_identical_output(corpus, tmp_path):
     for f in ref_ds:
         if (ref_out / f).is_file():
             assert (ref_out / f).read_bytes() == (out / f).read_bytes(), f
-    strip = lambda r: {k: v for k, v in r.items()  # noqa: E731
-                       if not k.endswith("_seconds") and k != "dataset"}
+
+    def strip(r: dict) -> dict:
+        return {k: v for k, v in r.items() if not k.endswith("_seconds") and k != "dataset"}
+
     assert strip(json.loads((out / "v0001" / "report.json").read_text())) == strip(
-        json.loads((ref_out / "v0001" / "report.json").read_text()))
+        json.loads((ref_out / "v0001" / "report.json").read_text())
+    )
 
 
 def test_cli_reports_config_errors_with_exit_1(tmp_path):
@@ -201,8 +215,10 @@ def test_s3_input_and_output(corpus, tmp_path, s3_bucket, s3_client, moto_endpoi
     assert [f.size for f in s3_files] == [(data / "web" / "web.jsonl.gz").stat().st_size]
     report = run_prep(parsed, progress=False)
     assert report["stages"]["ingest"]["sources"]["web"]["docs_in"] == planted["n_web_lines"]
-    keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket=s3_bucket,
-                                                         Prefix="out/run1/")["Contents"]]
+    keys = [
+        o["Key"]
+        for o in s3_client.list_objects_v2(Bucket=s3_bucket, Prefix="out/run1/")["Contents"]
+    ]
     assert "out/run1/v0001/report.json" in keys
     assert any(k.startswith("out/run1/dropped/near/") for k in keys)
     # The dataset went to S3 through the store, and verifies there against its manifest.

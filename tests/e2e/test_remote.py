@@ -72,8 +72,9 @@ class LatestWatcher:
     def _incomplete(self, name: str) -> str | None:
         base = f"{self.prefix}/{name}"
         try:
-            meta = json.loads(self.client.get_object(Bucket=self.bucket, Key=f"{base}/meta.json")
-                              ["Body"].read())
+            meta = json.loads(
+                self.client.get_object(Bucket=self.bucket, Key=f"{base}/meta.json")["Body"].read()
+            )
         except ClientError:
             return "meta.json was missing"
         for fname, want in meta["files"].items():
@@ -105,8 +106,13 @@ def raw_keys(client: Any, bucket: str, prefix: str = PREFIX) -> list[str]:
 
 
 def raw_steps(client: Any, bucket: str, prefix: str = PREFIX) -> list[int]:
-    return sorted({int(k.split("/")[0].removeprefix("step-"))
-                   for k in raw_keys(client, bucket, prefix) if k.startswith("step-")})
+    return sorted(
+        {
+            int(k.split("/")[0].removeprefix("step-"))
+            for k in raw_keys(client, bucket, prefix)
+            if k.startswith("step-")
+        }
+    )
 
 
 def assert_remote_verifies(client: Any, bucket: str, local_root: Path, step: int) -> None:
@@ -123,8 +129,11 @@ def assert_remote_verifies(client: Any, bucket: str, local_root: Path, step: int
 
 def make_state(step: int, big: bool = False) -> dict[str, Any]:
     g = torch.Generator().manual_seed(step)
-    state: dict[str, Any] = {"step": step, "w": torch.randn(4, 8, generator=g),
-                             "b": torch.arange(step, step + 5)}
+    state: dict[str, Any] = {
+        "step": step,
+        "w": torch.randn(4, 8, generator=g),
+        "b": torch.arange(step, step + 5),
+    }
     if big:  # 12 MiB of float32: a multipart upload with a 5 MiB threshold
         state["big"] = torch.randn(3 * MIB, generator=g)
     return state
@@ -163,8 +172,11 @@ def remote(
 
     def make(endpoint: str | None = None, **kwargs: Any) -> tuple[RemoteCheckpoints, list[str]]:
         logs: list[str] = []
-        options = StorageOptions(endpoint_url=endpoint or moto_endpoint, multipart_threshold_mb=5,
-                                 max_attempts=kwargs.pop("max_attempts", 2))
+        options = StorageOptions(
+            endpoint_url=endpoint or moto_endpoint,
+            multipart_threshold_mb=5,
+            max_attempts=kwargs.pop("max_attempts", 2),
+        )
         kwargs.setdefault("retries", 3)
         kwargs.setdefault("backoff_s", 0.05)
         rc = RemoteCheckpoints(f"s3://{s3_bucket}/{PREFIX}", options, log=logs.append, **kwargs)
@@ -181,7 +193,9 @@ def remote(
 
 def test_upload_then_restore_on_fresh_machine(
     remote: Callable[..., tuple[RemoteCheckpoints, list[str]]],
-    s3_client: Any, s3_bucket: str, tmp_path: Path,
+    s3_client: Any,
+    s3_bucket: str,
+    tmp_path: Path,
 ) -> None:
     root = tmp_path / "ckpt"
     rc, logs = remote()
@@ -214,7 +228,9 @@ def test_upload_then_restore_on_fresh_machine(
 def test_restore_skips_partial_or_corrupt(
     damage: str,
     remote: Callable[..., tuple[RemoteCheckpoints, list[str]]],
-    s3_client: Any, s3_bucket: str, tmp_path: Path,
+    s3_client: Any,
+    s3_bucket: str,
+    tmp_path: Path,
 ) -> None:
     root = tmp_path / "ckpt"
     rc, _ = remote()
@@ -259,7 +275,10 @@ def test_restore_from_empty_remote_returns_none(
 
 def test_network_outage_mid_upload_is_retried(
     remote: Callable[..., tuple[RemoteCheckpoints, list[str]]],
-    proxy: TcpProxy, s3_client: Any, s3_bucket: str, tmp_path: Path,
+    proxy: TcpProxy,
+    s3_client: Any,
+    s3_bucket: str,
+    tmp_path: Path,
 ) -> None:
     root = tmp_path / "ckpt"
     # botocore gives up at once (max_attempts=1); our own retry/backoff does the retrying.
@@ -298,11 +317,13 @@ def test_network_outage_mid_upload_is_retried(
 
 def test_repeated_failures_raise_without_leaking_credentials(
     remote: Callable[..., tuple[RemoteCheckpoints, list[str]]],
-    fake_credentials: tuple[str, str], tmp_path: Path,
+    fake_credentials: tuple[str, str],
+    tmp_path: Path,
 ) -> None:
     root = tmp_path / "ckpt"
-    rc, logs = remote(closed_endpoint(), max_attempts=1, retries=1, backoff_s=0.01,
-                      max_consecutive_failures=3)
+    rc, logs = remote(
+        closed_endpoint(), max_attempts=1, retries=1, backoff_s=0.01, max_consecutive_failures=3
+    )
     for s in (1, 2, 3):
         ckpt.save(root, s, make_state(s))
         rc.submit(root, s)  # does not raise: fewer than 3 failures so far
@@ -320,15 +341,24 @@ def test_repeated_failures_raise_without_leaking_credentials(
     # Unreachable storage on restore is an error, never "nothing to resume from".
     with pytest.raises(StorageError) as restore_info:
         rc.restore_latest(tmp_path / "fresh")
-    texts = [*logs, str(info.value), repr(info.value), str(rc.status), str(restore_info.value),
-             "".join(traceback.format_exception(info.value))]
+    texts = [
+        *logs,
+        str(info.value),
+        repr(info.value),
+        str(rc.status),
+        str(restore_info.value),
+        "".join(traceback.format_exception(info.value)),
+    ]
     for secret in fake_credentials:
         assert not any(secret in t for t in texts)
 
 
 def test_success_resets_failure_count(
     remote: Callable[..., tuple[RemoteCheckpoints, list[str]]],
-    proxy: TcpProxy, s3_client: Any, s3_bucket: str, tmp_path: Path,
+    proxy: TcpProxy,
+    s3_client: Any,
+    s3_bucket: str,
+    tmp_path: Path,
 ) -> None:
     root = tmp_path / "ckpt"
     rc, _ = remote(proxy.endpoint, max_attempts=1, retries=0, max_consecutive_failures=2)
@@ -351,7 +381,10 @@ def test_success_resets_failure_count(
 
 def test_superseded_upload_is_skipped(
     remote: Callable[..., tuple[RemoteCheckpoints, list[str]]],
-    proxy: TcpProxy, s3_client: Any, s3_bucket: str, tmp_path: Path,
+    proxy: TcpProxy,
+    s3_client: Any,
+    s3_bucket: str,
+    tmp_path: Path,
 ) -> None:
     root = tmp_path / "ckpt"
     rc, logs = remote(proxy.endpoint, max_attempts=1, retries=20, backoff_s=0.05)
@@ -376,7 +409,9 @@ def test_superseded_upload_is_skipped(
 
 def test_latest_never_moves_backwards(
     remote: Callable[..., tuple[RemoteCheckpoints, list[str]]],
-    s3_client: Any, s3_bucket: str, tmp_path: Path,
+    s3_client: Any,
+    s3_bucket: str,
+    tmp_path: Path,
 ) -> None:
     root = tmp_path / "ckpt"
     watcher = LatestWatcher(s3_client, s3_bucket)
@@ -407,7 +442,9 @@ def test_latest_never_moves_backwards(
 
 def test_remote_retention(
     remote: Callable[..., tuple[RemoteCheckpoints, list[str]]],
-    s3_client: Any, s3_bucket: str, tmp_path: Path,
+    s3_client: Any,
+    s3_bucket: str,
+    tmp_path: Path,
 ) -> None:
     root = tmp_path / "ckpt"
     # Debris: a partial upload older than everything (deleted) and a partial newer one,
@@ -432,7 +469,8 @@ def test_remote_retention(
     for s in (20, 21):
         for fname in ("state.pt", "meta.json"):
             s3_client.copy_object(
-                Bucket=s3_bucket, Key=f"{PREFIX}/{ckpt.step_name(s)}/{fname}",
+                Bucket=s3_bucket,
+                Key=f"{PREFIX}/{ckpt.step_name(s)}/{fname}",
                 CopySource={"Bucket": s3_bucket, "Key": f"{PREFIX}/step-00000009/{fname}"},
             )
     ckpt.save(root, 5, make_state(5))
@@ -445,14 +483,17 @@ def test_remote_retention(
 
 def test_claim_writes_and_enforces_the_ownership_record(
     remote: Callable[..., tuple[RemoteCheckpoints, list[str]]],
-    s3_client: Any, s3_bucket: str, tmp_path: Path,
+    s3_client: Any,
+    s3_bucket: str,
+    tmp_path: Path,
 ) -> None:
     """An empty prefix is claimed (RUN.json); the same run claims it again; another run name
     or config fingerprint is refused with one line naming both, and nothing changes."""
     rc, logs = remote()
     rc.claim("r1", "0123456789abcdef")
-    record = json.loads(s3_client.get_object(Bucket=s3_bucket, Key=f"{PREFIX}/{RUN_RECORD}")
-                        ["Body"].read())
+    record = json.loads(
+        s3_client.get_object(Bucket=s3_bucket, Key=f"{PREFIX}/{RUN_RECORD}")["Body"].read()
+    )
     assert (record["run_name"], record["config_fingerprint"]) == ("r1", "0123456789abcdef")
     assert record["created"].endswith("Z")
     assert not any("WARNING" in line for line in logs)
@@ -460,8 +501,10 @@ def test_claim_writes_and_enforces_the_ownership_record(
     ckpt.save(root, 3, make_state(3))
     rc.submit(root, 3)
     rc.wait(timeout=30)
-    before = {k: s3_client.get_object(Bucket=s3_bucket, Key=f"{PREFIX}/{k}")["Body"].read()
-              for k in raw_keys(s3_client, s3_bucket)}
+    before = {
+        k: s3_client.get_object(Bucket=s3_bucket, Key=f"{PREFIX}/{k}")["Body"].read()
+        for k in raw_keys(s3_client, s3_bucket)
+    }
     assert RUN_RECORD in before and "latest" in before
 
     rc2, _ = remote()
@@ -474,14 +517,18 @@ def test_claim_writes_and_enforces_the_ownership_record(
         assert f"s3://{s3_bucket}/{PREFIX}" in msg and "'r1'" in msg and repr(name) in msg
         assert "0123456789abcdef" in msg and fp in msg
         assert "checkpoint.run_name" in msg and "delete" in msg
-    after = {k: s3_client.get_object(Bucket=s3_bucket, Key=f"{PREFIX}/{k}")["Body"].read()
-             for k in raw_keys(s3_client, s3_bucket)}
+    after = {
+        k: s3_client.get_object(Bucket=s3_bucket, Key=f"{PREFIX}/{k}")["Body"].read()
+        for k in raw_keys(s3_client, s3_bucket)
+    }
     assert after == before
 
 
 def test_claim_adopts_a_prefix_from_before_ownership_records(
     remote: Callable[..., tuple[RemoteCheckpoints, list[str]]],
-    s3_client: Any, s3_bucket: str, tmp_path: Path,
+    s3_client: Any,
+    s3_bucket: str,
+    tmp_path: Path,
 ) -> None:
     root = tmp_path / "ckpt"
     rc, _ = remote()
@@ -505,8 +552,11 @@ def test_claim_adopts_a_prefix_from_before_ownership_records(
 
 @pytest.mark.parametrize("where", ["s3", "local"])
 def test_claim_race_on_an_empty_prefix_has_one_winner(
-    where: str, remote: Callable[..., tuple[RemoteCheckpoints, list[str]]], s3_client: Any,
-    s3_bucket: str, tmp_path: Path,
+    where: str,
+    remote: Callable[..., tuple[RemoteCheckpoints, list[str]]],
+    s3_client: Any,
+    s3_bucket: str,
+    tmp_path: Path,
 ) -> None:
     """Two runs claim an empty prefix at once: both find no RUN.json, and the conditional
     create lets only the first one write it; the second reads the winner's record and is

@@ -28,10 +28,11 @@ from training.trainer import Trainer
 def own_moto(tmp_path: Path, aws_env: None) -> Any:
     """A moto server of this test's own (the shared one must outlive it), with a bucket."""
     proc, endpoint = start_moto(tmp_path / "moto.log")
-    boto3.session.Session(aws_access_key_id=FAKE_ACCESS_KEY_ID,
-                          aws_secret_access_key=FAKE_SECRET_ACCESS_KEY,
-                          region_name="us-east-1").client(
-        "s3", endpoint_url=endpoint).create_bucket(Bucket="ckpts")
+    boto3.session.Session(
+        aws_access_key_id=FAKE_ACCESS_KEY_ID,
+        aws_secret_access_key=FAKE_SECRET_ACCESS_KEY,
+        region_name="us-east-1",
+    ).client("s3", endpoint_url=endpoint).create_bucket(Bucket="ckpts")
     try:
         yield proc, endpoint
     finally:
@@ -49,13 +50,19 @@ class StopStorageAt(Hooks):
             stop(self.proc)
 
 
-def test_a_store_gone_for_good_stops_training_in_one_line(train_dataset, tmp_path, own_moto,
-                                                           capfd):
+def test_a_store_gone_for_good_stops_training_in_one_line(train_dataset, tmp_path, own_moto, capfd):
     proc, endpoint = own_moto
-    cfg = parse_train_config(train_config(
-        train_dataset, tmp_path / "run", steps=100_000, eval_every=100_000, eval_batches=1,
-        checkpoint={"every": 5, "remote": "s3://ckpts/runs", "remote_max_lag_minutes": 0.05},
-        storage={"endpoint_url": endpoint, "max_attempts": 1}))
+    cfg = parse_train_config(
+        train_config(
+            train_dataset,
+            tmp_path / "run",
+            steps=100_000,
+            eval_every=100_000,
+            eval_batches=1,
+            checkpoint={"every": 5, "remote": "s3://ckpts/runs", "remote_max_lag_minutes": 0.05},
+            storage={"endpoint_url": endpoint, "max_attempts": 1},
+        )
+    )
     t0 = time.monotonic()
     code = Trainer(cfg, StopStorageAt(10, proc)).run()
     took = time.monotonic() - t0
@@ -64,8 +71,11 @@ def test_a_store_gone_for_good_stops_training_in_one_line(train_dataset, tmp_pat
     assert len(errors) == 1, errors
     # The newest remote step: whichever upload finished before the store went (none, 0, 5
     # or 10, as fast as this machine uploads), named as where a fresh machine would resume.
-    named = re.search(rf"\(endpoint {re.escape(endpoint)}; the newest there is "
-                      r"(step-(\d+)|none from this run);", errors[0])
+    named = re.search(
+        rf"\(endpoint {re.escape(endpoint)}; the newest there is "
+        r"(step-(\d+)|none from this run);",
+        errors[0],
+    )
     assert named is not None, errors[0]
     newest = int(named.group(2)) if named.group(2) else -1
     assert newest in (-1, 0, 5, 10)
@@ -82,9 +92,12 @@ def test_the_final_checkpoint_must_reach_the_store(tmp_path, own_moto):
     local = tmp_path / "ckpt"
     for step in (5, 10):
         ckpt.save(local, step, {"w": step})
-    remote = RemoteCheckpoints("s3://ckpts/run", StorageOptions(endpoint_url=endpoint,
-                                                                max_attempts=1),
-                               retries=0, log=lambda m: None)
+    remote = RemoteCheckpoints(
+        "s3://ckpts/run",
+        StorageOptions(endpoint_url=endpoint, max_attempts=1),
+        retries=0,
+        log=lambda m: None,
+    )
     try:
         remote.submit(local, 5)
         remote.wait()
@@ -96,36 +109,50 @@ def test_the_final_checkpoint_must_reach_the_store(tmp_path, own_moto):
             remote.ensure_last_uploaded()
         assert str(e.value).startswith(
             f"the final checkpoint step-00000010 did not reach s3://ckpts/run (endpoint "
-            f"{endpoint}; the newest there is step-00000005; last error: ")
+            f"{endpoint}; the newest there is step-00000005; last error: "
+        )
     finally:
         remote.close(drain=False)
 
 
-def test_a_checkpoint_bucket_that_does_not_exist_is_one_line_exit_1(train_dataset, tmp_path,
-                                                                     moto_endpoint, aws_env):
+def test_a_checkpoint_bucket_that_does_not_exist_is_one_line_exit_1(
+    train_dataset, tmp_path, moto_endpoint, aws_env
+):
     import subprocess
     import sys
 
     import yaml
 
     config = tmp_path / "t.yaml"
-    config.write_text(yaml.safe_dump({
-        "dataset": train_dataset, "run_dir": str(tmp_path / "run"), "steps": 2,
-        "micro_batch": 4, "model": TINY,
-        "checkpoint": {"remote": "s3://no-such-bucket-ballast/runs"},
-        "storage": {"endpoint_url": moto_endpoint}}))
-    r = subprocess.run([sys.executable, "-m", "training.train", "--config", str(config)],
-                       cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "dataset": train_dataset,
+                "run_dir": str(tmp_path / "run"),
+                "steps": 2,
+                "micro_batch": 4,
+                "model": TINY,
+                "checkpoint": {"remote": "s3://no-such-bucket-ballast/runs"},
+                "storage": {"endpoint_url": moto_endpoint},
+            }
+        )
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "training.train", "--config", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 1, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(
-        "error: bucket 'no-such-bucket-ballast' does not exist at "), lines
+        "error: bucket 'no-such-bucket-ballast' does not exist at "
+    ), lines
 
 
-def test_a_lost_ownership_record_is_written_again(tmp_path, moto_endpoint, s3_bucket,
-                                                  s3_client):
+def test_a_lost_ownership_record_is_written_again(tmp_path, moto_endpoint, s3_bucket, s3_client):
     """Issue 27, defect 7: after the store lost RUN.json, the next upload writes it again."""
     import json
 
@@ -135,8 +162,12 @@ def test_a_lost_ownership_record_is_written_again(tmp_path, moto_endpoint, s3_bu
     for step in (5, 10):
         ckpt.save(local, step, {"w": step})
     logs: list[str] = []
-    remote = RemoteCheckpoints(f"s3://{s3_bucket}/run", StorageOptions(
-        endpoint_url=moto_endpoint), retries=0, log=logs.append)
+    remote = RemoteCheckpoints(
+        f"s3://{s3_bucket}/run",
+        StorageOptions(endpoint_url=moto_endpoint),
+        retries=0,
+        log=logs.append,
+    )
     try:
         remote.claim("run", "0123456789abcdef")
         remote.submit(local, 5)
@@ -147,7 +178,6 @@ def test_a_lost_ownership_record_is_written_again(tmp_path, moto_endpoint, s3_bu
         remote.ensure_last_uploaded()
     finally:
         remote.close()
-    record = json.loads(s3_client.get_object(Bucket=s3_bucket, Key="run/RUN.json")["Body"]
-                        .read())
+    record = json.loads(s3_client.get_object(Bucket=s3_bucket, Key="run/RUN.json")["Body"].read())
     assert (record["run_name"], record["config_fingerprint"]) == ("run", "0123456789abcdef")
     assert any("RUN.json is gone (the store lost data?)" in m for m in logs), logs

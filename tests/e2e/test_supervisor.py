@@ -31,18 +31,32 @@ FAST = RestartPolicy(max_restarts=5, backoff_s=0.0, poll_s=0.2)
 
 
 def write_cfg(path: Path, dataset: str, run_dir: Path, **over) -> Path:
-    c = train_config(dataset, run_dir, steps=40, eval_every=1000, log_every=1,
-                     checkpoint={"every": 10}, schedule={"warmup_steps": 5})
+    c = train_config(
+        dataset,
+        run_dir,
+        steps=40,
+        eval_every=1000,
+        log_every=1,
+        checkpoint={"every": 10},
+        schedule={"warmup_steps": 5},
+    )
     path.write_text(yaml.safe_dump(merge(c, **over)))
     return path
 
 
-def run(tmp: Path, cfg: Path, name: str, args: tuple[str, ...] = (),
-        policy: RestartPolicy = FAST, **kw) -> Outcome:
+def run(
+    tmp: Path, cfg: Path, name: str, args: tuple[str, ...] = (), policy: RestartPolicy = FAST, **kw
+) -> Outcome:
     backend = LocalBackend(tmp / "jobs", cwd=ROOT, cancel_grace_s=5)
     lines: list[str] = []
-    out = supervise(backend, JobSpec(name, str(cfg), args), policy, log=lines.append,
-                    handle_file=tmp / "handle.json", **kw)
+    out = supervise(
+        backend,
+        JobSpec(name, str(cfg), args),
+        policy,
+        log=lines.append,
+        handle_file=tmp / "handle.json",
+        **kw,
+    )
     (tmp / f"{name}.supervisor.log").write_text("\n".join(lines))
     return out
 
@@ -66,13 +80,19 @@ def worker_pids(handle_file: Path) -> list[int]:
 
 
 def test_parse_events_and_recovery_args():
-    text = ("noise\n[rank0] BALLAST_EVENT {\"event\": \"resume\", \"step\": 20}\n"
-            "BALLAST_EVENT {\"event\": \"diverged\", \"step\": 57, \"start_step\": 41, "
-            "\"samples_seen\": 228}\nBALLAST_EVENT {\"event\": \"cut")
+    text = (
+        'noise\n[rank0] BALLAST_EVENT {"event": "resume", "step": 20}\n'
+        'BALLAST_EVENT {"event": "diverged", "step": 57, "start_step": 41, '
+        '"samples_seen": 228}\nBALLAST_EVENT {"event": "cut'
+    )
     ev = parse_events(text)
     assert [e["event"] for e in ev] == ["resume", "diverged"]
-    assert recovery_args(ev[1], 0.5) == ["--recover", "--lr-scale=0.5", "--rollback-to=41",
-                                         "--skip-to-sample=228"]
+    assert recovery_args(ev[1], 0.5) == [
+        "--recover",
+        "--lr-scale=0.5",
+        "--rollback-to=41",
+        "--skip-to-sample=228",
+    ]
     assert recovery_args(None, 0.25) == ["--recover", "--lr-scale=0.25"]
     with pytest.raises(ValueError, match="recovery_lr_scale"):
         RestartPolicy(recovery_lr_scale=0)
@@ -82,14 +102,24 @@ def test_sigkill_three_times_then_same_weights(train_dataset, tmp_path):
     """The training worker is SIGKILLed at three random steps; the supervisor restarts it
     each time and the run ends with the weights of a run that never stopped."""
     steps = 150
-    ref = run(tmp_path, write_cfg(tmp_path / "ref.yaml", train_dataset, tmp_path / "ref",
-                                  steps=steps, checkpoint={"every": 13}), "ref")
+    ref = run(
+        tmp_path,
+        write_cfg(
+            tmp_path / "ref.yaml",
+            train_dataset,
+            tmp_path / "ref",
+            steps=steps,
+            checkpoint={"every": 13},
+        ),
+        "ref",
+    )
     assert ref.ok and len(ref.attempts) == 1
     assert ref.attempts[0].resumed_from == "fresh" and ref.attempts[0].step_reached == steps
 
     run_dir = tmp_path / "killed"
-    cfg = write_cfg(tmp_path / "killed.yaml", train_dataset, run_dir, steps=steps,
-                    checkpoint={"every": 13})
+    cfg = write_cfg(
+        tmp_path / "killed.yaml", train_dataset, run_dir, steps=steps, checkpoint={"every": 13}
+    )
     rng = random.Random(7)
     kills: list[tuple[int, int]] = []
     done = threading.Event()
@@ -105,8 +135,11 @@ def test_sigkill_three_times_then_same_weights(train_dataset, tmp_path):
                 # The step first: listing the process tree every poll took a core's worth
                 # of CPU from the training it waits for.
                 at = last_step(run_dir)
-                pids = [] if at < target else [
-                    p for p in worker_pids(tmp_path / "handle.json") if p not in killed]
+                pids = (
+                    []
+                    if at < target
+                    else [p for p in worker_pids(tmp_path / "handle.json") if p not in killed]
+                )
                 if pids:
                     for pid in pids:
                         os.kill(pid, signal.SIGKILL)
@@ -140,8 +173,13 @@ def test_divergence_is_recovered_with_rollback(train_dataset, tmp_path):
     """A learning-rate blow-up that outlasts the trainer's rollback budget (exit 3): the
     supervisor restarts with rollback settings and the run completes; the attempts say so."""
     run_dir = tmp_path / "run"
-    cfg = write_cfg(tmp_path / "c.yaml", train_dataset, run_dir, steps=70,
-                    guards={"warmup_steps": 10, "max_rollbacks": 1})
+    cfg = write_cfg(
+        tmp_path / "c.yaml",
+        train_dataset,
+        run_dir,
+        steps=70,
+        guards={"warmup_steps": 10, "max_rollbacks": 1},
+    )
     out = run(tmp_path, cfg, "div", args=("--fault", "lr_blowup_persistent@30-200"))
     assert out.ok, out.message
     a0, a1 = out.attempts
@@ -159,11 +197,15 @@ def test_divergence_is_recovered_with_rollback(train_dataset, tmp_path):
 
 
 def test_divergence_budget_and_bad_input_stop(train_dataset, tmp_path):
-    cfg = write_cfg(tmp_path / "c.yaml", train_dataset, tmp_path / "run", steps=70,
-                    guards={"warmup_steps": 10, "max_rollbacks": 0})
+    cfg = write_cfg(
+        tmp_path / "c.yaml",
+        train_dataset,
+        tmp_path / "run",
+        steps=70,
+        guards={"warmup_steps": 10, "max_rollbacks": 0},
+    )
     policy = RestartPolicy(max_recoveries=0, backoff_s=0, poll_s=0.2)
-    out = run(tmp_path, cfg, "div0", args=("--fault", "lr_blowup_persistent@30-200"),
-              policy=policy)
+    out = run(tmp_path, cfg, "div0", args=("--fault", "lr_blowup_persistent@30-200"), policy=policy)
     assert not out.ok and out.ending == "diverged" and len(out.attempts) == 1
 
     bad = tmp_path / "bad.yaml"
@@ -211,8 +253,9 @@ def test_a_job_left_running_is_adopted_or_stopped(train_dataset, tmp_path):
         spec = JobSpec(name, str(cfg), args)
         handle = backend.submit(spec)
         handle_file.parent.mkdir(parents=True, exist_ok=True)
-        handle_file.write_text(json.dumps({**handle.to_json(), "config": spec.config,
-                                           "args": list(args)}))
+        handle_file.write_text(
+            json.dumps({**handle.to_json(), "config": spec.config, "args": list(args)})
+        )
         return handle
 
     started: list[JobHandle] = []
@@ -230,15 +273,16 @@ def test_a_job_left_running_is_adopted_or_stopped(train_dataset, tmp_path):
         started.append(old)
         adopt = _leftover(backend, run_dir, spec, lines.append)
         assert adopt is not None and adopt.name == old.name
-        out = supervise(backend, spec, FAST, log=lines.append, handle_file=handle_file,
-                        adopt=adopt)
+        out = supervise(backend, spec, FAST, log=lines.append, handle_file=handle_file, adopt=adopt)
         assert out.ok and len(out.attempts) == 1, lines
         a = out.attempts[0]
         assert a.adopted and a.job == "earlier2-a0" and a.step_reached == 60
         assert a.row()["resumed from"].startswith("adopted: ")
         # Progress reached the supervisor's log: step, loss, throughput, ETA.
-        assert any(re.search(r"step 60/60, loss \d+\.\d{4}, [\d,]+ tokens/s, ETA 0m00s", ln)
-                   for ln in lines), lines
+        assert any(
+            re.search(r"step 60/60, loss \d+\.\d{4}, [\d,]+ tokens/s, ETA 0m00s", ln)
+            for ln in lines
+        ), lines
         assert a.progress is not None and a.progress["step"] == 60
         assert a.row()["last checkpoint"] == "step 60" and a.row()["loss"] == a.progress["loss"]
         assert not (run_dir / "supervisor" / "jobs" / "tonight-a0").exists()
@@ -249,17 +293,28 @@ def test_a_job_left_running_is_adopted_or_stopped(train_dataset, tmp_path):
             backend.cancel(h)
 
 
-def test_storage_outage_under_supervision(train_dataset, tmp_path, s3_bucket, s3_client,
-                                          moto_endpoint, monkeypatch):
+def test_storage_outage_under_supervision(
+    train_dataset, tmp_path, s3_bucket, s3_client, moto_endpoint, monkeypatch
+):
     """The S3 server is unreachable for a while during a supervised run: training goes on,
     checkpoints catch up, and `latest` never names a partial checkpoint."""
     proxy = TcpProxy("127.0.0.1", int(moto_endpoint.rsplit(":", 1)[1]))
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
     prefix = "runs/supervised"
-    cfg = write_cfg(tmp_path / "c.yaml", train_dataset, tmp_path / "run", steps=250,
-                    storage={"max_attempts": 2},
-                    checkpoint={"every": 10, "keep_last": 2, "remote": f"s3://{s3_bucket}/runs",
-                                "run_name": "supervised", "remote_max_failures": 100})
+    cfg = write_cfg(
+        tmp_path / "c.yaml",
+        train_dataset,
+        tmp_path / "run",
+        steps=250,
+        storage={"max_attempts": 2},
+        checkpoint={
+            "every": 10,
+            "keep_last": 2,
+            "remote": f"s3://{s3_bucket}/runs",
+            "run_name": "supervised",
+            "remote_max_failures": 100,
+        },
+    )
     seen: list[str] = []
     stop = threading.Event()
 

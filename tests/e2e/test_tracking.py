@@ -116,12 +116,18 @@ def test_pipeline_run_is_one_mlflow_run_with_prep_and_training(prefect_api, tmp_
         assert history(client, run.info.run_id, name) == points, name
 
     # Artifacts: the loss plot, the metrics log, the manifest, the prep's report.
-    listed = {a.path for d in ("training", "prep")
-              for a in client.list_artifacts(run.info.run_id, d)}
-    assert {"training/loss.png", "training/metrics.jsonl", "training/final.json",
-            "prep/manifest.json", "prep/report.json", "prep/config.json"} <= listed
-    got = Path(client.download_artifacts(run.info.run_id, "prep/manifest.json",
-                                         str(tmp_path)))
+    listed = {
+        a.path for d in ("training", "prep") for a in client.list_artifacts(run.info.run_id, d)
+    }
+    assert {
+        "training/loss.png",
+        "training/metrics.jsonl",
+        "training/final.json",
+        "prep/manifest.json",
+        "prep/report.json",
+        "prep/config.json",
+    } <= listed
+    got = Path(client.download_artifacts(run.info.run_id, "prep/manifest.json", str(tmp_path)))
     v1 = tmp_path / "prep-out" / "dataset" / "v0001"
     manifest = json.loads((v1 / "manifest.json").read_text())
     assert json.loads(got.read_text()) == manifest
@@ -144,8 +150,7 @@ def test_guard_events_reach_both_writers(tmp_path, capsys):
     from dataprep.pipeline import run_prep
     from training.train import main as train_main
 
-    prep_cfg, train_cfg = write_configs(tmp_path, steps=8, eval_every=1000,
-                                        checkpoint_every=4)
+    prep_cfg, train_cfg = write_configs(tmp_path, steps=8, eval_every=1000, checkpoint_every=4)
     run_prep(load_config(prep_cfg), progress=False)
     data = add_tracking(train_cfg, mlflow=False)  # TensorBoard only while training
     data["guards"] = {"warmup_steps": 3}
@@ -207,36 +212,42 @@ def test_tracking_switched_off_writes_nothing(tmp_path):
     assert not (tmp_path / "run" / "mlflow").exists()
 
 
-@pytest.mark.parametrize(("name", "dtype", "label", "tflops"), [
-    ("NVIDIA H100 80GB HBM3", "bf16", "H100 SXM", 989.5),  # what torch calls the SXM part
-    ("NVIDIA H100 80GB HBM3", "fp32", "H100 SXM", 67),
-    ("NVIDIA H100 80GB HBM3", "tf32", "H100 SXM", 494.5),
-    ("NVIDIA H100 PCIe", "bf16", "H100 PCIe", 756.5),
-    ("NVIDIA H100 NVL", "fp16", "H100 NVL", 835.5),
-    ("NVIDIA H200", "bf16", "H200 SXM", 989.5),
-    ("NVIDIA H200 NVL", "bf16", "H200 NVL", 835.5),
-    ("NVIDIA GH200 480GB", "bf16", "H100 SXM", 989.5),
-    ("NVIDIA A100-SXM4-80GB", "bf16", "A100", 312),
-    ("NVIDIA A100-PCIE-40GB", "fp16", "A100", 312),
-    ("NVIDIA A100 80GB PCIe", "fp32", "A100", 19.5),
-    ("NVIDIA L4", "bf16", "L4", 121),
-    ("NVIDIA L40S", "bf16", "L40S", 362.05),
-    ("NVIDIA L40", "bf16", "L40", 181.05),
-    ("NVIDIA A10", "bf16", "A10", 125),
-    ("Tesla V100-SXM2-16GB", "fp16", "V100 SXM2", 125),
-    ("Tesla V100-PCIE-32GB", "fp16", "V100 PCIe", 112),
-    ("Tesla T4", "fp16", "T4", 65),
-])
+@pytest.mark.parametrize(
+    ("name", "dtype", "label", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", "bf16", "H100 SXM", 989.5),  # what torch calls the SXM part
+        ("NVIDIA H100 80GB HBM3", "fp32", "H100 SXM", 67),
+        ("NVIDIA H100 80GB HBM3", "tf32", "H100 SXM", 494.5),
+        ("NVIDIA H100 PCIe", "bf16", "H100 PCIe", 756.5),
+        ("NVIDIA H100 NVL", "fp16", "H100 NVL", 835.5),
+        ("NVIDIA H200", "bf16", "H200 SXM", 989.5),
+        ("NVIDIA H200 NVL", "bf16", "H200 NVL", 835.5),
+        ("NVIDIA GH200 480GB", "bf16", "H100 SXM", 989.5),
+        ("NVIDIA A100-SXM4-80GB", "bf16", "A100", 312),
+        ("NVIDIA A100-PCIE-40GB", "fp16", "A100", 312),
+        ("NVIDIA A100 80GB PCIe", "fp32", "A100", 19.5),
+        ("NVIDIA L4", "bf16", "L4", 121),
+        ("NVIDIA L40S", "bf16", "L40S", 362.05),
+        ("NVIDIA L40", "bf16", "L40", 181.05),
+        ("NVIDIA A10", "bf16", "A10", 125),
+        ("Tesla V100-SXM2-16GB", "fp16", "V100 SXM2", 125),
+        ("Tesla V100-PCIE-32GB", "fp16", "V100 PCIe", 112),
+        ("Tesla T4", "fp16", "T4", 65),
+    ],
+)
 def test_peak_flops_by_device_name(name, dtype, label, tflops):
     assert peak_flops(name, dtype) == (label, pytest.approx(tflops * 1e12))
 
 
-@pytest.mark.parametrize(("name", "dtype"), [
-    ("Tesla V100-SXM2-16GB", "bf16"),  # no bf16 tensor cores: no honest peak
-    ("Tesla T4", "bf16"),
-    ("NVIDIA A10G", "bf16"),  # not in NVIDIA's datasheets (an AWS part)
-    ("NVIDIA GeForce RTX 4090", "bf16"),
-])
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [
+        ("Tesla V100-SXM2-16GB", "bf16"),  # no bf16 tensor cores: no honest peak
+        ("Tesla T4", "bf16"),
+        ("NVIDIA A10G", "bf16"),  # not in NVIDIA's datasheets (an AWS part)
+        ("NVIDIA GeForce RTX 4090", "bf16"),
+    ],
+)
 def test_unknown_peak_is_none(name, dtype):
     assert peak_flops(name, dtype) is None
 
@@ -254,5 +265,6 @@ def test_mfu_uses_the_device_peak_and_every_rank():
         torch.set_float32_matmul_precision(before)
     # 2 ranks at 1e4 tokens/s each of 6e8 FLOPs, against 989.5 TFLOP/s per GPU.
     assert mfu(2e4, 6e8, ("H100 SXM", 989.5e12), 2) == {
-        "mfu": pytest.approx(2e4 * 6e8 / (2 * 989.5e12))}
+        "mfu": pytest.approx(2e4 * 6e8 / (2 * 989.5e12))
+    }
     assert mfu(2e4, 6e8, None, 2) == {}

@@ -28,26 +28,47 @@ from training.train import Trainer, main
 
 
 def train(dataset: str, run_dir: Path, faults: Faults | None = None, **over) -> int:
-    return Trainer(parse_train_config(train_config(dataset, run_dir, log_every=1, **over)),
-                   faults).run()
+    return Trainer(
+        parse_train_config(train_config(dataset, run_dir, log_every=1, **over)), faults
+    ).run()
 
 
-@pytest.mark.parametrize("over", [
-    {"optim": {"name": "adamw"}},
-    {"optim": {"name": "lion", "lr": 3e-4}},
-    {"optim": {"name": "adafactor", "lr": 1e-2}},
-    {"optim": {"name": "muon"}},
-    {"precision": {"dtype": "bf16", "z_loss": 1e-4}},
-    {"precision": {"dtype": "fp16"}},
-    {"schedule": {"kind": "wsd"}}, {"schedule": {"kind": "linear"}},
-    {"schedule": {"kind": "constant", "batch_warmup_start_accum": 1,
-                  "batch_warmup_steps": 4}, "accum_steps": 3},
-    {"model": {"norm": "layernorm", "position": "learned", "mlp": "gelu", "bias": True}},
-    {"model": {"parallel_block": True, "qk_norm": True, "tie_embeddings": False,
-               "rotary_pct": 0.5}},
-    {"model": {"activation_checkpointing": True, "mup_base_d_model": 16}},
-], ids=lambda o: "-".join(f"{k}" for k in o) + "-" + "-".join(
-    str(v) for d in o.values() if isinstance(d, dict) for v in d.values())[:40])
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"optim": {"name": "adamw"}},
+        {"optim": {"name": "lion", "lr": 3e-4}},
+        {"optim": {"name": "adafactor", "lr": 1e-2}},
+        {"optim": {"name": "muon"}},
+        {"precision": {"dtype": "bf16", "z_loss": 1e-4}},
+        {"precision": {"dtype": "fp16"}},
+        {"schedule": {"kind": "wsd"}},
+        {"schedule": {"kind": "linear"}},
+        {
+            "schedule": {
+                "kind": "constant",
+                "batch_warmup_start_accum": 1,
+                "batch_warmup_steps": 4,
+            },
+            "accum_steps": 3,
+        },
+        {"model": {"norm": "layernorm", "position": "learned", "mlp": "gelu", "bias": True}},
+        {
+            "model": {
+                "parallel_block": True,
+                "qk_norm": True,
+                "tie_embeddings": False,
+                "rotary_pct": 0.5,
+            }
+        },
+        {"model": {"activation_checkpointing": True, "mup_base_d_model": 16}},
+    ],
+    ids=lambda o: (
+        "-".join(f"{k}" for k in o)
+        + "-"
+        + "-".join(str(v) for d in o.values() if isinstance(d, dict) for v in d.values())[:40]
+    ),
+)
 def test_every_option_trains(dataset, tmp_path, over):
     assert train(dataset, tmp_path, **over) == 0
     recs = read(tmp_path / "metrics.jsonl")
@@ -79,8 +100,14 @@ def test_nan_batches_are_skipped(dataset, tmp_path):
 
 
 def test_spike_is_skipped_with_sample_ids(dataset, tmp_path):
-    code = train(dataset, tmp_path, Faults(spike_at={30}), steps=40,
-                 guards={"warmup_steps": 10}, checkpoint={"every": 20})
+    code = train(
+        dataset,
+        tmp_path,
+        Faults(spike_at={30}),
+        steps=40,
+        guards={"warmup_steps": 10},
+        checkpoint={"every": 20},
+    )
     assert code == 0
     events = [r for r in read(tmp_path / "metrics.jsonl") if r.get("kind") == "event"]
     spikes = [e for e in events if e.get("reason") in ("loss_spike", "grad_spike")]
@@ -89,9 +116,14 @@ def test_spike_is_skipped_with_sample_ids(dataset, tmp_path):
 
 
 def test_lr_blowup_rolls_back_and_completes(dataset, tmp_path):
-    code = train(dataset, tmp_path, Faults(lr_blowup=(30, 34)), steps=50,
-                 guards={"warmup_steps": 10, "max_rollbacks": 2, "rollback_lr_scale": 0.5},
-                 checkpoint={"every": 10})
+    code = train(
+        dataset,
+        tmp_path,
+        Faults(lr_blowup=(30, 34)),
+        steps=50,
+        guards={"warmup_steps": 10, "max_rollbacks": 2, "rollback_lr_scale": 0.5},
+        checkpoint={"every": 10},
+    )
     assert code == 0
     recs = read(tmp_path / "metrics.jsonl")
     rollbacks = [r for r in recs if r.get("event") == "rollback"]
@@ -105,8 +137,14 @@ def test_lr_blowup_rolls_back_and_completes(dataset, tmp_path):
 
 
 def test_rollback_budget_exhausted_exits_3(dataset, tmp_path):
-    code = train(dataset, tmp_path, Faults(lr_blowup=(30, 200), persist=True), steps=120,
-                 guards={"warmup_steps": 10, "max_rollbacks": 1}, checkpoint={"every": 10})
+    code = train(
+        dataset,
+        tmp_path,
+        Faults(lr_blowup=(30, 200), persist=True),
+        steps=120,
+        guards={"warmup_steps": 10, "max_rollbacks": 1},
+        checkpoint={"every": 10},
+    )
     assert code == EXIT_DIVERGED
 
 
@@ -134,8 +172,14 @@ def test_sigkill_resume_is_bitwise_exact(dataset, tmp_path):
     """Killed three times at arbitrary moments, the run ends with the same parameters,
     optimizer state and metrics as a run that never stopped."""
     steps = 60
-    c = train_config(dataset, tmp_path / "ref", log_every=1, steps=steps, eval_every=20,
-                     checkpoint={"every": 7, "keep_last": 2})
+    c = train_config(
+        dataset,
+        tmp_path / "ref",
+        log_every=1,
+        steps=steps,
+        eval_every=20,
+        checkpoint={"every": 7, "keep_last": 2},
+    )
     ref_cfg = tmp_path / "ref.yaml"
     ref_cfg.write_text(yaml.safe_dump(c))
     cmd = [sys.executable, "-m", "training.train", "--config"]
@@ -179,8 +223,9 @@ def test_sigkill_resume_is_bitwise_exact(dataset, tmp_path):
     assert [r["loss"] for r in la] == [r["loss"] for r in lb]
 
 
-def test_fresh_machine_resumes_from_object_storage(dataset, tmp_path, s3_bucket, s3_client,
-                                                   moto_endpoint, monkeypatch):
+def test_fresh_machine_resumes_from_object_storage(
+    dataset, tmp_path, s3_bucket, s3_client, moto_endpoint, monkeypatch
+):
     """Checkpoints go to S3 in the background; a machine with an empty disk resumes from
     the newest complete one there, and ends where an uninterrupted run ends."""
     import shutil
@@ -189,8 +234,10 @@ def test_fresh_machine_resumes_from_object_storage(dataset, tmp_path, s3_bucket,
     remote = f"s3://{s3_bucket}/runs/{{run}}/checkpoints"  # run "a": runs/a/checkpoints
     # A constant schedule: the first run stops at 6 of what later becomes 12 steps, and a
     # cosine over 6 steps would differ from the uninterrupted run's cosine over 12.
-    over = {"checkpoint": {"every": 3, "keep_last": 2, "remote": remote},
-            "schedule": {"kind": "constant"}}
+    over = {
+        "checkpoint": {"every": 3, "keep_last": 2, "remote": remote},
+        "schedule": {"kind": "constant"},
+    }
     assert train(dataset, tmp_path / "a", steps=6, **over) == 0
     body = s3_client.get_object(Bucket=s3_bucket, Key="runs/a/checkpoints/latest")["Body"]
     assert body.read().decode().strip() == ckpt.step_name(6)
@@ -200,30 +247,59 @@ def test_fresh_machine_resumes_from_object_storage(dataset, tmp_path, s3_bucket,
     events = [r for r in read(tmp_path / "a" / "metrics.jsonl") if r.get("event") == "resume"]
     assert events and events[0]["step"] == 6
 
-    assert train(dataset, tmp_path / "ref", steps=12, checkpoint={"every": 3},
-                 schedule={"kind": "constant"}) == 0
+    assert (
+        train(
+            dataset,
+            tmp_path / "ref",
+            steps=12,
+            checkpoint={"every": 3},
+            schedule={"kind": "constant"},
+        )
+        == 0
+    )
     a, b = _params(tmp_path / "a", 12), _params(tmp_path / "ref", 12)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    return {f.relative_to(root).as_posix(): f.read_bytes()
-            for f in sorted(root.rglob("*")) if f.is_file()}
+    return {
+        f.relative_to(root).as_posix(): f.read_bytes()
+        for f in sorted(root.rglob("*"))
+        if f.is_file()
+    }
 
 
 def test_runs_keep_to_their_own_remote_prefix(dataset, tmp_path):
     """Two runs with the same config and the same checkpoint.remote root, in other run_dirs:
     each gets its own prefix; the second neither resumes from nor prunes the first's."""
     store = tmp_path / "store"
-    assert train(dataset, tmp_path / "first", steps=2, eval_every=100, eval_batches=1,
-                 checkpoint={"every": 1, "keep_last": 2, "remote": str(store)}) == 0
+    assert (
+        train(
+            dataset,
+            tmp_path / "first",
+            steps=2,
+            eval_every=100,
+            eval_batches=1,
+            checkpoint={"every": 1, "keep_last": 2, "remote": str(store)},
+        )
+        == 0
+    )
     first = store / "first"
     before = _tree(first)
     assert (first / "latest").read_text().strip() == ckpt.step_name(2)
     assert "step-00000002/meta.json" in before
     # More checkpoints, and a retention that would keep only one of them.
-    assert train(dataset, tmp_path / "second", steps=4, eval_every=100, eval_batches=1,
-                 checkpoint={"every": 1, "keep_last": 1, "remote": str(store)}) == 0
+    assert (
+        train(
+            dataset,
+            tmp_path / "second",
+            steps=4,
+            eval_every=100,
+            eval_batches=1,
+            checkpoint={"every": 1, "keep_last": 1, "remote": str(store)},
+        )
+        == 0
+    )
     assert _tree(first) == before
     events = [r.get("event") for r in read(tmp_path / "second" / "metrics.jsonl")]
     assert "resume" not in events  # started at step 0, not from the first run's step 2
@@ -240,8 +316,12 @@ def test_remote_prefix_of_another_config_exits_1(dataset, tmp_path):
     fingerprint): the trainer exits 1 with one line saying whose they are and what to do,
     restores nothing and leaves the remote untouched."""
     store = tmp_path / "store"
-    over = {"steps": 1, "eval_every": 100, "eval_batches": 1,
-            "checkpoint": {"every": 1, "remote": str(store)}}
+    over = {
+        "steps": 1,
+        "eval_every": 100,
+        "eval_batches": 1,
+        "checkpoint": {"every": 1, "remote": str(store)},
+    }
     assert train(dataset, tmp_path / "a" / "run", **over) == 0
     prefix = store / "run"
     before = _tree(prefix)
@@ -250,8 +330,13 @@ def test_remote_prefix_of_another_config_exits_1(dataset, tmp_path):
     c = train_config(dataset, tmp_path / "b" / "run", log_every=1, model={"d_model": 64}, **over)
     p = tmp_path / "b.yaml"
     p.write_text(yaml.safe_dump(c))
-    proc = subprocess.run([sys.executable, "-m", "training.train", "--config", str(p)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.train", "--config", str(p)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == EXIT_ERROR, proc.stderr
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -259,15 +344,22 @@ def test_remote_prefix_of_another_config_exits_1(dataset, tmp_path):
     theirs = parse_train_config(train_config(dataset, tmp_path / "a" / "run", log_every=1, **over))
     ours = parse_train_config(c)
     assert theirs.checkpoint_fingerprint() != ours.checkpoint_fingerprint()
-    for part in (str(prefix.resolve()), "'run'", theirs.checkpoint_fingerprint(),
-                 ours.checkpoint_fingerprint(), "checkpoint.run_name", "delete"):
+    for part in (
+        str(prefix.resolve()),
+        "'run'",
+        theirs.checkpoint_fingerprint(),
+        ours.checkpoint_fingerprint(),
+        "checkpoint.run_name",
+        "delete",
+    ):
         assert part in errors[0], part
     assert _tree(prefix) == before
     assert not (tmp_path / "b" / "run" / "checkpoints").exists()
 
 
-def test_storage_outage_during_training(dataset, tmp_path, s3_bucket, s3_client, monkeypatch,
-                                        moto_endpoint, capfd):
+def test_storage_outage_during_training(
+    dataset, tmp_path, s3_bucket, s3_client, monkeypatch, moto_endpoint, capfd
+):
     """The S3 endpoint goes away for a while mid-run (a proxy that drops every connection):
     training keeps going, uploads are retried and catch up, and `latest` never names a
     partial checkpoint."""
@@ -288,10 +380,20 @@ def test_storage_outage_during_training(dataset, tmp_path, s3_bucket, s3_client,
     watch_latest(s3_client, s3_bucket, "runs/outage", seen, stop)  # moto, not the proxy
     threading.Thread(target=outage, daemon=True).start()
     try:
-        code = train(dataset, tmp_path, steps=150, eval_every=150,
-                     storage={"max_attempts": 2},
-                     checkpoint={"every": 10, "keep_last": 2, "remote": remote,
-                                 "run_name": "outage", "remote_max_failures": 100})
+        code = train(
+            dataset,
+            tmp_path,
+            steps=150,
+            eval_every=150,
+            storage={"max_attempts": 2},
+            checkpoint={
+                "every": 10,
+                "keep_last": 2,
+                "remote": remote,
+                "run_name": "outage",
+                "remote_max_failures": 100,
+            },
+        )
     finally:
         stop.set()
         proxy.close()
@@ -303,8 +405,9 @@ def test_storage_outage_during_training(dataset, tmp_path, s3_bucket, s3_client,
     assert body.decode().strip() == ckpt.step_name(150)
 
 
-def test_dataset_in_object_storage(dataset, tmp_path, s3_bucket, s3_client, moto_endpoint,
-                                   monkeypatch):
+def test_dataset_in_object_storage(
+    dataset, tmp_path, s3_bucket, s3_client, moto_endpoint, monkeypatch
+):
     """A dataset in S3 (what prep writes on a cluster) is fetched into the dataset cache,
     verified, and trained on; a tampered remote copy is refused."""
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
@@ -322,8 +425,9 @@ def test_dataset_in_object_storage(dataset, tmp_path, s3_bucket, s3_client, moto
 
     arrow = sorted(p for p in Path(dataset).glob("v0001/train/*.arrow"))[0]
     data = arrow.read_bytes()
-    s3_client.put_object(Bucket=s3_bucket, Key=f"ds/v0001/train/{arrow.name}",
-                         Body=data[:-10] + b"0123456789")
+    s3_client.put_object(
+        Bucket=s3_bucket, Key=f"ds/v0001/train/{arrow.name}", Body=data[:-10] + b"0123456789"
+    )
     monkeypatch.setenv("BALLAST_DATASET_CACHE", str(tmp_path / "cache2"))
     with pytest.raises(Exception, match="does not match its manifest"):
         train(uri, tmp_path / "run2", steps=2)
@@ -340,7 +444,15 @@ def test_resume_is_exact_for_both_adamw_kernels(dataset, tmp_path, fused):
     a, b = _params(tmp_path / "a", 6), _params(tmp_path / "b", 6)
     assert all(torch.equal(a[k], b[k]) for k in a)
     if fused:  # and it is a different kernel: not bit-identical to foreach
-        assert train(dataset, tmp_path / "c", steps=6, optim={"fused": False},
-                     schedule={"kind": "constant"}) == 0
+        assert (
+            train(
+                dataset,
+                tmp_path / "c",
+                steps=6,
+                optim={"fused": False},
+                schedule={"kind": "constant"},
+            )
+            == 0
+        )
         c = _params(tmp_path / "c", 6)
         assert any(not torch.equal(a[k], c[k]) for k in a)

@@ -32,13 +32,17 @@ def train(config: dict[str, Any], faults: Faults | None = None) -> int:
     return Trainer(parse_train_config(config), faults).run()
 
 
-def run_cli(config: dict[str, Any], tmp_path: Path, *args: str,
-            module: str = "training.train") -> subprocess.CompletedProcess[str]:
+def run_cli(
+    config: dict[str, Any], tmp_path: Path, *args: str, module: str = "training.train"
+) -> subprocess.CompletedProcess[str]:
     p = tmp_path / "config.yaml"
     p.write_text(yaml.safe_dump(config))
     cmd = [sys.executable, "-m", module]
-    cmd += ["--", "--config", str(p), *args] if module == "training.entrypoint" else [
-        "--config", str(p), *args]
+    cmd += (
+        ["--", "--config", str(p), *args]
+        if module == "training.entrypoint"
+        else ["--config", str(p), *args]
+    )
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
@@ -46,8 +50,13 @@ def said(stderr: str) -> list[str]:
     """stderr less the machine-readable event lines, the trainer's narrative (progress,
     evaluations, the closing block: training.console) and torchrun's and the entrypoint's
     own report of the exit code."""
-    return [line for line in stderr.splitlines() if line.strip() and not is_narrative(line)
-            and not line.startswith((EVENT_PREFIX, "entrypoint: torchrun exited"))]
+    return [
+        line
+        for line in stderr.splitlines()
+        if line.strip()
+        and not is_narrative(line)
+        and not line.startswith((EVENT_PREFIX, "entrypoint: torchrun exited"))
+    ]
 
 
 def flip_byte(path: Path) -> None:
@@ -74,8 +83,13 @@ def events(run_dir: Path, name: str) -> list[dict[str, Any]]:
 
 def six_steps(ds: str, run_dir: Path, **over: Any) -> dict[str, Any]:
     """Checkpoints at 0, 3 and 6 (a constant schedule: a resume to 9 changes no LR)."""
-    base = {"steps": 6, "eval_every": 100, "eval_batches": 1,
-            "checkpoint": {"every": 3, "keep_last": 3}, "schedule": {"kind": "constant"}}
+    base = {
+        "steps": 6,
+        "eval_every": 100,
+        "eval_batches": 1,
+        "checkpoint": {"every": 3, "keep_last": 3},
+        "schedule": {"kind": "constant"},
+    }
     return train_config(ds, run_dir, log_every=1, **{**base, **over})
 
 
@@ -83,8 +97,7 @@ def six_steps(ds: str, run_dir: Path, **over: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("how", ["flipped_byte", "no_meta", "garbled_meta"])
-def test_corrupt_newest_checkpoint_is_set_aside_and_the_previous_one_used(
-        dataset, tmp_path, how):
+def test_corrupt_newest_checkpoint_is_set_aside_and_the_previous_one_used(dataset, tmp_path, how):
     run = tmp_path / "run"
     c = six_steps(dataset, run)
     assert train(c) == EXIT_OK
@@ -113,8 +126,7 @@ def test_corrupt_newest_checkpoint_is_set_aside_and_the_previous_one_used(
     assert state["trainer"]["step"] == 9
 
 
-def test_corrupt_checkpoint_through_the_pod_entrypoint_is_not_a_crash(
-        dataset, tmp_path):
+def test_corrupt_checkpoint_through_the_pod_entrypoint_is_not_a_crash(dataset, tmp_path):
     """What Kubernetes and the supervisor see: exit 0 after the fallback, not 2."""
     run = tmp_path / "run"
     c = six_steps(dataset, run, steps=3)
@@ -156,17 +168,20 @@ def test_no_valid_checkpoint_anywhere_exits_1_with_one_line(dataset, tmp_path):
     warnings = [line for line in lines if line.startswith("warning:")]
     assert len(warnings) == 2 and len(lines) == 3, lines  # one per bad checkpoint
     assert sorted(p.name.split(".")[0] for p in root.glob("step-*.corrupt-*")) == [
-        ckpt.step_name(0), ckpt.step_name(3)]
+        ckpt.step_name(0),
+        ckpt.step_name(3),
+    ]
     assert [e["checkpoint"] for e in events(run, "checkpoint_corrupt")] == [
-        ckpt.step_name(3), ckpt.step_name(0)]
+        ckpt.step_name(3),
+        ckpt.step_name(0),
+    ]
     # A restart does not quietly start again from step 0: still exit 1.
     c["steps"] = 6
     assert train(c) == EXIT_ERROR
     assert ckpt.steps(root) == []
 
 
-def test_corrupt_local_checkpoint_is_fetched_again_from_object_storage(
-        dataset, tmp_path):
+def test_corrupt_local_checkpoint_is_fetched_again_from_object_storage(dataset, tmp_path):
     run = tmp_path / "run"
     store = tmp_path / "store"
     c = six_steps(dataset, run, checkpoint={"every": 3, "keep_last": 3, "remote": str(store)})
@@ -184,7 +199,9 @@ def test_corrupt_local_checkpoint_is_fetched_again_from_object_storage(
     # The newest valid checkpoint anywhere: step 6 from object storage, not step 0 on disk.
     assert events(run, "resume")[0]["checkpoint"] == ckpt.step_name(6)
     assert {e["checkpoint"] for e in events(run, "checkpoint_corrupt")} == {
-        ckpt.step_name(6), ckpt.step_name(3)}
+        ckpt.step_name(6),
+        ckpt.step_name(3),
+    }
     aside = next(root.glob(f"{ckpt.step_name(6)}.corrupt-*"))
     assert (aside / ckpt.STATE).read_bytes() != good  # the damaged copy, kept
     assert ckpt.latest_step(root) == 7
@@ -206,13 +223,20 @@ def test_rollback_skips_a_corrupt_checkpoint(dataset, tmp_path):
             self.nan_at = set() if rollbacks else {7, 8}
 
     run = tmp_path / "run"
-    c = six_steps(dataset, run, steps=10,
-                  guards={"max_nonfinite_steps": 2, "max_rollbacks": 1},
-                  checkpoint={"every": 3, "keep_last": 5, "async_save": False})
+    c = six_steps(
+        dataset,
+        run,
+        steps=10,
+        guards={"max_nonfinite_steps": 2, "max_rollbacks": 1},
+        checkpoint={"every": 3, "keep_last": 5, "async_save": False},
+    )
     assert train(c, Damaging()) == EXIT_OK
     [rollback] = events(run, "rollback")
     assert (rollback["trigger"], rollback["start_step"], rollback["to_step"]) == (
-        "non_finite", 7, 3)
+        "non_finite",
+        7,
+        3,
+    )
     [bad] = events(run, "checkpoint_corrupt")
     assert bad["checkpoint"] == ckpt.step_name(6) and bad["step"] == 8
     assert len(list((run / "checkpoints").glob(f"{ckpt.step_name(6)}.corrupt-*"))) == 1
@@ -223,12 +247,19 @@ def test_rollback_skips_a_corrupt_checkpoint(dataset, tmp_path):
 # -- 2. NaN weights never end "done" -----------------------------------------------------------
 
 
-@pytest.mark.parametrize(("key", "value"), [
-    (("optim", "lr"), float("inf")), (("optim", "lr"), float("nan")),
-    (("optim", "betas"), [0.9, float("nan")]), (("optim", "grad_clip"), float("inf")),
-    (("guards", "loss_z"), float("inf")), (("model", "rope_theta"), float("-inf")),
-    (("schedule", "min_lr_ratio"), float("nan")), (("precision", "z_loss"), float("inf")),
-])
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (("optim", "lr"), float("inf")),
+        (("optim", "lr"), float("nan")),
+        (("optim", "betas"), [0.9, float("nan")]),
+        (("optim", "grad_clip"), float("inf")),
+        (("guards", "loss_z"), float("inf")),
+        (("model", "rope_theta"), float("-inf")),
+        (("schedule", "min_lr_ratio"), float("nan")),
+        (("precision", "z_loss"), float("inf")),
+    ],
+)
 def test_non_finite_config_values_are_rejected_naming_the_key(key, value):
     with pytest.raises(TrainConfigError, match=rf"{key[0]}\.{key[1]}(\[1\])?: .*finite"):
         parse_train_config({"dataset": "d", key[0]: {key[1]: value}})
@@ -236,10 +267,18 @@ def test_non_finite_config_values_are_rejected_naming_the_key(key, value):
 
 def test_infinite_lr_in_yaml_exits_1(dataset, tmp_path):
     p = tmp_path / "c.yaml"
-    p.write_text(yaml.safe_dump(train_config(dataset, tmp_path / "run", log_every=1)).replace(
-        "schedule:", "optim:\n  lr: .inf\nschedule:"))
-    r = subprocess.run([sys.executable, "-m", "training.train", "--config", str(p)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+    p.write_text(
+        yaml.safe_dump(train_config(dataset, tmp_path / "run", log_every=1)).replace(
+            "schedule:", "optim:\n  lr: .inf\nschedule:"
+        )
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "training.train", "--config", str(p)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == EXIT_ERROR, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
     assert "optim.lr: Input should be a finite number" in r.stderr
@@ -253,8 +292,14 @@ def nan_run(ds: str, run: Path, **over: Any) -> dict[str, Any]:
 
 def test_nonfinite_steps_in_a_row_roll_back_then_exit_3(dataset, tmp_path):
     run = tmp_path / "run"
-    c = nan_run(dataset, run, steps=40, eval_every=100, checkpoint={"every": 100},
-                guards={"max_rollbacks": 1})
+    c = nan_run(
+        dataset,
+        run,
+        steps=40,
+        eval_every=100,
+        checkpoint={"every": 100},
+        guards={"max_rollbacks": 1},
+    )
     r = run_cli(c, tmp_path)
     assert r.returncode == EXIT_DIVERGED, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
@@ -270,8 +315,15 @@ def test_nan_validation_loss_is_a_divergence_not_done(dataset, tmp_path):
     run = tmp_path / "run"
     # The loss is NaN from step 6: at the evaluation after step 7, two non-finite steps in a
     # row are not yet a divergence by themselves (max_nonfinite_steps: 5).
-    c = nan_run(dataset, run, steps=10, eval_every=8, eval_batches=2,
-                checkpoint={"every": 100}, guards={"max_rollbacks": 0})
+    c = nan_run(
+        dataset,
+        run,
+        steps=10,
+        eval_every=8,
+        eval_batches=2,
+        checkpoint={"every": 100},
+        guards={"max_rollbacks": 0},
+    )
     r = run_cli(c, tmp_path)
     assert r.returncode == EXIT_DIVERGED, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
@@ -287,9 +339,16 @@ def test_nan_weights_are_never_checkpointed(dataset, tmp_path):
     update from a non-finite step, so with a merely huge LR the weights stay finite and the
     loss is what turns NaN: see the tests above.)"""
     run = tmp_path / "run"
-    c = train_config(dataset, run, log_every=1, steps=6, eval_every=100,
-                     optim={"lr": 1.0e37, "weight_decay": 1e3},
-                     checkpoint={"every": 3, "keep_last": 5}, guards={"max_rollbacks": 0})
+    c = train_config(
+        dataset,
+        run,
+        log_every=1,
+        steps=6,
+        eval_every=100,
+        optim={"lr": 1.0e37, "weight_decay": 1e3},
+        checkpoint={"every": 3, "keep_last": 5},
+        guards={"max_rollbacks": 0},
+    )
     r = run_cli(c, tmp_path)
     assert r.returncode == EXIT_DIVERGED, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
@@ -305,8 +364,15 @@ def test_fp16_nan_weights_are_not_taken_for_loss_scale_overflows(dataset, tmp_pa
     """With fp16 loss scaling a non-finite gradient norm is routine (the scaler skips the
     step), but a non-finite loss is not: NaN weights end in a divergence, not in "done"."""
     run = tmp_path / "run"
-    c = nan_run(dataset, run, steps=20, eval_every=100, checkpoint={"every": 100},
-                precision={"dtype": "fp16"}, guards={"max_rollbacks": 0})
+    c = nan_run(
+        dataset,
+        run,
+        steps=20,
+        eval_every=100,
+        checkpoint={"every": 100},
+        precision={"dtype": "fp16"},
+        guards={"max_rollbacks": 0},
+    )
     assert train(c) == EXIT_DIVERGED
     [abort] = events(run, "abort")
     assert abort["trigger"] == "non_finite"

@@ -79,8 +79,10 @@ class _Texts:
 
     def __call__(self, extra: str = "") -> str:
         self.n += 1
-        words = ["".join(self.rng.choice("aeioubcdfglmnprstv") for _ in range(
-            self.rng.randint(3, 9))) for _ in range(30)]
+        words = [
+            "".join(self.rng.choice("aeioubcdfglmnprstv") for _ in range(self.rng.randint(3, 9)))
+            for _ in range(30)
+        ]
         return f"Document {self.n}: " + " ".join(words) + f". {extra}".rstrip() + "\n"
 
 
@@ -156,8 +158,10 @@ def _jsonl_cases(t: _Texts) -> list[tuple[bytes, str | None]]:
         # -- too_deep: valid JSON (or not: the parser cannot tell) nested too deep --
         (deep.encode(), "too_deep"),
         (b'{"text": ' + _j(t()) + b', "m": ' + deep.encode() + b"}", "too_deep"),
-        (b'{"text": ' + _j(t()) + b', "m": ' + b'{"a": ' * DEEP + b"1" + b"}" * DEEP + b"}",
-         "too_deep"),
+        (
+            b'{"text": ' + _j(t()) + b', "m": ' + b'{"a": ' * DEEP + b"1" + b"}" * DEEP + b"}",
+            "too_deep",
+        ),
         (b"[" * DEEP, "too_deep"),
         # -- non_finite_number: not JSON (RFC 8259), and would be written back as such --
         (b'{"text": ' + _j(t()) + b', "x": NaN}', "non_finite_number"),
@@ -199,11 +203,13 @@ def write_corpus(root: Path) -> Expected:
     # Broken streams: whole members/frames come through, then the file is corrupt_file.
     # A first member/frame that is complete, then a second cut off right after its header
     # (so it yields nothing): what a writer killed mid-append leaves.
-    (root / "trunc.jsonl.gz").write_bytes(gzip.compress(_good_lines(t, 3))
-                                          + gzip.compress(_good_lines(t, 2))[:10])
+    (root / "trunc.jsonl.gz").write_bytes(
+        gzip.compress(_good_lines(t, 3)) + gzip.compress(_good_lines(t, 2))[:10]
+    )
     zc = zstandard.ZstdCompressor()
-    (root / "trunc.jsonl.zst").write_bytes(zc.compress(_good_lines(t, 3))
-                                           + zc.compress(_good_lines(t, 2))[:6])
+    (root / "trunc.jsonl.zst").write_bytes(
+        zc.compress(_good_lines(t, 3)) + zc.compress(_good_lines(t, 2))[:6]
+    )
     good += 6
     reasons["corrupt_file"] += 2
     (root / "not-gzip.jsonl.gz").write_bytes(_good_lines(t, 2))  # plain text, named .gz
@@ -216,18 +222,26 @@ def write_corpus(root: Path) -> Expected:
         ({"id": "pq-1", "text": t(), "score": 0.5, "vec": [1.0]}, None),
         ({"id": "pq-2", "text": None, "score": 0.5, "vec": []}, "wrong_type"),
         ({"id": "pq-3", "text": t(), "score": float("nan"), "vec": []}, "non_finite_number"),
-        ({"id": "pq-4", "text": t(), "score": 1.0, "vec": [2.0, float("inf")]},
-         "non_finite_number"),
+        (
+            {"id": "pq-4", "text": t(), "score": 1.0, "vec": [2.0, float("inf")]},
+            "non_finite_number",
+        ),
         ({"id": "pq-5", "text": "", "score": 1.0, "vec": []}, "empty_text"),
-        ({"id": "pq-6", "text": "z" * (MAX_DOC_BYTES + 1), "score": 1.0, "vec": []},
-         "too_large"),
+        ({"id": "pq-6", "text": "z" * (MAX_DOC_BYTES + 1), "score": 1.0, "vec": []}, "too_large"),
         ({"id": None, "text": t(), "score": 1.0, "vec": []}, "bad_id"),
         ({"id": "pq-8", "text": t(), "score": -0.0, "vec": [1e308]}, None),
     ]
-    schema = pa.schema([("id", pa.string()), ("text", pa.string()), ("score", pa.float64()),
-                        ("vec", pa.list_(pa.float64()))])
-    pq.write_table(pa.Table.from_pylist([r for r, _ in rows], schema=schema),
-                   root / "table.parquet")
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("text", pa.string()),
+            ("score", pa.float64()),
+            ("vec", pa.list_(pa.float64())),
+        ]
+    )
+    pq.write_table(
+        pa.Table.from_pylist([r for r, _ in rows], schema=schema), root / "table.parquet"
+    )
     for _, reason in rows:
         if reason is None:
             good += 1

@@ -66,9 +66,16 @@ def make_corpus(root: Path) -> dict:
     with gzip.open(root / "web" / "web.jsonl.gz", "wb") as f:
         f.write(b"\n".join(lines) + b"\n")
     (root / "code").mkdir()
-    pq.write_table(pa.table({"id": [r["id"] for r in code], "text": [r["text"] for r in code],
-                             "language": [r.get("language", "python") for r in code]}),
-                   root / "code" / "code.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "id": [r["id"] for r in code],
+                "text": [r["text"] for r in code],
+                "language": [r.get("language", "python") for r in code],
+            }
+        ),
+        root / "code" / "code.parquet",
+    )
     planted["n_web_lines"] = len(lines)
     planted["n_code"] = len(code)
     return planted

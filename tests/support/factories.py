@@ -17,9 +17,19 @@ def train_config(dataset: str, run_dir: Path | str, **over: Any) -> dict[str, An
     checkpoint every 3 steps (the last 2 kept), 2 warmup steps. Each keyword replaces its key;
     a dict given for a key that holds a dict updates that dict instead
     (`checkpoint={"every": 5}` keeps keep_last 2)."""
-    return merge({"dataset": dataset, "run_dir": str(run_dir), "steps": 6, "micro_batch": 4,
-                  "eval_every": 3, "model": dict(TINY), "checkpoint": {"every": 3, "keep_last": 2},
-                  "schedule": {"warmup_steps": 2}}, **over)
+    return merge(
+        {
+            "dataset": dataset,
+            "run_dir": str(run_dir),
+            "steps": 6,
+            "micro_batch": 4,
+            "eval_every": 3,
+            "model": dict(TINY),
+            "checkpoint": {"every": 3, "keep_last": 2},
+            "schedule": {"warmup_steps": 2},
+        },
+        **over,
+    )
 
 
 def merge(config: dict[str, Any], **over: Any) -> dict[str, Any]:
@@ -40,8 +50,13 @@ def prep_config(data: Path, out: Path, workers: int = 1, shard_docs: int = 40) -
         "workers": workers,
         "sources": [
             {"name": "web", "paths": [str(data / "web" / "*.jsonl.gz")], "id_field": "id"},
-            {"name": "code", "paths": [str(data / "code")], "format": "parquet",
-             "id_field": "id", "quality": ["char_repetition"]},
+            {
+                "name": "code",
+                "paths": [str(data / "code")],
+                "format": "parquet",
+                "id_field": "id",
+                "quality": ["char_repetition"],
+            },
         ],
         "ingest": {"shard_docs": shard_docs},
         "quality": ["char_repetition", "gopher_quality", "gopher_repetition"],

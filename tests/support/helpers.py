@@ -56,8 +56,9 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def watch_latest(s3_client: Any, bucket: str, prefix: str, seen: list[str],
-                 stop: threading.Event) -> threading.Thread:
+def watch_latest(
+    s3_client: Any, bucket: str, prefix: str, seen: list[str], stop: threading.Event
+) -> threading.Thread:
     """A thread that reads `<prefix>/latest` straight from the S3 server every 50 ms and
     records the checkpoint it names, or "PARTIAL ..." when that checkpoint has no
     meta.json (a reader would then see a partial checkpoint)."""
@@ -65,8 +66,12 @@ def watch_latest(s3_client: Any, bucket: str, prefix: str, seen: list[str],
     def watch() -> None:
         while not stop.is_set():
             try:
-                name = s3_client.get_object(Bucket=bucket, Key=f"{prefix}/latest")[
-                    "Body"].read().decode().strip()
+                name = (
+                    s3_client.get_object(Bucket=bucket, Key=f"{prefix}/latest")["Body"]
+                    .read()
+                    .decode()
+                    .strip()
+                )
                 s3_client.head_object(Bucket=bucket, Key=f"{prefix}/{name}/meta.json")
                 seen.append(name)
             except s3_client.exceptions.NoSuchKey:
@@ -87,9 +92,15 @@ def cli_env() -> dict[str, str]:
 
 def run_cli(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
     """`ballast ARGS` in a subprocess from the repository root, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300, env=cli_env(),
-                          **kw)  # type: ignore[call-overload]
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=cli_env(),
+        **kw,
+    )  # type: ignore[call-overload]
 
 
 def assert_one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> str:

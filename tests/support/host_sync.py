@@ -45,6 +45,7 @@ def count_host_reads() -> Iterator[collections.Counter[str]]:
                 caller = sys._getframe(1).f_code.co_filename
                 counts[f"optim.{name}" if caller.startswith(OPTIM_DIR) else name] += 1
             return fn(self, *args, **kwargs)
+
         return wrapper
 
     for name, fn in saved.items():
@@ -56,11 +57,19 @@ def count_host_reads() -> Iterator[collections.Counter[str]]:
             setattr(torch.Tensor, name, fn)
 
 
-def trainer(dataset: str, run_dir: Path, accum: int, hooks: Hooks | None = None,
-            **over) -> Trainer:
-    cfg = {"dataset": dataset, "run_dir": str(run_dir), "steps": 8, "micro_batch": 4,
-           "accum_steps": accum, "eval_every": 1000, "model": dict(TINY),
-           "checkpoint": {"every": 1000}, "schedule": {"warmup_steps": 2}, **over}
+def trainer(dataset: str, run_dir: Path, accum: int, hooks: Hooks | None = None, **over) -> Trainer:
+    cfg = {
+        "dataset": dataset,
+        "run_dir": str(run_dir),
+        "steps": 8,
+        "micro_batch": 4,
+        "accum_steps": accum,
+        "eval_every": 1000,
+        "model": dict(TINY),
+        "checkpoint": {"every": 1000},
+        "schedule": {"warmup_steps": 2},
+        **over,
+    }
     return Trainer(parse_train_config(cfg), hooks)
 
 

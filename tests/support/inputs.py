@@ -36,19 +36,27 @@ def make_corpus(root: Path) -> Path:
     jsonl_rows(root / "web" / "big.jsonl", 0, 60)
     jsonl_rows(root / "web" / "small.jsonl", 0, 10, seed=1)
     rng = random.Random(2)
-    rows = [{"id": f"c{i}", "text": f"def f{i}(x):\n    return x + {i}  # {words(rng, 20)}"}
-            for i in range(80)]
+    rows = [
+        {"id": f"c{i}", "text": f"def f{i}(x):\n    return x + {i}  # {words(rng, 20)}"}
+        for i in range(80)
+    ]
     pq.write_table(pa.Table.from_pylist(rows), root / "code.parquet", row_group_size=20)
     return root
 
 
 def cfg_dict(data: Path, out: Path) -> dict[str, Any]:
     return {
-        "output": str(out), "workers": 1, "seed": 1,
+        "output": str(out),
+        "workers": 1,
+        "seed": 1,
         "sources": [
             {"name": "web", "paths": [str(data / "web")], "id_field": "id"},
-            {"name": "code", "paths": [str(data / "code.parquet")], "id_field": "id",
-             "quality": []},
+            {
+                "name": "code",
+                "paths": [str(data / "code.parquet")],
+                "id_field": "id",
+                "quality": [],
+            },
         ],
         "ingest": {"shard_docs": 50},
         "quality": ["length"],
@@ -59,8 +67,11 @@ def cfg_dict(data: Path, out: Path) -> dict[str, Any]:
 
 def mtimes(out: Path) -> dict[str, int]:
     """Every file of the output but the report (rewritten by every run), with its mtime."""
-    return {str(p.relative_to(out)): p.stat().st_mtime_ns for p in out.rglob("*")
-            if p.is_file() and p.name != "report.json"}
+    return {
+        str(p.relative_to(out)): p.stat().st_mtime_ns
+        for p in out.rglob("*")
+        if p.is_file() and p.name != "report.json"
+    }
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -72,8 +83,9 @@ def one_line_error(r: subprocess.CompletedProcess[str], *needles: str) -> str:
     return assert_one_line_error(r, *needles)
 
 
-def build(factory: pytest.TempPathFactory, name: str,
-          run: Callable[[dict[str, Any]], dict[str, Any]]) -> tuple[Path, Path, dict[str, Any]]:
+def build(
+    factory: pytest.TempPathFactory, name: str, run: Callable[[dict[str, Any]], dict[str, Any]]
+) -> tuple[Path, Path, dict[str, Any]]:
     """A corpus and an output made from it by `run`: (data, output, report)."""
     data = make_corpus(factory.mktemp(f"{name}-data"))
     out = factory.mktemp(f"{name}-out") / "run"

@@ -30,10 +30,10 @@ RULES: dict[str, str] = {
     "job-restart-policy": "a Job's pod template has restartPolicy Never or OnFailure",
     "pfp-restart-policy": "a Job with a podFailurePolicy has restartPolicy Never",
     "pfp-action": "podFailurePolicy actions are FailJob, Ignore, Count or FailIndex "
-                  "(FailIndex only with backoffLimitPerIndex)",
+    "(FailIndex only with backoffLimitPerIndex)",
     "pfp-rule": "each podFailurePolicy rule has exactly one of onExitCodes and onPodConditions",
     "exit-codes": "onExitCodes: operator In or NotIn, distinct integer values (no 0 with In), "
-                  "containerName one of the pod's containers",
+    "containerName one of the pod's containers",
     "gpu-quantity": "GPU quantities are positive integers",
     "gpu-limits": "GPUs are in limits; requests, if present, equal limits",
     "gpu-toleration": "pods asking for GPUs tolerate the GPU taint",
@@ -92,22 +92,31 @@ def _workloads(obj: Mapping[str, Any]) -> Iterator[_Workload]:
     if kind == "Pod":
         yield _Workload(f"{name}: spec", None, spec)
     elif kind == "Job":
-        yield _Workload(f"{name}: spec.template.spec", spec,
-                        _dict(_dict(spec.get("template")).get("spec")), f"{name}: spec")
+        yield _Workload(
+            f"{name}: spec.template.spec",
+            spec,
+            _dict(_dict(spec.get("template")).get("spec")),
+            f"{name}: spec",
+        )
     elif kind == "CronJob":
         job = _dict(_dict(spec.get("jobTemplate")).get("spec"))
-        yield _Workload(f"{name}: spec.jobTemplate.spec.template.spec", job,
-                        _dict(_dict(job.get("template")).get("spec")),
-                        f"{name}: spec.jobTemplate.spec")
+        yield _Workload(
+            f"{name}: spec.jobTemplate.spec.template.spec",
+            job,
+            _dict(_dict(job.get("template")).get("spec")),
+            f"{name}: spec.jobTemplate.spec",
+        )
     elif kind == "JobSet":
         for i, rj in enumerate(spec.get("replicatedJobs") or []):
             job = _dict(_dict(_dict(rj).get("template")).get("spec"))
             jw = f"{name}: spec.replicatedJobs[{i}].template.spec"
-            yield _Workload(f"{jw}.template.spec", job,
-                            _dict(_dict(job.get("template")).get("spec")), jw)
+            yield _Workload(
+                f"{jw}.template.spec", job, _dict(_dict(job.get("template")).get("spec")), jw
+            )
     elif kind in _APPS_KINDS:
-        yield _Workload(f"{name}: spec.template.spec", None,
-                        _dict(_dict(spec.get("template")).get("spec")))
+        yield _Workload(
+            f"{name}: spec.template.spec", None, _dict(_dict(spec.get("template")).get("spec"))
+        )
 
 
 def _containers(pod: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
@@ -120,55 +129,73 @@ def _check_job(w: _Workload) -> Iterator[Finding]:
     assert w.job is not None
     restart = w.pod.get("restartPolicy")
     if restart not in ("Never", "OnFailure"):
-        yield Finding("job-restart-policy", f"{w.where}.restartPolicy",
-                      f"restartPolicy {restart!r} in a Job: must be Never or OnFailure")
+        yield Finding(
+            "job-restart-policy",
+            f"{w.where}.restartPolicy",
+            f"restartPolicy {restart!r} in a Job: must be Never or OnFailure",
+        )
     pfp = w.job.get("podFailurePolicy")
     if pfp is None:
         return
     if restart != "Never":
-        yield Finding("pfp-restart-policy", f"{w.where}.restartPolicy",
-                      f"podFailurePolicy needs restartPolicy Never, not {restart!r}")
+        yield Finding(
+            "pfp-restart-policy",
+            f"{w.where}.restartPolicy",
+            f"podFailurePolicy needs restartPolicy Never, not {restart!r}",
+        )
     names = {c.get("name") for _, c in _containers(w.pod)}
     for i, rule in enumerate(_dict(pfp).get("rules") or []):
         rule = _dict(rule)
         where = f"{w.job_where}.podFailurePolicy.rules[{i}]"
         action = rule.get("action")
         if action not in PFP_ACTIONS:
-            yield Finding("pfp-action", f"{where}.action",
-                          f"action {action!r} is not one of {', '.join(PFP_ACTIONS)}")
+            yield Finding(
+                "pfp-action",
+                f"{where}.action",
+                f"action {action!r} is not one of {', '.join(PFP_ACTIONS)}",
+            )
         elif action == "FailIndex" and w.job.get("backoffLimitPerIndex") is None:
-            yield Finding("pfp-action", f"{where}.action",
-                          "FailIndex needs backoffLimitPerIndex on the Job")
+            yield Finding(
+                "pfp-action", f"{where}.action", "FailIndex needs backoffLimitPerIndex on the Job"
+            )
         has_codes, has_conds = "onExitCodes" in rule, "onPodConditions" in rule
         if has_codes == has_conds:
-            yield Finding("pfp-rule", where,
-                          "a rule needs exactly one of onExitCodes and onPodConditions")
+            yield Finding(
+                "pfp-rule", where, "a rule needs exactly one of onExitCodes and onPodConditions"
+            )
         if has_codes:
-            yield from _check_exit_codes(_dict(rule["onExitCodes"]), f"{where}.onExitCodes",
-                                         names)
+            yield from _check_exit_codes(_dict(rule["onExitCodes"]), f"{where}.onExitCodes", names)
 
 
-def _check_exit_codes(req: Mapping[str, Any], where: str,
-                      containers: set[Any]) -> Iterator[Finding]:
+def _check_exit_codes(
+    req: Mapping[str, Any], where: str, containers: set[Any]
+) -> Iterator[Finding]:
     op = req.get("operator")
     if op not in EXIT_CODE_OPERATORS:
-        yield Finding("exit-codes", f"{where}.operator",
-                      f"operator {op!r} is not In or NotIn")
+        yield Finding("exit-codes", f"{where}.operator", f"operator {op!r} is not In or NotIn")
     values = req.get("values")
-    if (not isinstance(values, list) or not values
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in values)):
-        yield Finding("exit-codes", f"{where}.values",
-                      f"values {values!r}: a non-empty list of integers")
+    if (
+        not isinstance(values, list)
+        or not values
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+    ):
+        yield Finding(
+            "exit-codes", f"{where}.values", f"values {values!r}: a non-empty list of integers"
+        )
     else:
         if len(set(values)) != len(values):
             yield Finding("exit-codes", f"{where}.values", f"values {values} repeat")
         if op == "In" and 0 in values:
-            yield Finding("exit-codes", f"{where}.values",
-                          "exit code 0 is success and cannot match In")
+            yield Finding(
+                "exit-codes", f"{where}.values", "exit code 0 is success and cannot match In"
+            )
     name = req.get("containerName")
     if name is not None and name not in containers:
-        yield Finding("exit-codes", f"{where}.containerName",
-                      f"containerName {name!r} is not a container of the pod")
+        yield Finding(
+            "exit-codes",
+            f"{where}.containerName",
+            f"containerName {name!r} is not a container of the pod",
+        )
 
 
 def _gpu_quantity_ok(q: Any) -> bool:
@@ -203,28 +230,42 @@ def _check_gpus(w: _Workload) -> Iterator[Finding]:
                 if is_gpu_resource(key):
                     gpu_resources.add(key)
                     if not _gpu_quantity_ok(q):
-                        yield Finding("gpu-quantity", f"{where}.{section}.{key}",
-                                      f"GPU quantity {q!r} is not a positive integer")
+                        yield Finding(
+                            "gpu-quantity",
+                            f"{where}.{section}.{key}",
+                            f"GPU quantity {q!r} is not a positive integer",
+                        )
         for key, q in requests.items():
             if not is_gpu_resource(key):
                 continue
             if key not in limits:
-                yield Finding("gpu-limits", f"{where}.requests.{key}",
-                              f"{key} in requests but not in limits")
+                yield Finding(
+                    "gpu-limits", f"{where}.requests.{key}", f"{key} in requests but not in limits"
+                )
             elif str(limits[key]) != str(q):
-                yield Finding("gpu-limits", f"{where}.requests.{key}",
-                              f"{key} request {q!r} differs from its limit {limits[key]!r}")
+                yield Finding(
+                    "gpu-limits",
+                    f"{where}.requests.{key}",
+                    f"{key} request {q!r} differs from its limit {limits[key]!r}",
+                )
     for key in sorted(gpu_resources):
         if not _tolerates(w.pod, _gpu_taint_key(key)):
-            yield Finding("gpu-toleration", f"{w.where}.tolerations",
-                          f"asks for {key} but does not tolerate the "
-                          f"{_gpu_taint_key(key)} NoSchedule taint")
+            yield Finding(
+                "gpu-toleration",
+                f"{w.where}.tolerations",
+                f"asks for {key} but does not tolerate the {_gpu_taint_key(key)} NoSchedule taint",
+            )
     if gpu_resources and not any(
-            _dict(m).get("mountPath") == "/dev/shm"
-            for _, c in _containers(w.pod) for m in c.get("volumeMounts") or []):
-        yield Finding("shm", f"{w.where}.volumes",
-                      "a GPU pod without a memory-backed /dev/shm gets 64 MiB (NCCL and "
-                      "DataLoader workers need more)")
+        _dict(m).get("mountPath") == "/dev/shm"
+        for _, c in _containers(w.pod)
+        for m in c.get("volumeMounts") or []
+    ):
+        yield Finding(
+            "shm",
+            f"{w.where}.volumes",
+            "a GPU pod without a memory-backed /dev/shm gets 64 MiB (NCCL and "
+            "DataLoader workers need more)",
+        )
 
 
 def _check_shm(w: _Workload) -> Iterator[Finding]:
@@ -236,9 +277,11 @@ def _check_shm(w: _Workload) -> Iterator[Finding]:
                 continue
             vol = volumes.get(m.get("name"), {})
             if _dict(vol.get("emptyDir")).get("medium") != "Memory":
-                yield Finding("shm", f"{w.where}.{cpath}.volumeMounts[{i}]",
-                              f"/dev/shm is volume {m.get('name')!r}, not an emptyDir "
-                              "with medium Memory")
+                yield Finding(
+                    "shm",
+                    f"{w.where}.{cpath}.volumeMounts[{i}]",
+                    f"/dev/shm is volume {m.get('name')!r}, not an emptyDir with medium Memory",
+                )
 
 
 def _check_security(w: _Workload) -> Iterator[Finding]:
@@ -249,15 +292,22 @@ def _check_security(w: _Workload) -> Iterator[Finding]:
         non_root = sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot"))
         user = sc.get("runAsUser", pod_sc.get("runAsUser"))
         if non_root is not True:
-            yield Finding("non-root", f"{where}.runAsNonRoot",
-                          f"container {c.get('name')!r} may run as root "
-                          "(runAsNonRoot is not true in the pod or the container)")
+            yield Finding(
+                "non-root",
+                f"{where}.runAsNonRoot",
+                f"container {c.get('name')!r} may run as root "
+                "(runAsNonRoot is not true in the pod or the container)",
+            )
         if user == 0:
-            yield Finding("non-root", f"{where}.runAsUser",
-                          f"container {c.get('name')!r} runs as uid 0")
+            yield Finding(
+                "non-root", f"{where}.runAsUser", f"container {c.get('name')!r} runs as uid 0"
+            )
         if sc.get("allowPrivilegeEscalation") is not False:
-            yield Finding("privilege-escalation", f"{where}.allowPrivilegeEscalation",
-                          f"container {c.get('name')!r}: allowPrivilegeEscalation is not false")
+            yield Finding(
+                "privilege-escalation",
+                f"{where}.allowPrivilegeEscalation",
+                f"container {c.get('name')!r}: allowPrivilegeEscalation is not false",
+            )
 
 
 def _check_images(w: _Workload) -> Iterator[Finding]:
@@ -270,9 +320,12 @@ def _check_images(w: _Workload) -> Iterator[Finding]:
         last = image.rsplit("/", 1)[-1]
         tag = last.split(":", 1)[1] if ":" in last else None
         if tag in (None, "latest"):
-            yield Finding("image-tag", f"{w.where}.{cpath}.image",
-                          f"image {image!r} is not pinned: "
-                          + ("no tag means latest" if tag is None else ":latest"))
+            yield Finding(
+                "image-tag",
+                f"{w.where}.{cpath}.image",
+                f"image {image!r} is not pinned: "
+                + ("no tag means latest" if tag is None else ":latest"),
+            )
 
 
 def lint(obj: Mapping[str, Any]) -> list[Finding]:
@@ -309,8 +362,14 @@ def jobset_child_jobs(jobset: Mapping[str, Any]) -> list[dict[str, Any]]:
             merged = {**_dict(meta.get(key)), **_dict(_dict(template.get("metadata")).get(key))}
             if merged:
                 child_meta[key] = merged
-        out.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": child_meta,
-                    "spec": dict(_dict(template.get("spec")))})
+        out.append(
+            {
+                "apiVersion": "batch/v1",
+                "kind": "Job",
+                "metadata": child_meta,
+                "spec": dict(_dict(template.get("spec"))),
+            }
+        )
     return out
 
 
@@ -330,8 +389,11 @@ def load_yaml_files(paths: Iterable[Path]) -> list[tuple[Path, dict[str, Any]]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tests.support.k8s_lint", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m tests.support.k8s_lint",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("paths", nargs="+", type=Path, help="YAML files or directories")
     args = ap.parse_args(argv)
     n = 0

@@ -49,8 +49,11 @@ class Fault:
 
 COLLECTIONS = {
     "jobs": (r"/apis/batch/v1/namespaces/(?P<ns>[^/]+)/jobs", "batch/v1", "JobList"),
-    "jobsets": (r"/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/(?P<ns>[^/]+)/jobsets",
-                "jobset.x-k8s.io/v1alpha2", "JobSetList"),
+    "jobsets": (
+        r"/apis/jobset\.x-k8s\.io/v1alpha2/namespaces/(?P<ns>[^/]+)/jobsets",
+        "jobset.x-k8s.io/v1alpha2",
+        "JobSetList",
+    ),
     "configmaps": (r"/api/v1/namespaces/(?P<ns>[^/]+)/configmaps", "v1", "ConfigMapList"),
     "pods": (r"/api/v1/namespaces/(?P<ns>[^/]+)/pods", "v1", "PodList"),
 }
@@ -59,8 +62,14 @@ _GROUP = {"jobs": "batch", "jobsets": "jobset.x-k8s.io", "configmaps": "", "pods
 
 def status_body(code: int, reason: str, message: str, **details: Any) -> dict[str, Any]:
     """A metav1.Status as the API server sends it with an error."""
-    body: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {},
-                            "status": "Failure", "message": message, "reason": reason}
+    body: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+    }
     if details:
         body["details"] = details
     body["code"] = code
@@ -105,8 +114,7 @@ class FakeKubeAPI:
                 with api._lock:
                     api.requests.append(req)
                     status, payload, headers = api.answer(req)
-                data = (payload if isinstance(payload, bytes)
-                        else json.dumps(payload).encode())
+                data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                 self.send_response(status)
                 ctype = "text/plain" if isinstance(payload, bytes) else "application/json"
                 self.send_header("Content-Type", ctype)
@@ -120,8 +128,9 @@ class FakeKubeAPI:
 
         self._server = _Server(("127.0.0.1", 0), Handler)
         # A short poll interval: shutdown() waits for the serving loop to notice.
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.01,),
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.01,), daemon=True
+        )
         self._thread.start()
 
     @property
@@ -147,14 +156,27 @@ class FakeKubeAPI:
         for pod in doc["pods"]:
             self.put("pods", pod)
         labels = job["metadata"]["labels"]
-        return JobHandle("kubernetes", job["metadata"]["name"], job["metadata"]["namespace"],
-                         {"kind": kind, "run": labels["ballast.dev/run"],
-                          "attempt": int(labels["ballast.dev/attempt"])})
+        return JobHandle(
+            "kubernetes",
+            job["metadata"]["name"],
+            job["metadata"]["namespace"],
+            {
+                "kind": kind,
+                "run": labels["ballast.dev/run"],
+                "attempt": int(labels["ballast.dev/attempt"]),
+            },
+        )
 
-    def fail(self, method: str, path: str, status: int, times: int = 1,
-             headers: dict[str, str] | None = None, message: str = "") -> None:
-        self.faults.append(Fault(method, re.compile(path), status, times, headers or {},
-                                 message))
+    def fail(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        times: int = 1,
+        headers: dict[str, str] | None = None,
+        message: str = "",
+    ) -> None:
+        self.faults.append(Fault(method, re.compile(path), status, times, headers or {}, message))
 
     def made(self, method: str, path_part: str = "") -> list[Request]:
         return [r for r in self.requests if r.method == method and path_part in r.path]
@@ -165,20 +187,37 @@ class FakeKubeAPI:
         for f in self.faults:
             if f.times > 0 and f.method == req.method and f.path.search(req.path):
                 f.times -= 1
-                reason = {401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
-                          429: "TooManyRequests", 500: "InternalError",
-                          503: "ServiceUnavailable"}.get(f.status, "Unknown")
+                reason = {
+                    401: "Unauthorized",
+                    403: "Forbidden",
+                    404: "NotFound",
+                    429: "TooManyRequests",
+                    500: "InternalError",
+                    503: "ServiceUnavailable",
+                }.get(f.status, "Unknown")
                 return f.status, status_body(f.status, reason, f.message or reason), f.headers
         for resource, (base, api_version, list_kind) in COLLECTIONS.items():
             m = re.fullmatch(base + r"(?:/(?P<name>[^/]+))?(?P<log>/log)?", req.path)
             if m:
-                return self._route(req, resource, m["ns"], m["name"], bool(m["log"]),
-                                   api_version, list_kind)
-        return 404, status_body(404, "NotFound",
-                                "the server could not find the requested resource"), {}
+                return self._route(
+                    req, resource, m["ns"], m["name"], bool(m["log"]), api_version, list_kind
+                )
+        return (
+            404,
+            status_body(404, "NotFound", "the server could not find the requested resource"),
+            {},
+        )
 
-    def _route(self, req: Request, resource: str, ns: str, name: str | None, log: bool,
-               api_version: str, list_kind: str) -> tuple[int, Any, dict[str, str]]:
+    def _route(
+        self,
+        req: Request,
+        resource: str,
+        ns: str,
+        name: str | None,
+        log: bool,
+        api_version: str,
+        list_kind: str,
+    ) -> tuple[int, Any, dict[str, str]]:
         key = (resource, ns, name or "")
         kind_word = f"{resource}.{_GROUP[resource]}".rstrip(".")
         if log:
@@ -186,36 +225,81 @@ class FakeKubeAPI:
             if pod is None:
                 return 404, status_body(404, "NotFound", f'pods "{name}" not found'), {}
             if name not in self.logs:
-                return 400, status_body(400, "BadRequest", f'container "trainer" in pod '
-                                        f'"{name}" is waiting to start: ContainerCreating'), {}
+                return (
+                    400,
+                    status_body(
+                        400,
+                        "BadRequest",
+                        f'container "trainer" in pod '
+                        f'"{name}" is waiting to start: ContainerCreating',
+                    ),
+                    {},
+                )
             lines = self.logs[name].splitlines(keepends=True)
             tail = req.query.get("tailLines")
             if tail:
-                lines = lines[-int(tail[0]):]
+                lines = lines[-int(tail[0]) :]
             return 200, "".join(lines).encode(), {}
         if req.method == "POST" and name is None:
             obj = copy.deepcopy(req.body)
             obj_name = obj["metadata"]["name"]
             if (resource, ns, obj_name) in self.objects:
-                return 409, status_body(409, "AlreadyExists",
-                                        f'{kind_word} "{obj_name}" already exists',
-                                        name=obj_name, group=_GROUP[resource], kind=resource), {}
-            obj["metadata"].update(namespace=ns, uid=f"00000000-0000-4000-8000-"
-                                   f"{next(self._uid):012d}", resourceVersion="1",
-                                   creationTimestamp="2026-11-18T09:00:00Z")
+                return (
+                    409,
+                    status_body(
+                        409,
+                        "AlreadyExists",
+                        f'{kind_word} "{obj_name}" already exists',
+                        name=obj_name,
+                        group=_GROUP[resource],
+                        kind=resource,
+                    ),
+                    {},
+                )
+            obj["metadata"].update(
+                namespace=ns,
+                uid=f"00000000-0000-4000-8000-{next(self._uid):012d}",
+                resourceVersion="1",
+                creationTimestamp="2026-11-18T09:00:00Z",
+            )
             self.objects[(resource, ns, obj_name)] = obj
             return 201, obj, {}
         if req.method == "GET" and name is None:
-            selector = dict(kv.split("=", 1) for kv in
-                            (req.query.get("labelSelector", [""])[0].split(",")) if kv)
-            items = [o for (r, n, _), o in self.objects.items() if r == resource and n == ns
-                     and all(o["metadata"].get("labels", {}).get(k) == v
-                             for k, v in selector.items())]
-            return 200, {"kind": list_kind, "apiVersion": api_version,
-                         "metadata": {"resourceVersion": "12345"}, "items": items}, {}
+            selector = dict(
+                kv.split("=", 1)
+                for kv in (req.query.get("labelSelector", [""])[0].split(","))
+                if kv
+            )
+            items = [
+                o
+                for (r, n, _), o in self.objects.items()
+                if r == resource
+                and n == ns
+                and all(o["metadata"].get("labels", {}).get(k) == v for k, v in selector.items())
+            ]
+            return (
+                200,
+                {
+                    "kind": list_kind,
+                    "apiVersion": api_version,
+                    "metadata": {"resourceVersion": "12345"},
+                    "items": items,
+                },
+                {},
+            )
         if key not in self.objects:
-            return 404, status_body(404, "NotFound", f'{kind_word} "{name}" not found',
-                                    name=name, group=_GROUP[resource], kind=resource), {}
+            return (
+                404,
+                status_body(
+                    404,
+                    "NotFound",
+                    f'{kind_word} "{name}" not found',
+                    name=name,
+                    group=_GROUP[resource],
+                    kind=resource,
+                ),
+                {},
+            )
         if req.method == "GET":
             return 200, self.objects[key], {}
         if req.method == "DELETE":

@@ -60,8 +60,13 @@ def rng_state() -> dict[str, Any]:
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": {"kind": kind, "keys": keys.tolist(), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "numpy": {
+            "kind": kind,
+            "keys": keys.tolist(),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -73,8 +78,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]
-    np.random.set_state((n["kind"], np.array(n["keys"], dtype=np.uint32), n["pos"],
-                         n["has_gauss"], n["gauss"]))
+    np.random.set_state(
+        (n["kind"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["gauss"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -93,8 +99,12 @@ def save(root: str | Path, step: int, state: dict[str, Any]) -> Path:
         torch.save(state, tmp / STATE)
         with open(tmp / STATE, "rb") as f:
             os.fsync(f.fileno())
-        meta = {"step": step, "files": {STATE: {"sha256": sha256_file(tmp / STATE),
-                                               "bytes": (tmp / STATE).stat().st_size}}}
+        meta = {
+            "step": step,
+            "files": {
+                STATE: {"sha256": sha256_file(tmp / STATE), "bytes": (tmp / STATE).stat().st_size}
+            },
+        }
         (tmp / META).write_text(json.dumps(meta, indent=2))
     except (OSError, RuntimeError) as e:
         full = _disk_full(e, root)
@@ -182,13 +192,16 @@ def verify(root: str | Path, step: int) -> dict[str, Any]:
             raise CheckpointError(f"checkpoint {d}: {META} entry for {name!r} is malformed")
         got = sha256_file(d / name) if (d / name).is_file() else None
         if got != sha:
-            raise CheckpointError(f"checkpoint {d}: {name} sha256 does not match {META} "
-                                  f"({'missing' if got is None else got[:12]})")
+            raise CheckpointError(
+                f"checkpoint {d}: {name} sha256 does not match {META} "
+                f"({'missing' if got is None else got[:12]})"
+            )
     return meta
 
 
-def load(root: str | Path, step: int, map_location: str | torch.device = "cpu",
-         verified: bool = False) -> dict[str, Any]:
+def load(
+    root: str | Path, step: int, map_location: str | torch.device = "cpu", verified: bool = False
+) -> dict[str, Any]:
     """Load checkpoint `step` after checking its sha256 (skipped when the caller has just
     `verify`-ed it); weights_only: a checkpoint is data, never code."""
     if not verified:
@@ -240,8 +253,9 @@ def clean_stale_tmp(root: str | Path) -> list[str]:
     return removed
 
 
-def retain(root: str | Path, keep_last: int, keep_every: int | None,
-           protect: set[int] | None = None) -> list[int]:
+def retain(
+    root: str | Path, keep_last: int, keep_every: int | None, protect: set[int] | None = None
+) -> list[int]:
     """Delete checkpoints beyond the last `keep_last`, except every `keep_every`-th
     step and `protect`ed ones; returns the deleted steps."""
     latest = latest_step(root)
@@ -256,8 +270,12 @@ def _stage(src: Any, dst: Any) -> Any:
     """Copy a state tree into staging buffers, reusing `dst`'s tensors where shapes match
     (no allocation, no page faults: the copy runs at memory bandwidth)."""
     if isinstance(src, torch.Tensor):
-        if (isinstance(dst, torch.Tensor) and dst.shape == src.shape and dst.dtype == src.dtype
-                and dst.device.type == "cpu"):
+        if (
+            isinstance(dst, torch.Tensor)
+            and dst.shape == src.shape
+            and dst.dtype == src.dtype
+            and dst.device.type == "cpu"
+        ):
             return dst.copy_(src.detach())
         return src.detach().to("cpu", copy=True)
     if isinstance(src, dict):
@@ -298,8 +316,7 @@ class AsyncSaver:
             err, self._error = self._error, None
             raise err  # its own type: callers tell storage trouble from a bad checkpoint
 
-    def save(self, root: str | Path, step: int, state: dict[str, Any],
-             after: Any = None) -> None:
+    def save(self, root: str | Path, step: int, state: dict[str, Any], after: Any = None) -> None:
         import threading
         import time
 
@@ -336,9 +353,16 @@ def _sharded_dirs(root: Path, step: int) -> tuple[Path, Path]:
     return root / step_name(step), root / f".{step_name(step)}.tmp-dcp"
 
 
-def save_sharded(root: str | Path, step: int, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, extra: dict[str, Any], is_main: bool,
-                 barrier: Any, async_pg: Any = None) -> PendingSharded | None:
+def save_sharded(
+    root: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any],
+    is_main: bool,
+    barrier: Any,
+    async_pg: Any = None,
+) -> PendingSharded | None:
     """An FSDP2 checkpoint with torch.distributed.checkpoint: every rank writes its shards
     into one temporary directory; rank 0 adds the trainer state (`state.pt`), checksums
     every file into meta.json, renames the directory into place and moves `latest`.
@@ -371,8 +395,7 @@ def save_sharded(root: str | Path, step: int, model: torch.nn.Module,
         future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=async_pg)
         return PendingSharded(future, root, step, extra, "optim" in state)
     dcp.save(state, checkpoint_id=str(tmp))
-    finish_sharded(PendingSharded(None, root, step, extra, "optim" in state), is_main,
-                   barrier)
+    finish_sharded(PendingSharded(None, root, step, extra, "optim" in state), is_main, barrier)
     return None
 
 
@@ -385,11 +408,17 @@ def finish_sharded(p: PendingSharded, is_main: bool, barrier: Any) -> None:
     final, tmp = _sharded_dirs(p.root, p.step)
     if is_main:
         torch.save(p.extra, tmp / STATE)
-        files = {f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size}
-                 for f in sorted(tmp.iterdir()) if f.is_file()}
-        (tmp / META).write_text(json.dumps({"step": p.step, "format": "dcp",
-                                            "optimizer": p.with_optim, "files": files},
-                                           indent=2))
+        files = {
+            f.name: {"sha256": sha256_file(f), "bytes": f.stat().st_size}
+            for f in sorted(tmp.iterdir())
+            if f.is_file()
+        }
+        (tmp / META).write_text(
+            json.dumps(
+                {"step": p.step, "format": "dcp", "optimizer": p.with_optim, "files": files},
+                indent=2,
+            )
+        )
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -402,10 +431,14 @@ def is_sharded(root: str | Path, step: int) -> bool:
     return (Path(root) / step_name(step) / ".metadata").is_file()
 
 
-def load_sharded(root: str | Path, step: int, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer,
-                 map_location: str | torch.device = "cpu",
-                 verified: bool = False) -> dict[str, Any]:
+def load_sharded(
+    root: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    map_location: str | torch.device = "cpu",
+    verified: bool = False,
+) -> dict[str, Any]:
     """Load a DCP checkpoint into `model` (and `optimizer`, if it was saved with state),
     sharded or not, at any world size, after checking every file's sha256 (unless
     `verified`: the caller has just done that); returns the trainer state."""

@@ -49,8 +49,15 @@ class CheckpointManager(Protocol):
 
 
 class _Checkpoints:
-    def __init__(self, root: Path, world: World, device: torch.device, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, after_save: AfterSave):
+    def __init__(
+        self,
+        root: Path,
+        world: World,
+        device: torch.device,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        after_save: AfterSave,
+    ):
         self.root, self.world, self.device = root, world, device
         self.model, self.optimizer, self.after_save = model, optimizer, after_save
 
@@ -59,8 +66,9 @@ class _Checkpoints:
 
     def restore(self, step: int, verified: bool = False) -> dict[str, Any]:
         if ckpt.is_sharded(self.root, step):  # DCP: any world size, resharded on load
-            return ckpt.load_sharded(self.root, step, self.model, self.optimizer, self.device,
-                                     verified=verified)
+            return ckpt.load_sharded(
+                self.root, step, self.model, self.optimizer, self.device, verified=verified
+            )
         st, error = None, None
         if self.world.is_main:
             try:
@@ -80,16 +88,27 @@ class LocalCheckpoints(_Checkpoints):
     """One process or DDP: rank 0 writes the whole state (`async_save`: in a background
     thread, the loop blocked only while it is copied into staging buffers)."""
 
-    def __init__(self, root: Path, world: World, device: torch.device, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, after_save: AfterSave, async_save: bool):
+    def __init__(
+        self,
+        root: Path,
+        world: World,
+        device: torch.device,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        after_save: AfterSave,
+        async_save: bool,
+    ):
         super().__init__(root, world, device, model, optimizer, after_save)
         self.async_save = async_save
         self.saver = ckpt.AsyncSaver()
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         if self.world.is_main:
-            full = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    **state}
+            full = {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                **state,
+            }
             if self.async_save:
                 self.saver.save(self.root, step, full, after=lambda: self.after_save(step))
             else:
@@ -116,8 +135,16 @@ class ShardedCheckpoints(_Checkpoints):
     gets a gloo group of its own (never interleaved with training's); the save is completed
     at the next one or at `finish`."""
 
-    def __init__(self, root: Path, world: World, device: torch.device, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, after_save: AfterSave, async_save: bool):
+    def __init__(
+        self,
+        root: Path,
+        world: World,
+        device: torch.device,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        after_save: AfterSave,
+        async_save: bool,
+    ):
         super().__init__(root, world, device, model, optimizer, after_save)
         self._pending: ckpt.PendingSharded | None = None
         self._pg = None
@@ -128,9 +155,16 @@ class ShardedCheckpoints(_Checkpoints):
 
     def save(self, step: int, state: dict[str, Any]) -> None:
         self._complete()  # the previous async save is complete before the next starts
-        self._pending = ckpt.save_sharded(self.root, step, self.model, self.optimizer,
-                                          copy.deepcopy(state), self.world.is_main,
-                                          self._barrier, self._pg)
+        self._pending = ckpt.save_sharded(
+            self.root,
+            step,
+            self.model,
+            self.optimizer,
+            copy.deepcopy(state),
+            self.world.is_main,
+            self._barrier,
+            self._pg,
+        )
         if self._pending is None and self.world.is_main:
             self.after_save(step)
 
@@ -152,8 +186,16 @@ class ShardedCheckpoints(_Checkpoints):
         pass  # an unfinished DCP save stays unfinished: `latest` names the previous one
 
 
-def open_checkpoints(root: Path, world: World, device: torch.device, model: torch.nn.Module,
-                     optimizer: torch.optim.Optimizer, after_save: AfterSave, *,
-                     sharded: bool, async_save: bool) -> CheckpointManager:
+def open_checkpoints(
+    root: Path,
+    world: World,
+    device: torch.device,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    after_save: AfterSave,
+    *,
+    sharded: bool,
+    async_save: bool,
+) -> CheckpointManager:
     kind = ShardedCheckpoints if sharded else LocalCheckpoints
     return kind(root, world, device, model, optimizer, after_save, async_save)

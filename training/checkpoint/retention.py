@@ -7,9 +7,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
-def to_delete(complete: Iterable[int], keep_last: int, keep_every: int | None,
-              protect: Iterable[int] = (), *, partial: Iterable[int] = (),
-              uploaded: int | None = None) -> list[int]:
+def to_delete(
+    complete: Iterable[int],
+    keep_last: int,
+    keep_every: int | None,
+    protect: Iterable[int] = (),
+    *,
+    partial: Iterable[int] = (),
+    uploaded: int | None = None,
+) -> list[int]:
     """The steps to delete, oldest first.
 
     Kept among the `complete` checkpoints (those with a meta.json): the newest `keep_last`,

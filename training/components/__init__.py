@@ -34,8 +34,9 @@ REGISTRY: list[tuple[type[Component], Callable[[TrainConfig], bool]]] = [
 ]
 
 
-def build(t: Any, registry: list[tuple[type[Component], Callable[[TrainConfig], bool]]]
-          | None = None) -> list[Component]:
+def build(
+    t: Any, registry: list[tuple[type[Component], Callable[[TrainConfig], bool]]] | None = None
+) -> list[Component]:
     """The components `t.cfg` turns on, built in registry order."""
     return [cls(t) for cls, on in (REGISTRY if registry is None else registry) if on(t.cfg)]
 

@@ -92,8 +92,7 @@ class Component:
     def after_update(self) -> None:
         """The optimizer step was applied."""
 
-    def step_end(self, applied: bool, host: list[float], grad_norm: float,
-                 accum: int) -> Any:
+    def step_end(self, applied: bool, host: list[float], grad_norm: float, accum: int) -> Any:
         """The component's result of this step (None: nothing), in StepResult.extras."""
         return None
 

@@ -20,8 +20,7 @@ class EarlyStopping(Component):
         self.cfg = t.cfg.early_stopping
         # The best loss so far, the step it was seen at, evaluations since without an
         # improvement, and whether the run has stopped.
-        self.early: dict[str, Any] = {"best": None, "best_step": None, "bad": 0,
-                                      "stopped": False}
+        self.early: dict[str, Any] = {"best": None, "best_step": None, "bad": 0, "stopped": False}
 
     def state_dict(self) -> Any:
         return dict(self.early)
@@ -44,8 +43,15 @@ class EarlyStopping(Component):
         e["bad"] += 1
         e["stopped"] = e["bad"] >= self.cfg.patience
         if e["stopped"]:
-            self.t.record(log, {"event": "early_stop", "step": self.t.state.step,
-                                "val_loss": val, **self.summary()})
+            self.t.record(
+                log,
+                {
+                    "event": "early_stop",
+                    "step": self.t.state.step,
+                    "val_loss": val,
+                    **self.summary(),
+                },
+            )
         return e["stopped"]
 
     @property
@@ -53,9 +59,13 @@ class EarlyStopping(Component):
         return bool(self.early["stopped"])
 
     def summary(self) -> dict[str, Any]:
-        return {"reason": "early_stopping", "best_val_loss": self.early["best"],
-                "best_step": self.early["best_step"], "patience": self.cfg.patience,
-                "min_delta": self.cfg.min_delta}
+        return {
+            "reason": "early_stopping",
+            "best_val_loss": self.early["best"],
+            "best_step": self.early["best_step"],
+            "patience": self.cfg.patience,
+            "min_delta": self.cfg.min_delta,
+        }
 
     def final_fields(self) -> dict[str, Any]:
         return {"early_stopping": self.summary()} if self.stopped else {}

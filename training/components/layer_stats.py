@@ -39,8 +39,7 @@ class LayerStatistics(Component):
         if self.stats is not None:
             self.stats.gradients()  # the raw gradients, before any clipping
 
-    def step_end(self, applied: bool, host: list[float], grad_norm: float,
-                 accum: int) -> Any:
+    def step_end(self, applied: bool, host: list[float], grad_norm: float, accum: int) -> Any:
         return self.stats.result() if self.stats is not None else None
 
     def after_step(self, log: MetricsLog, out: Any) -> None:
@@ -53,5 +52,13 @@ class LayerStatistics(Component):
         if self.limit is None or not any(v > self.limit for v in logits):
             return
         layer = max(range(len(logits)), key=lambda i: logits[i])
-        self.t.record(log, {"event": "attn_logit_warning", "step": step, "layer": layer,
-                            "attn_logit_max": logits[layer], "limit": self.limit})
+        self.t.record(
+            log,
+            {
+                "event": "attn_logit_warning",
+                "step": step,
+                "layer": layer,
+                "attn_logit_max": logits[layer],
+                "limit": self.limit,
+            },
+        )

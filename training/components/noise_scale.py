@@ -59,7 +59,7 @@ class NoiseScaleController(Component):
         1/accum), averaged over ranks (each holds its own, unsynchronised). Device only."""
         t = self.t
         grads = [p.grad for p in t.model.parameters() if p.grad is not None]
-        sq = torch.stack(torch._foreach_norm(grads)).double().pow(2).sum() * accum ** 2
+        sq = torch.stack(torch._foreach_norm(grads)).double().pow(2).sum() * accum**2
         if t.world.active:
             distributed.all_sum_tensor(sq, t.world)
             sq /= t.world.size
@@ -68,20 +68,25 @@ class NoiseScaleController(Component):
     def host_tensors(self) -> list[torch.Tensor]:
         return [self.small_sq.reshape(1)] if self.small_sq is not None else []
 
-    def step_end(self, applied: bool, host: list[float], grad_norm: float,
-                 accum: int) -> Any:
+    def step_end(self, applied: bool, host: list[float], grad_norm: float, accum: int) -> Any:
         """Fold one estimate into the EMAs; the controller may raise the accumulation of
         the next steps. Returns the "noise_scale" record's fields."""
         if not host or not applied:
             return None
         cfg, noise, micro = self.cfg, self.noise, self.t.cfg.micro_batch
-        small_sq, big_sq = host[0], grad_norm ** 2
+        small_sq, big_sq = host[0], grad_norm**2
         # The small batch, in samples: a rank's share of a micro-batch (the same on every
         # rank, so that every rank's controller decides alike).
         b_small = micro / self.t.world.size
         b_noise = noise.observe(small_sq, big_sq, b_small, micro * accum)
-        record: dict[str, Any] = {"b_noise": b_noise, "g2": noise.g2, "s": noise.s,
-                                  "small_sq": small_sq, "big_sq": big_sq, "accum": accum}
+        record: dict[str, Any] = {
+            "b_noise": b_noise,
+            "g2": noise.g2,
+            "s": noise.s,
+            "small_sq": small_sq,
+            "big_sq": big_sq,
+            "accum": accum,
+        }
         if cfg.max_accum is not None:
             want = noise.propose(accum, micro, cfg.max_accum, cfg.target)
             if want > accum:
@@ -97,6 +102,13 @@ class NoiseScaleController(Component):
         raise_to = noise.pop("raise_to", None)
         log.write({"kind": "noise_scale", "step": step, **noise})
         if raise_to is not None:
-            self.t.record(log, {"event": "batch_size", "step": step,
-                                "accum_from": noise["accum"], "accum_to": raise_to,
-                                "b_noise": noise["b_noise"]})
+            self.t.record(
+                log,
+                {
+                    "event": "batch_size",
+                    "step": step,
+                    "accum_from": noise["accum"],
+                    "accum_to": raise_to,
+                    "b_noise": noise["b_noise"],
+                },
+            )

@@ -18,8 +18,9 @@ from training.flops import device_peak_flops
 PROGRESS_EVERY_S = 30.0
 
 
-def mfu(tokens_per_s: float, flops_per_token: float, peak: tuple[str, float] | None,
-        world_size: int) -> dict[str, float]:
+def mfu(
+    tokens_per_s: float, flops_per_token: float, peak: tuple[str, float] | None, world_size: int
+) -> dict[str, float]:
     """{"mfu": model FLOPs utilisation} over every rank's GPU, or {} without a known
     peak. Tokens are the real (non-padding) ones trained, so padding is not counted as
     useful work, and recomputation (activation checkpointing) is not counted either."""
@@ -36,9 +37,11 @@ class Progress(Component):
         self.flops_per_token = t.model.flops_per_token(t.data.seq_len)
         self.peak = device_peak_flops(t.device, t.cfg.precision.dtype)
         if t.device.type == "cuda" and self.peak is None and t.world.is_main:
-            print(f"note: no peak FLOP/s known for {torch.cuda.get_device_name(t.device)} "
-                  f"at {t.cfg.precision.dtype} (training/flops.py): MFU is not logged",
-                  file=sys.stderr)
+            print(
+                f"note: no peak FLOP/s known for {torch.cuda.get_device_name(t.device)} "
+                f"at {t.cfg.precision.dtype} (training/flops.py): MFU is not logged",
+                file=sys.stderr,
+            )
 
     def begin(self) -> None:
         """The loop starts: throughput and ETA are over this attempt's own steps."""
@@ -52,15 +55,23 @@ class Progress(Component):
         now, tokens = time.perf_counter(), self.t.state.tokens_seen
         tokens_per_s = (tokens - self.tokens_last) / max(now - self.t_last, 1e-9)
         self.t_last, self.tokens_last = now, tokens
-        return {"tokens_per_s": tokens_per_s, **mfu(tokens_per_s, self.flops_per_token,
-                                                      self.peak, self.t.world.size)}
+        return {
+            "tokens_per_s": tokens_per_s,
+            **mfu(tokens_per_s, self.flops_per_token, self.peak, self.t.world.size),
+        }
 
     def report(self, loss: float) -> None:
         """After a train record: the progress event, when one is due."""
         s, steps, now = self.t.state, self.t.cfg.steps, self.t_last
         if s.step == steps or now - self.t_progress >= PROGRESS_EVERY_S or not self.progressed:
-            self.t.emit(self.event(loss, now - self.t_start, s.step - self.step_start,
-                                   s.tokens_seen - self.tokens_start))
+            self.t.emit(
+                self.event(
+                    loss,
+                    now - self.t_start,
+                    s.step - self.step_start,
+                    s.tokens_seen - self.tokens_start,
+                )
+            )
             self.t_progress, self.progressed = now, True
 
     def event(self, loss: float, took: float, steps: int, tokens: int) -> dict[str, Any]:
@@ -69,7 +80,12 @@ class Progress(Component):
         s, total = self.t.state, self.t.cfg.steps
         took = max(took, 1e-9)
         eta = (total - s.step) * took / steps if steps > 0 else None
-        return {"event": "progress", "step": s.step, "steps": total,
-                "loss": round(float(loss), 5), "tokens_seen": s.tokens_seen,
-                "tokens_per_s": round(tokens / took, 1),
-                "eta_s": None if eta is None else round(eta, 1)}
+        return {
+            "event": "progress",
+            "step": s.step,
+            "steps": total,
+            "loss": round(float(loss), 5),
+            "tokens_seen": s.tokens_seen,
+            "tokens_per_s": round(tokens / took, 1),
+            "eta_s": None if eta is None else round(eta, 1),
+        }

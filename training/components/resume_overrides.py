@@ -62,8 +62,14 @@ class ApplyResumeOverrides(Component):
         """The optimizer switch, then the peak lrs; events at the next step."""
         ro, t = self.ro, self.t
         if ro.optimizer is not None and ro.optimizer != self.optim_name:
-            t.pending_events.append({"event": "optimizer_switch", "step": step,
-                                     "from": self.optim_name, "to": ro.optimizer})
+            t.pending_events.append(
+                {
+                    "event": "optimizer_switch",
+                    "step": step,
+                    "from": self.optim_name,
+                    "to": ro.optimizer,
+                }
+            )
             self._set_optimizer(ro.optimizer)
         changed = False
         for g in t.optimizer.param_groups:
@@ -74,5 +80,6 @@ class ApplyResumeOverrides(Component):
             changed = changed or new != g["initial_lr"]
             g["initial_lr"] = new
         if changed:
-            t.pending_events.append({"event": "lr_override", "step": step, "lr": ro.lr,
-                                     "muon_lr": ro.muon_lr})
+            t.pending_events.append(
+                {"event": "lr_override", "step": step, "lr": ro.lr, "muon_lr": ro.muon_lr}
+            )

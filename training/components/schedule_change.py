@@ -30,10 +30,20 @@ class ScheduleChange(Component):
         if before == after:
             return
         if t.world.is_main:
-            print(f"warning: steps changed from {old} (checkpoint {ckpt.step_name(step)}) to "
-                  f"{new}: the {sched.kind} schedule is recomputed over {new} steps, so the "
-                  f"lr multiplier at step {step + 1} goes from {before:.4g} to {after:.4g} "
-                  f"(WSD or a constant schedule extend without a jump)", file=sys.stderr)
-        t.pending_events.append({"event": "schedule_change", "step": step, "steps_from": old,
-                                 "steps_to": new, "lr_mult_from": before,
-                                 "lr_mult_to": after})
+            print(
+                f"warning: steps changed from {old} (checkpoint {ckpt.step_name(step)}) to "
+                f"{new}: the {sched.kind} schedule is recomputed over {new} steps, so the "
+                f"lr multiplier at step {step + 1} goes from {before:.4g} to {after:.4g} "
+                f"(WSD or a constant schedule extend without a jump)",
+                file=sys.stderr,
+            )
+        t.pending_events.append(
+            {
+                "event": "schedule_change",
+                "step": step,
+                "steps_from": old,
+                "steps_to": new,
+                "lr_mult_from": before,
+                "lr_mult_to": after,
+            }
+        )

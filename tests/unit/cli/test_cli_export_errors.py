@@ -43,12 +43,14 @@ def writes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def export(dataset: str, out: Path, *extra: str) -> int:
-    return main(["export", "dataset", dataset, str(out), "--format", "llmc", "--no-progress",
-                 *extra])
+    return main(
+        ["export", "dataset", dataset, str(out), "--format", "llmc", "--no-progress", *extra]
+    )
 
 
-def test_output_that_is_a_file(train_dataset: str, tmp_path: Path, writes: list[str],
-                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_output_that_is_a_file(
+    train_dataset: str, tmp_path: Path, writes: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out.bin"
     out.write_text("mine")
     assert export(train_dataset, out) == 1
@@ -58,8 +60,9 @@ def test_output_that_is_a_file(train_dataset: str, tmp_path: Path, writes: list[
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]  # no temporary left
 
 
-def test_output_under_a_file(train_dataset: str, tmp_path: Path, writes: list[str],
-                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_output_under_a_file(
+    train_dataset: str, tmp_path: Path, writes: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     (tmp_path / "notes").write_text("mine")
     out = tmp_path / "notes" / "export"
     assert export(train_dataset, out) == 1
@@ -67,9 +70,9 @@ def test_output_under_a_file(train_dataset: str, tmp_path: Path, writes: list[st
     assert writes == []
 
 
-def test_directory_holding_only_directories(train_dataset: str, tmp_path: Path,
-                                            writes: list[str],
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_directory_holding_only_directories(
+    train_dataset: str, tmp_path: Path, writes: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
     (out / "empty").mkdir(parents=True)  # no file anywhere, yet not empty
     assert export(train_dataset, out) == 1
@@ -78,8 +81,9 @@ def test_directory_holding_only_directories(train_dataset: str, tmp_path: Path,
     assert [p.name for p in out.iterdir()] == ["empty"]
 
 
-def test_empty_directory_is_written(train_dataset: str, tmp_path: Path,
-                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_empty_directory_is_written(
+    train_dataset: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     assert export(train_dataset, out) == 0, capsys.readouterr().err
@@ -87,17 +91,32 @@ def test_empty_directory_is_written(train_dataset: str, tmp_path: Path,
 
 
 def test_bad_format_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["export", "dataset", str(tmp_path / "ds"), str(tmp_path / "out"),
-                 "--format", "parquet"])
+    code = main(
+        ["export", "dataset", str(tmp_path / "ds"), str(tmp_path / "out"), "--format", "parquet"]
+    )
     assert code == 1
     one_line(capsys.readouterr().err, "--format", "'parquet'", "megatron", "llmc", "mds")
     assert not (tmp_path / "out").exists()
 
 
 def test_bad_format_from_the_shell(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "cli.main", "export", "dataset",
-                        str(tmp_path / "ds"), str(tmp_path / "out"), "--format", "bad"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli.main",
+            "export",
+            "dataset",
+            str(tmp_path / "ds"),
+            str(tmp_path / "out"),
+            "--format",
+            "bad",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1, r.stderr
     assert one_line(r.stderr, "'bad'", "megatron", "llmc", "mds").startswith("error: ")
     assert r.stdout == ""

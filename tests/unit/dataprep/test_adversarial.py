@@ -119,11 +119,19 @@ def test_documents_carry_standard_json_meta(run: tuple[Expected, Path, dict]) ->
 
 
 def prep(data: Path, out: Path, until: str, **source: Any) -> dict:
-    return run_prep(parse_config({
-        "output": str(out), "workers": 1,
-        "sources": [{"name": "s", "paths": [str(data)], **source}],
-        "ingest": {"max_doc_bytes": MAX_DOC_BYTES}, "quality": [],
-    }), until=until, progress=False)
+    return run_prep(
+        parse_config(
+            {
+                "output": str(out),
+                "workers": 1,
+                "sources": [{"name": "s", "paths": [str(data)], **source}],
+                "ingest": {"max_doc_bytes": MAX_DOC_BYTES},
+                "quality": [],
+            }
+        ),
+        until=until,
+        progress=False,
+    )
 
 
 def test_bytes_in_counts_the_whole_quarantined_record(tmp_path: Path) -> None:
@@ -133,8 +141,9 @@ def test_bytes_in_counts_the_whole_quarantined_record(tmp_path: Path) -> None:
     unparsed = json.dumps({"text": "y" * 3_000_000}).encode()  # too_large by its line
     deep = b"[" * 200_000  # too_deep
     data = tmp_path / "in.jsonl"
-    data.write_bytes(b"\n".join([json.dumps({"text": good}).encode(), parsed, unparsed,
-                                 deep]) + b"\n")
+    data.write_bytes(
+        b"\n".join([json.dumps({"text": good}).encode(), parsed, unparsed, deep]) + b"\n"
+    )
     st = prep(data, tmp_path / "out", "ingest")["stages"]["ingest"]["sources"]["s"]
     assert st["dropped"] == {"too_deep": 1, "too_large": 2}
     assert st["bytes_kept"] == len(good)
@@ -154,20 +163,32 @@ def test_a_users_location_field_is_kept(tmp_path: Path) -> None:
     """Ingest's own location goes under its reserved key; dedup reports that one."""
     text = "the same words in two records, so that one is an exact copy\n"
     data = tmp_path / "in.jsonl"
-    data.write_text("\n".join(json.dumps(r) for r in [
-        {"id": "a", "text": text, "location": "Paris"},
-        {"id": "b", "text": text, "location": {"lat": 48.9, "lon": 2.35}},
-        {"id": "c", "text": "other words\n", LOCATION_KEY: "mine"},
-    ]) + "\n")
+    data.write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"id": "a", "text": text, "location": "Paris"},
+                {"id": "b", "text": text, "location": {"lat": 48.9, "lon": 2.35}},
+                {"id": "c", "text": "other words\n", LOCATION_KEY: "mine"},
+            ]
+        )
+        + "\n"
+    )
     out = tmp_path / "out"
     report = prep(data, out, "exact", id_field="id")
     metas = {d["id"]: strict_json(d["meta"]) for d in rows(out, "docs", "ingest")}
     assert metas["a"] == {"id": "a", "location": "Paris", LOCATION_KEY: "in.jsonl:1"}
-    assert metas["b"] == {"id": "b", "location": {"lat": 48.9, "lon": 2.35},
-                          LOCATION_KEY: "in.jsonl:2"}
+    assert metas["b"] == {
+        "id": "b",
+        "location": {"lat": 48.9, "lon": 2.35},
+        LOCATION_KEY: "in.jsonl:2",
+    }
     (refused,) = rows(out, "dropped", "ingest")
     assert (refused["id"], refused["reason"], refused["location"]) == (
-        "c", "reserved_field", "in.jsonl:3")
+        "c",
+        "reserved_field",
+        "in.jsonl:3",
+    )
     assert LOCATION_KEY in refused["detail"] and refused["text"].endswith('"mine"}')
     (copy,) = rows(out, "dropped", "exact")
     assert (copy["id"], copy["reason"], copy["location"]) == ("b", "exact_dup", "in.jsonl:2")

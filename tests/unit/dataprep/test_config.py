@@ -73,8 +73,11 @@ def test_yaml_errors_and_relative_paths(tmp_path: Path):
         load_config(tmp_path / "missing.yaml")
     assert "resolved against" not in str(e.value)  # absolute: nothing to add
     # A relative path (a deployment's parameter) names the directory it was looked up in.
-    with pytest.raises(ConfigError, match=rf"configs/missing.yaml does not exist \(resolved "
-                                          rf"against {re.escape(str(Path.cwd()))}\)"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"configs/missing.yaml does not exist \(resolved "
+        rf"against {re.escape(str(Path.cwd()))}\)",
+    ):
         load_config("configs/missing.yaml")
 
 
@@ -161,15 +164,27 @@ def test_config_fingerprint_covers_what_checkpoints_share():
     fp = parse_train_config(base).checkpoint_fingerprint()
     assert len(fp) == 16 and int(fp, 16) >= 0
     same = [  # nothing a resumed checkpoint must match
-        {"steps": 5, "dataset": "other", "run_dir": "elsewhere/x", "eval_every": 7,
-         "log_every": 3, "device": "cpu", "seed": 4, "micro_batch": 2},
+        {
+            "steps": 5,
+            "dataset": "other",
+            "run_dir": "elsewhere/x",
+            "eval_every": 7,
+            "log_every": 3,
+            "device": "cpu",
+            "seed": 4,
+            "micro_batch": 2,
+        },
         {"checkpoint": {"every": 3, "keep_last": 1, "remote": "s3://c", "run_name": "r"}},
         {"model": {"compile": True, "activation_checkpointing": True}},
         {"optim": {"lr": 0.5}},
     ]
     for over in same:
         assert parse_train_config({**base, **over}).checkpoint_fingerprint() == fp, over
-    differ = [{"model": {"d_model": 64}}, {"model": {"n_layer": 2}},
-              {"model": {"mlp": "gelu"}}, {"optim": {"name": "lion"}}]
+    differ = [
+        {"model": {"d_model": 64}},
+        {"model": {"n_layer": 2}},
+        {"model": {"mlp": "gelu"}},
+        {"optim": {"name": "lion"}},
+    ]
     for over in differ:
         assert parse_train_config({**base, **over}).checkpoint_fingerprint() != fp, over

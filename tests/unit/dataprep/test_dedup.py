@@ -45,13 +45,16 @@ def test_removal_follows_exact_jaccard(planted, tmp_path, threshold):
     assert any(j >= threshold for _, j in copies.values())
     assert any(j < threshold for _, j in copies.values())
     out = tmp_path / "out"
-    cfg = parse_config({
-        "output": str(out), "workers": 1,
-        "sources": [{"name": "web", "paths": [str(path)], "id_field": "id"}],
-        "ingest": {"shard_docs": 100},
-        "dedup": {"near": {"threshold": threshold}},
-        "quality": [],
-    })
+    cfg = parse_config(
+        {
+            "output": str(out),
+            "workers": 1,
+            "sources": [{"name": "web", "paths": [str(path)], "id_field": "id"}],
+            "ingest": {"shard_docs": 100},
+            "dedup": {"near": {"threshold": threshold}},
+            "quality": [],
+        }
+    )
     run_prep(cfg, until="near", progress=False)
     removed = _removed(out)
     for cid, (orig, j) in copies.items():
@@ -66,17 +69,24 @@ def test_removal_follows_exact_jaccard(planted, tmp_path, threshold):
 
 def test_exact_duplicates_across_sources_keep_the_first_source(tmp_path):
     web = read_jsonl(shared_file("web_c4_olmo_fixtures.jsonl"), 10)
-    a = write_jsonl(tmp_path / "a.jsonl", [{"id": f"a{i}", "text": r["text"]}
-                                           for i, r in enumerate(web)])
-    b = write_jsonl(tmp_path / "b.jsonl", [{"id": f"b{i}", "text": r["text"]}
-                                           for i, r in enumerate(web[::-1])])
+    a = write_jsonl(
+        tmp_path / "a.jsonl", [{"id": f"a{i}", "text": r["text"]} for i, r in enumerate(web)]
+    )
+    b = write_jsonl(
+        tmp_path / "b.jsonl", [{"id": f"b{i}", "text": r["text"]} for i, r in enumerate(web[::-1])]
+    )
     out = tmp_path / "out"
-    cfg = parse_config({
-        "output": str(out), "workers": 1,
-        "sources": [{"name": "second", "paths": [str(b)], "id_field": "id"},
-                    {"name": "first", "paths": [str(a)], "id_field": "id"}],
-        "quality": [],
-    })
+    cfg = parse_config(
+        {
+            "output": str(out),
+            "workers": 1,
+            "sources": [
+                {"name": "second", "paths": [str(b)], "id_field": "id"},
+                {"name": "first", "paths": [str(a)], "id_field": "id"},
+            ],
+            "quality": [],
+        }
+    )
     run_prep(cfg, until="exact", progress=False)
     removed = _removed(out)
     # Sources in config order: every copy in "first" duplicates one in "second".
@@ -97,9 +107,15 @@ def test_exact_select_in_passes_gives_the_same_duplicates(tmp_path, monkeypatch)
     for pass_docs in (1 << 24, 37):
         monkeypatch.setattr(exact, "PASS_DOCS", pass_docs)
         out = tmp_path / f"out-{pass_docs}"
-        cfg = parse_config({"output": str(out), "workers": 1, "quality": [],
-                            "ingest": {"shard_docs": 29},
-                            "sources": [{"name": "w", "paths": [str(path)], "id_field": "id"}]})
+        cfg = parse_config(
+            {
+                "output": str(out),
+                "workers": 1,
+                "quality": [],
+                "ingest": {"shard_docs": 29},
+                "sources": [{"name": "w", "paths": [str(path)], "id_field": "id"}],
+            }
+        )
         run_prep(cfg, until="exact", progress=False)
         results.append(_removed(out))
     first_of = {}

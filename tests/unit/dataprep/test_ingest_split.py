@@ -69,8 +69,9 @@ def tricky_jsonl() -> bytes:
         b'{"body": "no text field"}\n',
         b'{"text": "id field", "id": "doc-x"}\n',
     ]
-    lines += [json.dumps({"text": f"filler {i} " + "w" * (i % 13)}).encode() + b"\n"
-              for i in range(40)]
+    lines += [
+        json.dumps({"text": f"filler {i} " + "w" * (i % 13)}).encode() + b"\n" for i in range(40)
+    ]
     lines.append(b'{"text": "last line, no newline"}')
     return b"".join(lines)
 
@@ -99,8 +100,9 @@ def boundary_unit_sizes(data: bytes) -> list[int]:
 
 
 @pytest.mark.parametrize("block", [None, 5])
-def test_jsonl_split_reads_exactly_like_serial(tmp_path: Path, block: int | None,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_jsonl_split_reads_exactly_like_serial(
+    tmp_path: Path, block: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if block is not None:  # tiny planning blocks: line starts found across block edges
         monkeypatch.setattr(jsonl, "_PLAN_BLOCK", block)
     data = tricky_jsonl()
@@ -111,8 +113,14 @@ def test_jsonl_split_reads_exactly_like_serial(tmp_path: Path, block: int | None
         whole = one_input(source)
         serial = read(source, [whole])
         reasons = {r.reason for r in serial if isinstance(r, BadRecord)}
-        assert reasons == {"empty_line", "invalid_json", "invalid_utf8", "too_large",
-                           "not_an_object", "missing_text"}
+        assert reasons == {
+            "empty_line",
+            "invalid_json",
+            "invalid_utf8",
+            "too_large",
+            "not_an_object",
+            "missing_text",
+        }
         # A BOM is dropped on line 1 of the file only, not on the first line of a part.
         assert [r.reason for r in serial if r.location == "big.jsonl:9"] == ["invalid_json"]
         assert serial[0] == RawDoc("s/big.jsonl:1", "bom on line one", {}, "big.jsonl:1")
@@ -130,8 +138,7 @@ def test_jsonl_split_reads_exactly_like_serial(tmp_path: Path, block: int | None
             assert sum(q.size for q in parts) == len(data)
 
 
-def test_part_starts_match_a_naive_oracle(tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_part_starts_match_a_naive_oracle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = tricky_jsonl()[:3000] + b"\n\n" + b"x" * 50 + b"\n"  # ends with newlines
     p = tmp_path / "o.jsonl"
     p.write_bytes(data)
@@ -161,8 +168,7 @@ def test_reader_aligns_arbitrary_ranges(tmp_path: Path) -> None:
     parts = []
     for i, c in enumerate(cuts):
         end = cuts[i + 1] if i + 1 < len(cuts) else None
-        parts.append(replace(whole, start=c, end=end,
-                             first_record=naive_first_line_at(data, c)[1]))
+        parts.append(replace(whole, start=c, end=end, first_record=naive_first_line_at(data, c)[1]))
     assert read(source, parts) == serial
 
 
@@ -172,8 +178,11 @@ def test_split_keeps_invalid_utf8_file_offset(tmp_path: Path) -> None:
     p.write_bytes(data)
     source = src(p)
     parts = split_input(one_input(source), 4096)
-    bad = [r for r in read(source, parts[1:]) if isinstance(r, BadRecord)
-           and r.reason == "invalid_utf8"]
+    bad = [
+        r
+        for r in read(source, parts[1:])
+        if isinstance(r, BadRecord) and r.reason == "invalid_utf8"
+    ]
     assert len(bad) == 1
     want = data.index(b'{"text": "\xc3"}') + len(b'{"text": "')
     assert f"(byte {want} of the stream)" in bad[0].detail
@@ -194,13 +203,14 @@ def test_one_line_longer_than_a_unit_is_not_split(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------
 
 
-def prep_config(paths: list[Path], out: Path, shard_docs: int = 7, **source: Any
-                ) -> PrepConfig:
-    return parse_config({
-        "output": str(out),
-        "sources": [{"name": "web", "paths": [str(p) for p in paths], **source}],
-        "ingest": {"shard_docs": shard_docs, "max_doc_bytes": MAX_DOC},
-    })
+def prep_config(paths: list[Path], out: Path, shard_docs: int = 7, **source: Any) -> PrepConfig:
+    return parse_config(
+        {
+            "output": str(out),
+            "sources": [{"name": "web", "paths": [str(p) for p in paths], **source}],
+            "ingest": {"shard_docs": shard_docs, "max_doc_bytes": MAX_DOC},
+        }
+    )
 
 
 def run_ingest(cfg: PrepConfig, units: list[Unit]) -> tuple[pa.Table, pa.Table, dict]:
@@ -254,13 +264,13 @@ def test_small_files_grouped_as_before_big_one_split(tmp_path: Path) -> None:
     rels = [[(f.rel, f.is_part) for f in u.files] for u in units]
     assert rels[0] == [("in/a.jsonl", False)]
     assert all(r == [("in/b.jsonl", True)] for r in rels[1:-2])
-    assert rels[-2:] == [[("in/c.jsonl", False), ("in/d.jsonl", False)],
-                         [("in/e.jsonl", False)]]
+    assert rels[-2:] == [[("in/c.jsonl", False), ("in/d.jsonl", False)], [("in/e.jsonl", False)]]
     # Without a big file, the plan is the same as with the default unit size.
     for p in d.glob("b.jsonl"):
         p.unlink()
     assert [[f.rel for f in u.files] for u in plan_units(cfg)] == [
-        ["in/a.jsonl", "in/c.jsonl", "in/d.jsonl", "in/e.jsonl"]]
+        ["in/a.jsonl", "in/c.jsonl", "in/d.jsonl", "in/e.jsonl"]
+    ]
     assert all(not f.is_part for u in plan_units(cfg) for f in u.files)
 
 
@@ -307,8 +317,13 @@ def test_parquet_split_by_row_groups(tmp_path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(parquet_rows(95)), p, row_group_size=10)
     md = pq.read_metadata(p)
     assert md.num_row_groups == 10
-    rg_bytes = [sum(md.row_group(i).column(c).total_compressed_size
-                    for c in range(md.row_group(i).num_columns)) for i in range(10)]
+    rg_bytes = [
+        sum(
+            md.row_group(i).column(c).total_compressed_size
+            for c in range(md.row_group(i).num_columns)
+        )
+        for i in range(10)
+    ]
     source = src(p, id_field="id")
     whole = one_input(source)
     serial = read(source, [whole])

@@ -85,8 +85,9 @@ def test_output_inside_an_input_directory_is_refused_before_any_write(tmp_path: 
     data = make_corpus(tmp_path / "data")
     out = data / "web" / "prep-out"
     cfg = write_cfg(tmp_path / "c.yaml", cfg_dict(data, out))
-    line = one_line_error(cli("prep", str(cfg), "--no-progress"),
-                          str(out), "'web'", str(data / "web"))
+    line = one_line_error(
+        cli("prep", str(cfg), "--no-progress"), str(out), "'web'", str(data / "web")
+    )
     assert "lies inside" in line
     assert not out.exists()
 
@@ -97,8 +98,12 @@ def test_input_glob_under_the_output_is_refused(tmp_path: Path) -> None:
     c = cfg_dict(out / "in", out)
     c["sources"][0]["paths"] = [str(out / "in" / "web" / "*.jsonl")]
     cfg = write_cfg(tmp_path / "c.yaml", c)
-    one_line_error(cli("prep", str(cfg), "--no-progress"),
-                   str(out), "'web'", str(out / "in" / "web" / "*.jsonl"))
+    one_line_error(
+        cli("prep", str(cfg), "--no-progress"),
+        str(out),
+        "'web'",
+        str(out / "in" / "web" / "*.jsonl"),
+    )
     assert not (out / "_run.json").exists()
 
 
@@ -133,21 +138,27 @@ def test_inventory_in_report_markers_and_manifest(built) -> None:
     assert len(files[str(data / "web" / "big.jsonl")]["parts"]) > 2  # split into parts
     assert len(files[str(data / "code.parquet")]["parts"]) > 1  # by row groups
     assert files[str(data / "web" / "small.jsonl")]["parts"][0]["sha256"] == file_sha(
-        data / "web" / "small.jsonl")
+        data / "web" / "small.jsonl"
+    )
     manifest = json.loads((out / "dataset" / "v0001" / "manifest.json").read_text())
     assert manifest["inputs"] == report["inputs"]
     # Each ingest marker records the parts its unit read.
-    marked = [p for m in sorted((out / "_done" / "ingest").glob("*.json"))
-              for p in json.loads(m.read_text())["inputs"]]
+    marked = [
+        p
+        for m in sorted((out / "_done" / "ingest").glob("*.json"))
+        for p in json.loads(m.read_text())["inputs"]
+    ]
     assert sorted((p["uri"], p["start"]) for p in marked) == sorted(
-        (f["uri"], p["start"]) for f in report["inputs"] for p in f["parts"])
+        (f["uri"], p["start"]) for f in report["inputs"] for p in f["parts"]
+    )
     assert json.loads((out / INVENTORY_KEY).read_text())["files"][0]["parts"] == []
 
 
 def test_s3_inputs_carry_the_etag(s3_bucket: str, s3_client: Any, moto_endpoint: str) -> None:
     s3_client.put_object(Bucket=s3_bucket, Key="in/a.jsonl", Body=b'{"text": "x"}\n')
-    src = parse_config({"output": "/tmp/unused", "sources": [
-        {"name": "web", "paths": [f"s3://{s3_bucket}/in/"]}]}).sources[0]
+    src = parse_config(
+        {"output": "/tmp/unused", "sources": [{"name": "web", "paths": [f"s3://{s3_bucket}/in/"]}]}
+    ).sources[0]
     [f] = resolve_inputs(src, StorageOptions(endpoint_url=moto_endpoint))
     etag = s3_client.head_object(Bucket=s3_bucket, Key="in/a.jsonl")["ETag"]
     assert f.version == etag and f.size == 14
@@ -160,9 +171,15 @@ def test_s3_inputs_carry_the_etag(s3_bucket: str, s3_client: Any, moto_endpoint:
 
 def record(path: Path, parts: list[tuple[int, int]], source: str = "web") -> FileRecord:
     st = path.stat()
-    return FileRecord(source, str(path), path.name, "jsonl", st.st_size,
-                      f"{st.st_size}-{st.st_mtime_ns}",
-                      tuple(Part(a, b, file_sha(path, a, b)) for a, b in parts))
+    return FileRecord(
+        source,
+        str(path),
+        path.name,
+        "jsonl",
+        st.st_size,
+        f"{st.st_size}-{st.st_mtime_ns}",
+        tuple(Part(a, b, file_sha(path, a, b)) for a, b in parts),
+    )
 
 
 def now(path: Path) -> FileRecord:
@@ -171,8 +188,9 @@ def now(path: Path) -> FileRecord:
 
 
 def split_parts(path: Path) -> list[tuple[int, int]]:
-    cfg = parse_config({"output": str(path.parent / "o"), "sources": [
-        {"name": "web", "paths": [str(path)]}]})
+    cfg = parse_config(
+        {"output": str(path.parent / "o"), "sources": [{"name": "web", "paths": [str(path)]}]}
+    )
     [f] = resolve_inputs(cfg.sources[0], cfg.storage)
     parts = ingest.split_input(f, 1000)
     assert len(parts) >= 3
@@ -180,8 +198,9 @@ def split_parts(path: Path) -> list[tuple[int, int]]:
 
 
 def test_compare_inputs_classifies_each_file(tmp_path: Path) -> None:
-    keep, grow, edit, cut, gone, touch = (tmp_path / f"{n}.jsonl" for n in (
-        "keep", "grow", "edit", "cut", "gone", "touch"))
+    keep, grow, edit, cut, gone, touch = (
+        tmp_path / f"{n}.jsonl" for n in ("keep", "grow", "edit", "cut", "gone", "touch")
+    )
     for i, p in enumerate((keep, grow, edit, cut, gone, touch)):
         jsonl_rows(p, 0, 40, seed=i)
     recorded = [record(p, split_parts(p)) for p in (keep, grow, edit, cut, gone, touch)]
@@ -268,11 +287,15 @@ def test_rerun_after_appending_rows_and_adding_a_file_is_refused(ingested, tmp_p
     before = mtimes(Path(cfg["output"]))
     jsonl_rows(data / "web" / "small.jsonl", 10, 3, seed=1, mode="a")
     jsonl_rows(data / "web" / "added.jsonl", 0, 5, seed=9)
-    line = one_line_error(cli("prep", str(write_cfg(tmp_path / "c.yaml", cfg)),
-                              "--no-progress"),
-                          "1 grown", str(data / "web" / "small.jsonl"),
-                          "1 new", str(data / "web" / "added.jsonl"),
-                          "before its first version was finished", "new output")
+    line = one_line_error(
+        cli("prep", str(write_cfg(tmp_path / "c.yaml", cfg)), "--no-progress"),
+        "1 grown",
+        str(data / "web" / "small.jsonl"),
+        "1 new",
+        str(data / "web" / "added.jsonl"),
+        "before its first version was finished",
+        "new output",
+    )
     assert "changed (" not in line and "removed" not in line
     assert mtimes(Path(cfg["output"])) == before
 
@@ -295,8 +318,9 @@ def test_file_edited_in_the_middle_is_named(ingested) -> None:
     pos = len(raw) // 2
     raw[pos] = ord("z") if raw[pos] != ord("z") else ord("y")
     big.write_bytes(bytes(raw))
-    with pytest.raises(InputsChanged, match=f"1 changed \\({big} \\(bytes [0-9]+-[0-9]+ "
-                                            "differ\\)\\)"):
+    with pytest.raises(
+        InputsChanged, match=f"1 changed \\({big} \\(bytes [0-9]+-[0-9]+ differ\\)\\)"
+    ):
         prep(cfg, until="ingest")
 
 
@@ -329,4 +353,3 @@ def test_output_without_an_inventory_resumes_as_before(built, tmp_path, capsys) 
     err = capsys.readouterr().err
     assert LINE not in err and LINE_DONE not in err
     assert not (old / INVENTORY_KEY).exists()
-

@@ -42,11 +42,11 @@ def make_corpus(root: Path) -> dict[str, Any]:
         web.append({"id": f"web-{k}", "text": text})
     web.append({"id": "only-banners", "text": f"{BANNER}\n\n{BANNER_2}\n  {BANNER}\n"})
     write_jsonl(root / "web" / "web.jsonl", web)
-    forum = [{"id": f"forum-{k}", "text": r["text"] + "\n" + BANNER}
-             for k, r in enumerate(pages[50:65])]
+    forum = [
+        {"id": f"forum-{k}", "text": r["text"] + "\n" + BANNER} for k, r in enumerate(pages[50:65])
+    ]
     write_jsonl(root / "forum" / "forum.jsonl", forum)
-    return {"web": {r["id"]: r["text"] for r in web},
-            "forum": {r["id"]: r["text"] for r in forum}}
+    return {"web": {r["id"]: r["text"] for r in web}, "forum": {r["id"]: r["text"] for r in forum}}
 
 
 def config(data: Path, out: Path, workers: int = 1, line_dedup: bool = True) -> dict:
@@ -54,9 +54,9 @@ def config(data: Path, out: Path, workers: int = 1, line_dedup: bool = True) -> 
     if line_dedup:
         web["line_dedup"] = {"max_docs": MAX_DOCS, "min_line_chars": 20}
     return {
-        "output": str(out), "workers": workers,
-        "sources": [web, {"name": "forum", "paths": [str(data / "forum")],
-                          "id_field": "id"}],
+        "output": str(out),
+        "workers": workers,
+        "sources": [web, {"name": "forum", "paths": [str(data / "forum")], "id_field": "id"}],
         "ingest": {"shard_docs": 20},
         "quality": ["length"],
         "pack": {"seq_len": 256, "window": 200},
@@ -77,8 +77,11 @@ def docs(out: Path, stage: str) -> dict[str, str]:
 
 
 def dropped(out: Path, stage: str) -> list[dict[str, Any]]:
-    return [r for f in sorted((out / "dropped" / stage).glob("*.parquet"))
-            for r in pq.read_table(f).to_pylist()]
+    return [
+        r
+        for f in sorted((out / "dropped" / stage).glob("*.parquet"))
+        for r in pq.read_table(f).to_pylist()
+    ]
 
 
 # Files that differ between two identical runs: the claim's run id, the version record's
@@ -87,8 +90,11 @@ VARIES = {"_run.json", "v0001.json", "report.json"}
 
 
 def snapshot(out: Path) -> dict[str, str]:
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(out.rglob("*")) if p.is_file() and p.name not in VARIES}
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.is_file() and p.name not in VARIES
+    }
 
 
 def stable_report(out: Path) -> dict[str, Any]:
@@ -123,8 +129,9 @@ def test_common_lines_are_removed_rare_lines_kept(corpus, run) -> None:
         assert BANNER not in lines and BANNER_2 not in lines, i
         before = planted["web"][i]
         # Only the common lines went; every other line is kept byte for byte.
-        assert text.split("\n") == [line for line in before.split("\n")
-                                    if " ".join(line.split()) not in (BANNER, BANNER_2)]
+        assert text.split("\n") == [
+            line for line in before.split("\n") if " ".join(line.split()) not in (BANNER, BANNER_2)
+        ]
     assert sum(text.startswith(NAV + "\n") for text in web.values()) == N_NAV
     # The source without line_dedup keeps its banner, though every document has it.
     forum = {i: t for i, t in kept.items() if i.startswith("forum-")}
@@ -137,7 +144,8 @@ def test_a_document_of_only_common_lines_is_dropped(run) -> None:
     out, _ = run
     rows = dropped(out, "lines")
     assert [(r["id"], r["reason"], r["source"]) for r in rows] == [
-        ("only-banners", "lines:empty", "web")]
+        ("only-banners", "lines:empty", "web")
+    ]
     assert rows[0]["detail"] == "3 common lines removed"
     assert rows[0]["location"]  # where it came from, as every stage's drops say
     assert rows[0]["text"].startswith(BANNER)
@@ -157,12 +165,15 @@ def test_counts_add_up_in_the_report(run) -> None:
     assert web["bytes_in"] > web["bytes_kept"] + web["bytes_dropped"]  # lines went
     assert report["problems"] == []
     # Two common lines of web; 2 x 30 removed plus the three of the dropped document.
-    assert report["lines"] == {"common_lines": {"web": 2},
-                               "lines_removed": {"web": 2 * N_BANNER + 3}}
+    assert report["lines"] == {
+        "common_lines": {"web": 2},
+        "lines_removed": {"web": 2 * N_BANNER + 3},
+    }
 
 
-def test_select_in_passes_finds_the_same_lines(corpus, run, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_select_in_passes_finds_the_same_lines(
+    corpus, run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A corpus larger than one pass is counted in passes by hash value, with the same
     result: a line's documents all fall in one pass."""
     out, report = run
@@ -185,8 +196,9 @@ def test_output_is_the_same_with_one_or_two_workers(corpus, run, tmp_path: Path)
     assert stable_report(out2) == stable_report(out1)
 
 
-def test_a_config_without_line_dedup_runs_as_before(corpus, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_config_without_line_dedup_runs_as_before(
+    corpus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The stage is off: the output is file for file what a ballast without the stage
     makes, and the config fingerprints as before (an existing output stays claimed)."""
     data, _ = corpus
@@ -211,8 +223,10 @@ def test_a_later_version_counts_the_earlier_documents(corpus, tmp_path: Path) ->
     cfg = config(data, out)
     prep(cfg)
     pages = read_jsonl(shared_file("web_openwebtext_1k.jsonl"), 74)[65:]
-    write_jsonl(data / "web" / "added.jsonl", [
-        {"id": f"new-{k}", "text": f"{NAV}\n{r['text']}"} for k, r in enumerate(pages)])
+    write_jsonl(
+        data / "web" / "added.jsonl",
+        [{"id": f"new-{k}", "text": f"{NAV}\n{r['text']}"} for k, r in enumerate(pages)],
+    )
     report = prep(cfg)
     assert report["version"]["version"] == 2
     assert report["lines"]["common_lines"] == {"web": 3}
@@ -231,9 +245,12 @@ def test_bad_line_dedup_values_name_the_key(tmp_path: Path) -> None:
             parse_config(cfg)
         return str(e.value)
 
-    assert "sources[0].line_dedup.max_docs: Input should be greater than or equal to 1 " \
-           "(got 0)" in error({"max_docs": 0})
-    assert "sources[0].line_dedup.min_line_chars" in error({"max_docs": 5,
-                                                            "min_line_chars": "long"})
+    assert (
+        "sources[0].line_dedup.max_docs: Input should be greater than or equal to 1 "
+        "(got 0)" in error({"max_docs": 0})
+    )
+    assert "sources[0].line_dedup.min_line_chars" in error(
+        {"max_docs": 5, "min_line_chars": "long"}
+    )
     assert "sources[0].line_dedup.max_doc: unknown key" in error({"max_doc": 5})
     assert "sources[0].line_dedup.max_docs: required key is missing" in error({})

@@ -46,7 +46,10 @@ def test_weights_give_exact_shares_when_data_allows() -> None:
     p = by_name(plans)
     assert [x.source for x in plans] == ["web", "code", "books"]
     assert (p["web"].planned_tokens, p["code"].planned_tokens, p["books"].planned_tokens) == (
-        500_000, 300_000, 200_000)
+        500_000,
+        300_000,
+        200_000,
+    )
     assert p["code"].target_share == pytest.approx(0.3)
     assert all(x.warning is None and not x.capped and x.shortfall_tokens == 0 for x in plans)
     assert p["web"].planned_epochs == pytest.approx(0.05)
@@ -54,8 +57,7 @@ def test_weights_give_exact_shares_when_data_allows() -> None:
 
 def test_largest_remainder_sums_to_total() -> None:
     available = {"a": 10**6, "b": 10**6, "c": 10**6}
-    plans = plan_mixture(available, {"a": 1, "b": 1, "c": 1}, None, dict.fromkeys("abc", 1.0),
-                         1000)
+    plans = plan_mixture(available, {"a": 1, "b": 1, "c": 1}, None, dict.fromkeys("abc", 1.0), 1000)
     got = sorted(x.planned_tokens for x in plans)
     assert got == [333, 333, 334]
     assert all(isinstance(x.planned_tokens, int) for x in plans)
@@ -74,8 +76,9 @@ def test_natural_proportions_by_default_and_alpha_one() -> None:
 
 def test_temperature_two_source_example_by_hand() -> None:
     # n = 900 and 100; alpha 0.5 -> sqrt: 30 and 10 -> shares 0.75 and 0.25.
-    plans = by_name(plan_mixture({"big": 900, "small": 100}, None, 0.5,
-                                 {"big": 10.0, "small": 10.0}, 4000))
+    plans = by_name(
+        plan_mixture({"big": 900, "small": 100}, None, 0.5, {"big": 10.0, "small": 10.0}, 4000)
+    )
     assert plans["big"].target_share == pytest.approx(0.75)
     assert plans["small"].target_share == pytest.approx(0.25)
     assert (plans["big"].planned_tokens, plans["small"].planned_tokens) == (3000, 1000)
@@ -83,8 +86,15 @@ def test_temperature_two_source_example_by_hand() -> None:
 
 def test_alpha_wins_over_weights() -> None:
     # MixtureConfig reads weights only when alpha is unset.
-    plans = by_name(plan_mixture({"big": 900, "small": 100}, {"big": 0.0, "small": 1.0}, 0.5,
-                                 {"big": 10.0, "small": 10.0}, 4000))
+    plans = by_name(
+        plan_mixture(
+            {"big": 900, "small": 100},
+            {"big": 0.0, "small": 1.0},
+            0.5,
+            {"big": 10.0, "small": 10.0},
+            4000,
+        )
+    )
     assert plans["big"].target_share == pytest.approx(0.75)
 
 
@@ -119,7 +129,8 @@ def test_too_small_source_is_capped_with_numbers_and_budget_redistributed() -> N
     assert code.shortfall_tokens == 1_800_000
     assert code.warning == (
         "source 'code' is too small for its share 0.30: it can give 1,200,000 tokens at "
-        "max_epochs 2 but the share asks for 3,000,000 (short by 1,800,000 tokens, 60%)")
+        "max_epochs 2 but the share asks for 3,000,000 (short by 1,800,000 tokens, 60%)"
+    )
     assert sum(x.planned_tokens for x in plans) == 10_000_000
     # The 1.8M go to web and books in proportion to their shares (0.5 : 0.2).
     extra_web = p["web"].planned_tokens - 5_000_000
@@ -164,8 +175,10 @@ def test_every_source_capped_total_falls_short_and_says_so() -> None:
     assert all(x.capped for x in plans)
     for x in plans:
         assert x.warning is not None
-        assert ("every source is at its max_epochs cap, so the mix has 2,200 tokens, "
-                "7,800 (78%) short of total_tokens 10,000") in x.warning
+        assert (
+            "every source is at its max_epochs cap, so the mix has 2,200 tokens, "
+            "7,800 (78%) short of total_tokens 10,000"
+        ) in x.warning
 
 
 def test_empty_source_with_positive_share_never_divides_by_zero() -> None:
@@ -188,13 +201,15 @@ def test_empty_source_with_natural_shares_is_flagged() -> None:
     p = by_name(plan_mixture({"a": 100, "b": 0}, None, None, {"a": 1.0, "b": 1.0}, None))
     assert p["b"].target_share == 0 and p["b"].planned_tokens == 0 and not p["b"].capped
     assert p["b"].warning == (
-        "source 'b' has no train tokens after filtering; it contributes nothing")
+        "source 'b' has no train tokens after filtering; it contributes nothing"
+    )
     assert p["a"].planned_tokens == 100
 
 
 def test_zero_weight_source_gets_nothing_quietly() -> None:
-    p = by_name(plan_mixture({"a": 100, "b": 100}, {"a": 1, "b": 0}, None,
-                             {"a": 1.0, "b": 1.0}, 50))
+    p = by_name(
+        plan_mixture({"a": 100, "b": 100}, {"a": 1, "b": 0}, None, {"a": 1.0, "b": 1.0}, 50)
+    )
     assert (p["a"].planned_tokens, p["b"].planned_tokens) == (50, 0)
     assert p["b"].warning is None and not p["b"].capped
 
@@ -222,8 +237,7 @@ def test_no_total_with_awkward_numbers_and_fractional_caps() -> None:
     caps = {"a": 1.0, "b": 1.5, "c": 2.5}
     plans = plan_mixture(available, weights, None, caps, None)
     total = sum(x.planned_tokens for x in plans)
-    binding = min(plans, key=lambda x: int(caps[x.source] * x.available_tokens)
-                  / x.target_share)
+    binding = min(plans, key=lambda x: int(caps[x.source] * x.available_tokens) / x.target_share)
     assert binding.source == "c"
     assert binding.planned_tokens == int(2.5 * 5_003)  # exactly at its cap
     for x in plans:
@@ -283,8 +297,9 @@ def test_plan_and_selection_together_within_one_percent() -> None:
     total = available["web"]  # web is downsampled, the others upsampled
     plans = plan_mixture(available, weights, None, caps, total)
     for p in plans:
-        counts = select_documents(doc_keys(ids(names[p.source], p.source), 11),
-                                  toks[p.source], p.planned_tokens)
+        counts = select_documents(
+            doc_keys(ids(names[p.source], p.source), 11), toks[p.source], p.planned_tokens
+        )
         realised = int((counts.astype(np.int64) * toks[p.source]).sum())
         assert abs(realised - p.planned_tokens) <= 0.01 * p.planned_tokens
         assert counts.max() <= math.ceil(p.planned_epochs) <= math.ceil(caps[p.source])
@@ -332,11 +347,18 @@ def test_doc_keys_match_xxhash_and_are_stable_across_processes() -> None:
     expected = [xxhash.xxh3_64_intdigest(f"42:{i}".encode()) for i in sample]
     keys = doc_keys(sample, 42)
     assert keys.dtype == np.uint64 and keys.tolist() == expected
-    code = ("import sys; from dataprep.mixture import doc_keys; "
-            "print(','.join(map(str, doc_keys(['doc-1', 'ünïcode/ö', ''], 42).tolist())))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                         text=True, check=True, env={"PYTHONHASHSEED": "123",
-                                                     "PYTHONIOENCODING": "utf-8"})
+    code = (
+        "import sys; from dataprep.mixture import doc_keys; "
+        "print(','.join(map(str, doc_keys(['doc-1', 'ünïcode/ö', ''], 42).tolist())))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "123", "PYTHONIOENCODING": "utf-8"},
+    )
     assert [int(x) for x in out.stdout.strip().split(",")] == expected
 
 

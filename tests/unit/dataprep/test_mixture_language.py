@@ -16,40 +16,68 @@ from tests.support.helpers import read_jsonl, shared_file
 
 # Sentences written for this test; a document is several of them, so that fastText's
 # lid.176 labels it with confidence.
-DE = ["Der Zug nach Hamburg fährt heute eine Stunde später ab.",
-      "Im Garten blühen die ersten Rosen, und die Kinder spielen draußen.",
-      "Wir haben am Wochenende einen langen Spaziergang am Fluss gemacht.",
-      "Die Bibliothek ist montags geschlossen, aber dienstags bis abends geöffnet.",
-      "Meine Großmutter backt jeden Sonntag einen Apfelkuchen für die ganze Familie."]
-FR = ["Le train pour Lyon part avec une heure de retard aujourd'hui.",
-      "Dans le jardin, les premières roses fleurissent et les enfants jouent dehors.",
-      "Nous avons fait une longue promenade au bord de la rivière ce week-end.",
-      "La bibliothèque est fermée le lundi, mais ouverte le mardi jusqu'au soir.",
-      "Ma grand-mère prépare une tarte aux pommes chaque dimanche pour toute la famille."]
+DE = [
+    "Der Zug nach Hamburg fährt heute eine Stunde später ab.",
+    "Im Garten blühen die ersten Rosen, und die Kinder spielen draußen.",
+    "Wir haben am Wochenende einen langen Spaziergang am Fluss gemacht.",
+    "Die Bibliothek ist montags geschlossen, aber dienstags bis abends geöffnet.",
+    "Meine Großmutter backt jeden Sonntag einen Apfelkuchen für die ganze Familie.",
+]
+FR = [
+    "Le train pour Lyon part avec une heure de retard aujourd'hui.",
+    "Dans le jardin, les premières roses fleurissent et les enfants jouent dehors.",
+    "Nous avons fait une longue promenade au bord de la rivière ce week-end.",
+    "La bibliothèque est fermée le lundi, mais ouverte le mardi jusqu'au soir.",
+    "Ma grand-mère prépare une tarte aux pommes chaque dimanche pour toute la famille.",
+]
 
 
 def docs(sentences: list[str], n: int) -> list[str]:
     # Each document a different rotation and length of the sentences (no exact duplicates).
-    return [" ".join(sentences[(i + k) % len(sentences)] for k in range(2 + i % 4)) + f" ({i})"
-            for i in range(n)]
+    return [
+        " ".join(sentences[(i + k) % len(sentences)] for k in range(2 + i % 4)) + f" ({i})"
+        for i in range(n)
+    ]
 
 
 def prep(tmp: Path, languages: Any, **mixture: Any) -> dict[str, Any]:
     english = [r["text"] for r in read_jsonl(shared_file("web_openwebtext_1k.jsonl"), 40)]
-    rows = ([{"text": t} for t in english] + [{"text": t} for t in docs(DE, 60)]
-            + [{"text": t} for t in docs(FR, 60)])
+    rows = (
+        [{"text": t} for t in english]
+        + [{"text": t} for t in docs(DE, 60)]
+        + [{"text": t} for t in docs(FR, 60)]
+    )
     (tmp / "web.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp / "books.txt").write_text(shared_file("tinyshakespeare.txt").read_text()[:30_000])
     out = tmp / "out"
-    run_prep(parse_config({
-        "output": str(out), "workers": 1,
-        "sources": [{"name": "web", "paths": [str(tmp / "web.jsonl")], "languages": languages,
-                     "quality": ["language"]},
-                    {"name": "books", "paths": [str(tmp / "books.txt")],
-                     "txt_unit": "paragraph", "quality": []}],
-        "dedup": {"exact": True, "near": False}, "quality": [], "mixture": mixture,
-        "pack": {"seq_len": 128}, "dataset": {"validation_fraction": 0.0},
-    }), progress=False)
+    run_prep(
+        parse_config(
+            {
+                "output": str(out),
+                "workers": 1,
+                "sources": [
+                    {
+                        "name": "web",
+                        "paths": [str(tmp / "web.jsonl")],
+                        "languages": languages,
+                        "quality": ["language"],
+                    },
+                    {
+                        "name": "books",
+                        "paths": [str(tmp / "books.txt")],
+                        "txt_unit": "paragraph",
+                        "quality": [],
+                    },
+                ],
+                "dedup": {"exact": True, "near": False},
+                "quality": [],
+                "mixture": mixture,
+                "pack": {"seq_len": 128},
+                "dataset": {"validation_fraction": 0.0},
+            }
+        ),
+        progress=False,
+    )
     return json.loads((out / "v0001" / "report.json").read_text())
 
 

@@ -22,8 +22,9 @@ from tests.support.helpers import edit_words, read_jsonl, shared_file
 from tests.support.union_find import UnionFind
 
 
-def reference_clusters(out: Path, shards: list[str], bands: int, threshold: float,
-                       max_checks: int = 8) -> tuple[np.ndarray, int, int]:
+def reference_clusters(
+    out: Path, shards: list[str], bands: int, threshold: float, max_checks: int = 8
+) -> tuple[np.ndarray, int, int]:
     def npz(key: str) -> dict[str, np.ndarray]:
         with np.load(io.BytesIO((out / key).read_bytes())) as z:
             return {k: z[k] for k in z.files}
@@ -31,8 +32,10 @@ def reference_clusters(out: Path, shards: list[str], bands: int, threshold: floa
     sets: list[np.ndarray] = []
     for s in shards:
         z = npz(near.shingles_key(s))
-        sets += [z["shingles"][z["offsets"][r] : z["offsets"][r + 1]]
-                 for r in range(len(z["offsets"]) - 1)]
+        sets += [
+            z["shingles"][z["offsets"][r] : z["offsets"][r + 1]]
+            for r in range(len(z["offsets"]) - 1)
+        ]
     uf = UnionFind.of(len(sets))
     checked: dict[tuple[int, int], bool] = {}
     for band in range(bands):
@@ -64,7 +67,7 @@ def chained_corpus(path: Path) -> None:
         docs.append(edit_words(rng.choice(docs), rng.uniform(0.01, 0.06), rng))
     boiler = " ".join(web[0].split(" ")[:120])
     for k in range(40):
-        docs.append(boiler + "\n" + " ".join(rng.choice(web).split(" ")[:40 + k]))
+        docs.append(boiler + "\n" + " ".join(rng.choice(web).split(" ")[: 40 + k]))
     rng.shuffle(docs)
     with open(path, "w", encoding="utf-8") as f:
         for i, d in enumerate(docs):
@@ -74,12 +77,16 @@ def chained_corpus(path: Path) -> None:
 @pytest.mark.parametrize("threshold", [0.5, 0.8])
 def test_cluster_matches_the_plain_algorithm(tmp_path: Path, threshold: float) -> None:
     chained_corpus(tmp_path / "docs.jsonl")
-    cfg = parse_config({
-        "output": str(tmp_path / "out"), "workers": 1,
-        "sources": [{"name": "web", "paths": [str(tmp_path / "docs.jsonl")], "id_field": "id"}],
-        "ingest": {"shard_docs": 37},
-        "dedup": {"exact": True, "near": {"threshold": threshold}}, "quality": [],
-    })
+    cfg = parse_config(
+        {
+            "output": str(tmp_path / "out"),
+            "workers": 1,
+            "sources": [{"name": "web", "paths": [str(tmp_path / "docs.jsonl")], "id_field": "id"}],
+            "ingest": {"shard_docs": 37},
+            "dedup": {"exact": True, "near": {"threshold": threshold}},
+            "quality": [],
+        }
+    )
     report = run_prep(cfg, until="near", progress=False)
     out = tmp_path / "out"
     shards = report["shards"]
@@ -90,13 +97,19 @@ def test_cluster_matches_the_plain_algorithm(tmp_path: Path, threshold: float) -
     assert summary["removed"] > 20  # the corpus does exercise clustering
     assert summary["candidate_pairs"] == candidates
     assert summary["confirmed_pairs"] == confirmed
-    dups = [{"shard": s, **d} for s in shards
-            if (out / exact.dups_key("near", s)).exists()
-            for d in pq.read_table(out / exact.dups_key("near", s)).to_pylist()]
+    dups = [
+        {"shard": s, **d}
+        for s in shards
+        if (out / exact.dups_key("near", s)).exists()
+        for d in pq.read_table(out / exact.dups_key("near", s)).to_pylist()
+    ]
     n_per = [pq.read_metadata(out / "docs" / "exact" / f"{s}.parquet").num_rows for s in shards]
     offsets = np.concatenate([[0], np.cumsum(n_per)])
-    ids = [i for s in shards
-           for i in pq.read_table(out / "docs" / "exact" / f"{s}.parquet")["id"].to_pylist()]
+    ids = [
+        i
+        for s in shards
+        for i in pq.read_table(out / "docs" / "exact" / f"{s}.parquet")["id"].to_pylist()
+    ]
     got = {int(offsets[shards.index(d["shard"])] + d["row"]): d["kept_id"] for d in dups}
     want = {i: ids[r] for i, r in enumerate(roots.tolist()) if r != i}
     assert got == want
@@ -107,12 +120,16 @@ def test_buckets_in_passes_are_the_same_buckets(tmp_path: Path, monkeypatch) -> 
     the same groups, in the same order, as one sort of the whole band."""
     chained_corpus(tmp_path / "docs.jsonl")
     out = tmp_path / "out"
-    cfg = parse_config({
-        "output": str(out), "workers": 1, "quality": [],
-        "sources": [{"name": "web", "paths": [str(tmp_path / "docs.jsonl")],
-                     "id_field": "id"}],
-        "ingest": {"shard_docs": 37}, "dedup": {"exact": True, "near": {}},
-    })
+    cfg = parse_config(
+        {
+            "output": str(out),
+            "workers": 1,
+            "quality": [],
+            "sources": [{"name": "web", "paths": [str(tmp_path / "docs.jsonl")], "id_field": "id"}],
+            "ingest": {"shard_docs": 37},
+            "dedup": {"exact": True, "near": {}},
+        }
+    )
     report = run_prep(cfg, until="near", progress=False)  # one sort per band
     bands, _ = near.bands_rows(cfg.dedup.near)
 

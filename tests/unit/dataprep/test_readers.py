@@ -150,7 +150,10 @@ def test_bad_record_size_is_the_whole_record(tmp_path: Path) -> None:
     p.write_bytes(parsed + b"\r\n" + unparsed + b"\n" + b"{bad" + b"\n")
     recs = bads(read_all(src(p), max_doc_bytes=1000))
     assert [(r.reason, r.size) for r in recs] == [
-        ("too_large", len(parsed)), ("too_large", len(unparsed)), ("invalid_json", 4)]
+        ("too_large", len(parsed)),
+        ("too_large", len(unparsed)),
+        ("invalid_json", 4),
+    ]
     assert all(len(r.raw) < RAW_LIMIT + 100 for r in recs)
 
 
@@ -167,9 +170,13 @@ def test_deep_nesting_is_too_deep_not_invalid_json(tmp_path: Path) -> None:
     p.write_bytes(b"\n".join(lines))
     recs = read_all(src(p))
     got = [(r.reason if isinstance(r, BadRecord) else "ok", r.location) for r in recs]
-    assert got == [("too_deep", "deep.jsonl:1"), ("too_deep", "deep.jsonl:2"),
-                   ("ok", "deep.jsonl:3"), ("too_deep", "deep.jsonl:4"),
-                   ("invalid_json", "deep.jsonl:5")]
+    assert got == [
+        ("too_deep", "deep.jsonl:1"),
+        ("too_deep", "deep.jsonl:2"),
+        ("ok", "deep.jsonl:3"),
+        ("too_deep", "deep.jsonl:4"),
+        ("invalid_json", "deep.jsonl:5"),
+    ]
     assert "nest" in recs[0].detail  # type: ignore[union-attr]
     assert recs[0].size == len(deep)  # type: ignore[union-attr]
 
@@ -190,17 +197,27 @@ def test_non_finite_numbers_are_quarantined(tmp_path: Path) -> None:
     recs = read_all(src(p))
     got = [(r.reason if isinstance(r, BadRecord) else "ok", r.location) for r in recs]
     assert got == [("non_finite_number", f"n.jsonl:{i}") for i in (1, 2, 3, 4)] + [
-        ("ok", "n.jsonl:5"), ("non_finite_number", "n.jsonl:6")]
+        ("ok", "n.jsonl:5"),
+        ("non_finite_number", "n.jsonl:6"),
+    ]
     assert "NaN" in recs[0].detail and "1e400" in recs[3].detail  # type: ignore[union-attr]
     assert recs[4].meta == {"x": 1e300, "y": -0.0, "z": "NaN Infinity"}  # type: ignore[union-attr]
 
-    table = pa.table({"text": ["p", "q", "r"], "f": [1.5, float("nan"), 2.0],
-                      "v": [[1.0], [2.0], [float("-inf")]]})
+    table = pa.table(
+        {
+            "text": ["p", "q", "r"],
+            "f": [1.5, float("nan"), 2.0],
+            "v": [[1.0], [2.0], [float("-inf")]],
+        }
+    )
     pq.write_table(table, tmp_path / "n.parquet")
     recs = read_all(src(tmp_path / "n.parquet"))
     got = [(r.reason if isinstance(r, BadRecord) else "ok", r.location) for r in recs]
-    assert got == [("ok", "n.parquet#row=1"), ("non_finite_number", "n.parquet#row=2"),
-                   ("non_finite_number", "n.parquet#row=3")]
+    assert got == [
+        ("ok", "n.parquet#row=1"),
+        ("non_finite_number", "n.parquet#row=2"),
+        ("non_finite_number", "n.parquet#row=3"),
+    ]
 
 
 def test_unpaired_surrogates_outside_the_text_are_invalid_utf8(tmp_path: Path) -> None:
@@ -223,12 +240,23 @@ def test_unpaired_surrogates_outside_the_text_are_invalid_utf8(tmp_path: Path) -
 
 def test_bad_id_types_and_id_field(tmp_path: Path) -> None:
     p = tmp_path / "ids.jsonl"
-    p.write_bytes(jl({"text": "a", "id": "x1"}, {"text": "b", "id": 7}, {"text": "c"},
-                     {"text": "d", "id": True}, {"text": "e", "id": ""}, {"text": "f", "id": None}))
+    p.write_bytes(
+        jl(
+            {"text": "a", "id": "x1"},
+            {"text": "b", "id": 7},
+            {"text": "c"},
+            {"text": "d", "id": True},
+            {"text": "e", "id": ""},
+            {"text": "f", "id": None},
+        )
+    )
     recs = read_all(src(p, id_field="id"))
     assert [r.id for r in docs(recs)] == ["x1", "7", "s/ids.jsonl:3"]
     assert [(r.reason, r.location) for r in bads(recs)] == [
-        ("bad_id", "ids.jsonl:4"), ("bad_id", "ids.jsonl:5"), ("bad_id", "ids.jsonl:6")]
+        ("bad_id", "ids.jsonl:4"),
+        ("bad_id", "ids.jsonl:5"),
+        ("bad_id", "ids.jsonl:6"),
+    ]
     assert "boolean" in bads(recs)[0].detail and "empty string" in bads(recs)[1].detail
 
 
@@ -320,17 +348,23 @@ def test_not_gzip_at_all(tmp_path: Path) -> None:
 def test_parquet(tmp_path: Path) -> None:
     import datetime as dt
 
-    table = pa.table({
-        "text": ["first doc", None, "third e\u0301", ""],
-        "id": [10, 11, 12, 13],
-        "ts": [dt.datetime(2024, 1, 2, 3, 4, 5)] * 4,
-        "tags": [["a"], [], ["b", "c"], None],
-    })
+    table = pa.table(
+        {
+            "text": ["first doc", None, "third e\u0301", ""],
+            "id": [10, 11, 12, 13],
+            "ts": [dt.datetime(2024, 1, 2, 3, 4, 5)] * 4,
+            "tags": [["a"], [], ["b", "c"], None],
+        }
+    )
     pq.write_table(table, tmp_path / "t.parquet", row_group_size=2)
     recs = read_all(src(tmp_path / "t.parquet", id_field="id"))
     got = [(r.reason if isinstance(r, BadRecord) else r.id, r.location) for r in recs]
-    assert got == [("10", "t.parquet#row=1"), ("wrong_type", "t.parquet#row=2"),
-                   ("12", "t.parquet#row=3"), ("empty_text", "t.parquet#row=4")]
+    assert got == [
+        ("10", "t.parquet#row=1"),
+        ("wrong_type", "t.parquet#row=2"),
+        ("12", "t.parquet#row=3"),
+        ("empty_text", "t.parquet#row=4"),
+    ]
     first, third = docs(recs)
     assert first.meta == {"id": 10, "ts": "2024-01-02T03:04:05", "tags": ["a"]}
     json.dumps(first.meta)  # JSON-serialisable
@@ -375,8 +409,11 @@ def test_txt_paragraph_too_large_and_gz(tmp_path: Path) -> None:
     (tmp_path / "p.txt.gz").write_bytes(gzip.compress(body))
     recs = read_all(src(tmp_path / "p.txt.gz", txt_unit="paragraph"), max_doc_bytes=100)
     got = [(r.reason if isinstance(r, BadRecord) else r.text, r.location) for r in recs]
-    assert got == [("small one", "p.txt.gz#para=1"), ("too_large", "p.txt.gz#para=2"),
-                   ("after", "p.txt.gz#para=3")]
+    assert got == [
+        ("small one", "p.txt.gz#para=1"),
+        ("too_large", "p.txt.gz#para=2"),
+        ("after", "p.txt.gz#para=3"),
+    ]
 
 
 def test_hf_dataset_and_dataset_dict(tmp_path: Path) -> None:
@@ -384,17 +421,23 @@ def test_hf_dataset_and_dataset_dict(tmp_path: Path) -> None:
 
     datasets.disable_progress_bars()
     datasets.Dataset.from_dict({"text": ["one", "two e\u0301"], "id": ["a", "b"]}).save_to_disk(
-        str(tmp_path / "in" / "ds"))
-    dd = datasets.DatasetDict({
-        "train": datasets.Dataset.from_dict({"text": ["t1", "", "t3"], "k": [1, 2, 3]}),
-        "test": datasets.Dataset.from_dict({"text": ["x1"], "k": [9]}),
-    })
+        str(tmp_path / "in" / "ds")
+    )
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict({"text": ["t1", "", "t3"], "k": [1, 2, 3]}),
+            "test": datasets.Dataset.from_dict({"text": ["x1"], "k": [9]}),
+        }
+    )
     dd.save_to_disk(str(tmp_path / "in" / "dd"))
     (tmp_path / "in" / "plain.jsonl").write_bytes(jl({"text": "j"}))
 
     files = resolve_inputs(src(tmp_path / "in"), OPTS)
     assert [(f.rel, f.format) for f in files] == [
-        ("in/dd", "hf"), ("in/ds", "hf"), ("in/plain.jsonl", "jsonl")]
+        ("in/dd", "hf"),
+        ("in/ds", "hf"),
+        ("in/plain.jsonl", "jsonl"),
+    ]
     assert all(f.size > 0 for f in files)
     recs = read_all(src(tmp_path / "in"))
     got = [(r.reason if isinstance(r, BadRecord) else r.text, r.location) for r in recs]
@@ -412,9 +455,14 @@ def test_hf_dataset_and_dataset_dict(tmp_path: Path) -> None:
     (f,) = resolve_inputs(src(tmp_path / "in" / "ds", id_field="id"), OPTS)
     assert (f.rel, f.format) == ("ds", "hf")
     assert [d.id for d in docs(list(read_file(src(f.uri, id_field="id"), f, OPTS, BIG)))] == [
-        "a", "b"]
+        "a",
+        "b",
+    ]
     assert [f.rel for f in resolve_inputs(src(tmp_path / "in" / "**"), OPTS)] == [
-        "dd", "ds", "plain.jsonl"]
+        "dd",
+        "ds",
+        "plain.jsonl",
+    ]
 
 
 # --------------------------------------------------------------------------------------
@@ -427,18 +475,22 @@ def test_resolve_globs_dirs_dedup_and_order(tmp_path: Path) -> None:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(b"")
     files = resolve_inputs(
-        src(tmp_path / "a" / "**" / "*.jsonl*", tmp_path / "a" / "1.jsonl", tmp_path / "a"),
-        OPTS)
+        src(tmp_path / "a" / "**" / "*.jsonl*", tmp_path / "a" / "1.jsonl", tmp_path / "a"), OPTS
+    )
     assert [f.rel for f in files] == ["1.jsonl", "2.jsonl", "b/3.jsonl.gz"]  # first rel wins
     assert [f.uri for f in files] == sorted(f.uri for f in files)
     assert all(isinstance(f, InputFile) and f.source == "s" for f in files)
     # A directory keeps its own name in rel; hidden files and unknown extensions are skipped.
     assert [f.rel for f in resolve_inputs(src(tmp_path / "a"), OPTS)] == [
-        "a/1.jsonl", "a/2.jsonl", "a/b/3.jsonl.gz"]
+        "a/1.jsonl",
+        "a/2.jsonl",
+        "a/b/3.jsonl.gz",
+    ]
     # An explicit format filters a directory's files.
     (tmp_path / "a" / "notes.txt").write_bytes(b"x")
     assert [f.rel for f in resolve_inputs(src(tmp_path / "a", format="txt"), OPTS)] == [
-        "a/notes.txt"]
+        "a/notes.txt"
+    ]
 
 
 def err(source: SourceConfig) -> str:
@@ -486,20 +538,32 @@ def test_config_format_choices_are_the_registry() -> None:
     assert CHOICES == ("auto", *FORMATS) == ("auto", "jsonl", "parquet", "txt", "hf")
     with pytest.raises(ConfigError) as e:
         parse_config({"output": "o", "sources": [{"name": "s", "paths": ["p"], "format": "csv"}]})
-    assert ("sources[0].format: Input should be 'auto', 'jsonl', 'parquet', 'txt' or 'hf' "
-            "(got 'csv')") in str(e.value)
+    assert (
+        "sources[0].format: Input should be 'auto', 'jsonl', 'parquet', 'txt' or 'hf' (got 'csv')"
+    ) in str(e.value)
     exts = [e for f in FORMATS.values() for e in f.extensions]
     assert len(exts) == len(set(exts)), "an extension claimed by two formats"
 
 
 def test_format_from_name() -> None:
-    assert [format_from_name(n) for n in ("a.jsonl", "a.JSON.GZ", "a.ndjson.zstd", "a.txt.zst",
-                                          "a.parquet", "a.parquet.gz", "a.csv", "a")] == [
-        "jsonl", "jsonl", "jsonl", "txt", "parquet", None, None, None]
+    assert [
+        format_from_name(n)
+        for n in (
+            "a.jsonl",
+            "a.JSON.GZ",
+            "a.ndjson.zstd",
+            "a.txt.zst",
+            "a.parquet",
+            "a.parquet.gz",
+            "a.csv",
+            "a",
+        )
+    ] == ["jsonl", "jsonl", "jsonl", "txt", "parquet", None, None, None]
 
 
-def test_a_registered_format_is_resolved_and_read(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_registered_format_is_resolved_and_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A new format is one Format in the registry: detection, messages and reading follow."""
 
     def read_lines(recs: Records, f: InputFile, path: str) -> Iterator[RawDoc | BadRecord]:
@@ -508,8 +572,9 @@ def test_a_registered_format_is_resolved_and_read(tmp_path: Path,
                 loc = f"{f.rel}#line={i}"
                 yield recs.text(line.decode().rstrip("\n"), {}, f"{recs.name}/{loc}", loc, line)
 
-    monkeypatch.setitem(FORMATS, "lines", Format(name="lines", read=read_lines,
-                                                 extensions=(".lines",)))
+    monkeypatch.setitem(
+        FORMATS, "lines", Format(name="lines", read=read_lines, extensions=(".lines",))
+    )
     (tmp_path / "a.lines").write_bytes(b"one\n\ntwo\n")
     (tmp_path / "b.lines.gz").write_bytes(gzip.compress(b"x"))  # not compressible: no input
     recs = read_all(src(tmp_path))
@@ -542,8 +607,9 @@ def test_resolve_permission_denied_even_as_root(
     locked.parent.mkdir()
     locked.write_bytes(b"")
     real_access = os.access
-    monkeypatch.setattr(readers.os, "access",
-                        lambda p, mode: str(p) != str(locked) and real_access(p, mode))
+    monkeypatch.setattr(
+        readers.os, "access", lambda p, mode: str(p) != str(locked) and real_access(p, mode)
+    )
     assert "not readable" in err(src(locked))
     msg = err(src(tmp_path / "d"))
     assert str(locked) in msg and "permission denied" in msg
@@ -591,11 +657,15 @@ def test_s3_resolve_and_read(fake_s3: Path) -> None:
     ]
     recs = [r for f in files for r in read_file(s, f, OPTS, BIG)]
     assert [(type(r).__name__, r.location) for r in recs] == [
-        ("RawDoc", "web/2024/p1.jsonl.gz:1"), ("RawDoc", "web/p0.jsonl:1"),
-        ("BadRecord", "web/p0.jsonl:2")]
+        ("RawDoc", "web/2024/p1.jsonl.gz:1"),
+        ("RawDoc", "web/p0.jsonl:1"),
+        ("BadRecord", "web/p0.jsonl:2"),
+    ]
     assert recs[0].id == "s/web/2024/p1.jsonl.gz:1"
     assert [f.rel for f in resolve_inputs(src("s3://b/web/**/*.jsonl*"), OPTS)] == [
-        "2024/p1.jsonl.gz", "p0.jsonl"]
+        "2024/p1.jsonl.gz",
+        "p0.jsonl",
+    ]
     assert [f.rel for f in resolve_inputs(src("s3://b/web/*.jsonl"), OPTS)] == ["p0.jsonl"]
     (f,) = resolve_inputs(src("s3://b/webby.jsonl"), OPTS)
     assert (f.rel, f.format) == ("webby.jsonl", "jsonl")

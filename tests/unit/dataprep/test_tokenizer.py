@@ -233,8 +233,15 @@ def test_bpe_deterministic_across_processes(bpe: Tokenizer) -> None:
         sys.stdout.write(train_bpe(texts, {BPE_VOCAB}).sha256())
     """)
     env = {**os.environ, "PYTHONHASHSEED": "12345", "RAYON_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert out.stdout.strip() == bpe.sha256()
 
 
@@ -275,13 +282,18 @@ def _foreign_tokenizer(specials: list[str], template_eos: str | None = None) -> 
     hf = HFTokenizer(models.BPE())
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=specials,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     hf.train_from_iterator(["hello world, hello tokenizers"] * 10, trainer=trainer)
     if template_eos is not None:
         eos_id = hf.token_to_id(template_eos)
         hf.post_processor = processors.TemplateProcessing(
-            single=f"$A {template_eos}", special_tokens=[(template_eos, eos_id)])
+            single=f"$A {template_eos}", special_tokens=[(template_eos, eos_id)]
+        )
     return str(hf.to_str(pretty=True))
 
 

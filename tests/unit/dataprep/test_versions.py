@@ -35,8 +35,11 @@ def prep(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def snapshot(out: Path) -> dict[str, str]:
-    return {str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(out.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(out)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(out.rglob("*"))
+        if p.is_file()
+    }
 
 
 def rows(path: Path) -> list[dict[str, Any]]:
@@ -77,8 +80,9 @@ def test_new_file_with_copies_of_earlier_documents_makes_version_2(copy) -> None
     data, out, first_report = copy
     before = snapshot(out)
     old = rows(data / "web" / "small.jsonl")
-    new_docs = [{"id": f"fresh-{i}", "text": f"fresh document {i} " + "lorem ipsum " * 30}
-                for i in range(4)]
+    new_docs = [
+        {"id": f"fresh-{i}", "text": f"fresh document {i} " + "lorem ipsum " * 30} for i in range(4)
+    ]
     exact_copy = {"id": "copy-exact", "text": old[2]["text"]}
     words = old[5]["text"].split()
     near_copy = {"id": "copy-near", "text": " ".join([*words[:-1], "zzzzzz"])}
@@ -88,18 +92,23 @@ def test_new_file_with_copies_of_earlier_documents_makes_version_2(copy) -> None
 
     report = prep(cfg_dict(data, out))
 
-    assert report["version"] == {"version": 2, "parent": 1, "added": [
-        {"source": "web", "uri": str(data / "web" / "added.jsonl"), "kind": "new"}]}
+    assert report["version"] == {
+        "version": 2,
+        "parent": 1,
+        "added": [{"source": "web", "uri": str(data / "web" / "added.jsonl"), "kind": "new"}],
+    }
     # Only the new file was read: one unit, named for the version.
     assert report["stages"]["ingest"]["total"]["docs_in"] == 6
     assert report["shards"] == ["v0002-u00000-p0000"]
     # The copies are dropped naming the first version's documents.
     ex = dropped(out, "exact", "v0002-")
     assert [(r["id"], r["reason"], r["detail"]) for r in ex] == [
-        ("copy-exact", "exact_dup", old[2]["id"])]
+        ("copy-exact", "exact_dup", old[2]["id"])
+    ]
     nr = dropped(out, "near", "v0002-")
     assert [(r["id"], r["reason"], r["detail"]) for r in nr] == [
-        ("copy-near", "near_dup", old[5]["id"])]
+        ("copy-near", "near_dup", old[5]["id"])
+    ]
     # Everything of version 1 is as it was, byte for byte; `latest` names version 2 now.
     after = snapshot(out)
     assert before.pop("dataset/latest") != after["dataset/latest"]
@@ -107,8 +116,10 @@ def test_new_file_with_copies_of_earlier_documents_makes_version_2(copy) -> None
     # The report and the manifest account for both versions.
     total = report["all_versions"]["ingest"]["total"]["docs_in"]
     assert total == first_report["stages"]["ingest"]["total"]["docs_in"] + 6
-    assert report["stages"]["mixture"]["total"]["docs_in"] == \
-        report["all_versions"]["tokenize"]["total"]["kept"]
+    assert (
+        report["stages"]["mixture"]["total"]["docs_in"]
+        == report["all_versions"]["tokenize"]["total"]["kept"]
+    )
     ds = out / "dataset" / "v0002"
     assert report["dataset"]["uri"] == str(ds)
     manifest = json.loads((ds / "manifest.json").read_text())
@@ -136,9 +147,15 @@ def test_appended_rows_are_the_only_new_documents(copy) -> None:
 
     report = prep(cfg_dict(data, out))
 
-    assert report["version"]["added"] == [{"source": "web", "uri": str(small),
-                                           "kind": "appended", "from_byte": size_old,
-                                           "first_line": n_old + 1}]
+    assert report["version"]["added"] == [
+        {
+            "source": "web",
+            "uri": str(small),
+            "kind": "appended",
+            "from_byte": size_old,
+            "first_line": n_old + 1,
+        }
+    ]
     assert report["stages"]["ingest"]["total"]["docs_in"] == 3
     docs = pq.read_table(out / "docs" / "ingest" / "v0002-u00000-p0000.parquet").to_pylist()
     assert [d["id"] for d in docs] == [f"small-{i}" for i in range(n_old, n_old + 3)]
@@ -164,8 +181,10 @@ def test_changed_file_is_refused_naming_it_or_rebuilt_from_scratch(copy) -> None
     report = run_prep(parse_config(cfg_dict(data, out)), progress=False, from_scratch=True)
     assert report["version"]["version"] == 2 and report["version"]["parent"] is None
     # Every current input was read again, and nothing is dropped as a copy of version 1.
-    assert report["stages"]["ingest"]["total"]["docs_in"] < \
-        first_report["stages"]["ingest"]["total"]["docs_in"]
+    assert (
+        report["stages"]["ingest"]["total"]["docs_in"]
+        < first_report["stages"]["ingest"]["total"]["docs_in"]
+    )
     assert "all_versions" not in report
     assert dropped(out, "exact", "v0002-") == []
 
@@ -181,8 +200,7 @@ def test_every_version_has_its_directories(first, tmp_path: Path) -> None:
     assert (out / "dataset" / "latest").read_text() == "v0001\n"
     assert resolve(str(out / "dataset")) == str(ds) and verify(str(ds)) == []
     assert check(str(out / "dataset"), "llmc", str(tmp_path / "exp"), ("train",))[0] == str(ds)
-    assert json.loads((out / "v0001" / "report.json").read_text())["stages"] == \
-        report["stages"]
+    assert json.loads((out / "v0001" / "report.json").read_text())["stages"] == report["stages"]
     assert not (out / "report.json").exists() and not (out / "mixture").exists()
     assert json.loads((out / "_run.json").read_text())["layout"] == 4
 
@@ -196,14 +214,14 @@ def old_layout(out: Path) -> None:
         shutil.rmtree(src)
     (out / "dataset" / "latest").unlink()
     report = out / "report.json"
-    report.write_text(report.read_text().replace(str(out / "dataset" / "v0001"),
-                                                 str(out / "dataset")))
+    report.write_text(
+        report.read_text().replace(str(out / "dataset" / "v0001"), str(out / "dataset"))
+    )
     claim = json.loads((out / "_run.json").read_text())
     (out / "_run.json").write_text(json.dumps({**claim, "layout": 3}))
 
 
-def test_an_old_layout_output_is_read_as_it_is_and_grows_in_the_new_one(
-        tmp_path: Path) -> None:
+def test_an_old_layout_output_is_read_as_it_is_and_grows_in_the_new_one(tmp_path: Path) -> None:
     from dataprep.export import check
     from training.data import load_data
 
@@ -229,15 +247,19 @@ def test_an_old_layout_output_is_read_as_it_is_and_grows_in_the_new_one(
     (root / "manifest.json").unlink()
     prep(cfg_dict(d, out))
     assert verify(str(root)) == [] and sorted(p.name for p in root.iterdir()) == [
-        "dataset_dict.json", "manifest.json", "provenance", "tokenizer.json", "train",
-        "validation"]
+        "dataset_dict.json",
+        "manifest.json",
+        "provenance",
+        "tokenizer.json",
+        "train",
+        "validation",
+    ]
 
     # New data makes version 2 in the directories every version now has.
     before = snapshot(out)
     with open(d / "web" / "added.jsonl", "w") as f:
         for i in range(4):
-            f.write(json.dumps({"id": f"fresh-{i}", "text": f"fresh {i} " + "lorem " * 40})
-                    + "\n")
+            f.write(json.dumps({"id": f"fresh-{i}", "text": f"fresh {i} " + "lorem " * 40}) + "\n")
     report = prep(cfg_dict(d, out))
     assert report["version"]["version"] == 2
     ds = root / "v0002"

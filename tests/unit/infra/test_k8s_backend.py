@@ -51,7 +51,10 @@ def test_fixture_classifies_as_recorded(path: Path) -> None:
     got = classify_fixture(doc)
     want = doc["expect"]
     assert (got.phase, got.ending, got.exit_code) == (
-        want["phase"], want["ending"], want["exit_code"]), got.detail
+        want["phase"],
+        want["ending"],
+        want["exit_code"],
+    ), got.detail
     for text in want.get("detail_contains", []):
         assert text in got.detail
 
@@ -61,8 +64,10 @@ def test_fixture_has_the_shape_of_api_responses(path: Path) -> None:
     doc = json.loads(path.read_text())
     assert len(doc["source"]) > 80  # says which real example it follows
     job = doc["job"]
-    assert (job["apiVersion"], job["kind"]) in (("batch/v1", "Job"),
-                                                ("jobset.x-k8s.io/v1alpha2", "JobSet"))
+    assert (job["apiVersion"], job["kind"]) in (
+        ("batch/v1", "Job"),
+        ("jobset.x-k8s.io/v1alpha2", "JobSet"),
+    )
     md = job["metadata"]
     assert re.fullmatch(r"[0-9a-f-]{36}", md["uid"])
     assert md["creationTimestamp"].endswith("Z")
@@ -76,10 +81,13 @@ def test_fixture_has_the_shape_of_api_responses(path: Path) -> None:
         assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
         labels = pod["metadata"]["labels"]
         assert labels["ballast.dev/run"] == run and labels["ballast.dev/attempt"] == attempt
-        assert labels["batch.kubernetes.io/job-name"] == pod["metadata"]["ownerReferences"][0][
-            "name"]
-        assert labels["batch.kubernetes.io/job-completion-index"] == pod["metadata"][
-            "annotations"]["batch.kubernetes.io/job-completion-index"]
+        assert (
+            labels["batch.kubernetes.io/job-name"] == pod["metadata"]["ownerReferences"][0]["name"]
+        )
+        assert (
+            labels["batch.kubernetes.io/job-completion-index"]
+            == pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+        )
         assert pod["metadata"]["ownerReferences"][0]["kind"] == "Job"
         assert pod["spec"]["containers"][0]["name"] == "trainer"
         assert pod["status"]["phase"] in ("Pending", "Running", "Succeeded", "Failed")
@@ -95,11 +103,19 @@ def test_fixture_specs_are_what_render_makes() -> None:
     job = load("job-running")["job"]
     ours = render(JobSpec("gpt-small", "/etc/ballast/train.yaml", attempt=1), KubeOptions())[0]
     ours = _quantities_as_strings(ours)
-    for key in ("backoffLimit", "completionMode", "completions", "parallelism",
-                "podFailurePolicy", "ttlSecondsAfterFinished"):
+    for key in (
+        "backoffLimit",
+        "completionMode",
+        "completions",
+        "parallelism",
+        "podFailurePolicy",
+        "ttlSecondsAfterFinished",
+    ):
         assert job["spec"][key] == ours["spec"][key]
-    assert job["spec"]["template"]["spec"]["containers"][0]["resources"] == ours["spec"][
-        "template"]["spec"]["containers"][0]["resources"]
+    assert (
+        job["spec"]["template"]["spec"]["containers"][0]["resources"]
+        == ours["spec"]["template"]["spec"]["containers"][0]["resources"]
+    )
 
 
 # ------------------------------------------------------------------------------------------
@@ -111,22 +127,34 @@ _ORDER = ("diverged", "bad_input", "oom", "node_lost", "crashed")
 def _make_end(pod: dict[str, Any], ending: str) -> None:
     """Rewrite a failed pod's status into one ending."""
     term = pod["status"]["containerStatuses"][0]["state"]["terminated"]
-    code, reason = {"diverged": (3, "Error"), "bad_input": (1, "Error"),
-                    "oom": (137, "OOMKilled"), "node_lost": (137, "Error"),
-                    "crashed": (2, "Error")}[ending]
+    code, reason = {
+        "diverged": (3, "Error"),
+        "bad_input": (1, "Error"),
+        "oom": (137, "OOMKilled"),
+        "node_lost": (137, "Error"),
+        "crashed": (2, "Error"),
+    }[ending]
     term.update(exitCode=code, reason=reason)
-    pod["status"]["conditions"] = [c for c in pod["status"]["conditions"]
-                                   if c["type"] != "DisruptionTarget"]
+    pod["status"]["conditions"] = [
+        c for c in pod["status"]["conditions"] if c["type"] != "DisruptionTarget"
+    ]
     if ending == "node_lost":
-        pod["status"]["conditions"].append({
-            "type": "DisruptionTarget", "status": "True", "lastProbeTime": None,
-            "lastTransitionTime": term["finishedAt"], "reason": "EvictionByEvictionAPI",
-            "message": "Eviction API: evicting"})
+        pod["status"]["conditions"].append(
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": term["finishedAt"],
+                "reason": "EvictionByEvictionAPI",
+                "message": "Eviction API: evicting",
+            }
+        )
 
 
-@pytest.mark.parametrize(("first", "second"), [
-    *itertools.combinations(_ORDER, 2),
-    *((b, a) for a, b in itertools.combinations(_ORDER, 2))])
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [*itertools.combinations(_ORDER, 2), *((b, a) for a, b in itertools.combinations(_ORDER, 2))],
+)
 def test_gang_precedence(first: str, second: str) -> None:
     """Two ranks fail in the same gang generation; the more informative ending wins whichever
     rank it is on and whichever pod failed last."""
@@ -148,7 +176,8 @@ def test_signals_inside_one_pod_follow_the_same_order() -> None:
     pod["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] = 3
     assert classify_fixture(doc).ending == "diverged"
     pod["status"]["containerStatuses"][0]["state"]["terminated"].update(
-        exitCode=137, reason="OOMKilled")
+        exitCode=137, reason="OOMKilled"
+    )
     assert classify_fixture(doc).ending == "oom"
 
 
@@ -156,7 +185,8 @@ def test_in_a_plain_job_the_newest_failed_pod_decides() -> None:
     doc = load("job-oom-backoff-exceeded")
     newest = doc["pods"][-1]
     newest["status"]["containerStatuses"][0]["state"]["terminated"].update(
-        exitCode=139, reason="Error")
+        exitCode=139, reason="Error"
+    )
     got = classify_fixture(doc)
     assert (got.ending, got.exit_code) == ("crashed", 139)  # not the older OOMs
     assert newest["metadata"]["name"] in got.detail
@@ -219,9 +249,16 @@ def test_deadline_exceeded_is_a_crash() -> None:
     doc = load("job-running")
     at = "2026-11-18T12:00:00Z"
     doc["job"]["status"]["conditions"] = [
-        {"type": t, "status": "True", "lastProbeTime": at, "lastTransitionTime": at,
-         "reason": "DeadlineExceeded", "message": "Job was active longer than specified deadline"}
-        for t in ("FailureTarget", "Failed")]
+        {
+            "type": t,
+            "status": "True",
+            "lastProbeTime": at,
+            "lastTransitionTime": at,
+            "reason": "DeadlineExceeded",
+            "message": "Job was active longer than specified deadline",
+        }
+        for t in ("FailureTarget", "Failed")
+    ]
     got = classify_fixture(doc)
     assert (got.phase, got.ending, got.exit_code) == ("finished", "crashed", None)
     assert "DeadlineExceeded" in got.detail
@@ -229,10 +266,18 @@ def test_deadline_exceeded_is_a_crash() -> None:
 
 def test_suspended_and_podless_jobs_are_pending() -> None:
     doc = load("job-running")
-    doc["job"]["status"] = {"conditions": [{
-        "type": "Suspended", "status": "True", "lastProbeTime": None,
-        "lastTransitionTime": "2026-11-18T09:00:00Z", "reason": "JobSuspended",
-        "message": "Job suspended"}]}
+    doc["job"]["status"] = {
+        "conditions": [
+            {
+                "type": "Suspended",
+                "status": "True",
+                "lastProbeTime": None,
+                "lastTransitionTime": "2026-11-18T09:00:00Z",
+                "reason": "JobSuspended",
+                "message": "Job suspended",
+            }
+        ]
+    }
     got = classify(doc["job"], [])
     assert got.phase == "pending" and "suspended" in got.detail
     assert "no pod created yet" in classify(load("job-running")["job"], []).detail
@@ -243,8 +288,11 @@ def test_a_gang_with_one_rank_still_waiting_is_pending() -> None:
     waiting = doc["pods"][1]
     waiting["status"]["phase"] = "Pending"
     waiting["status"]["containerStatuses"][0]["state"] = {
-        "waiting": {"reason": "ImagePullBackOff",
-                    "message": 'Back-off pulling image "ghcr.io/ballast-lm/ballast:0.1.0"'}}
+        "waiting": {
+            "reason": "ImagePullBackOff",
+            "message": 'Back-off pulling image "ghcr.io/ballast-lm/ballast:0.1.0"',
+        }
+    }
     got = classify_fixture(doc)
     assert got.phase == "pending"
     assert "ImagePullBackOff" in got.detail
@@ -281,8 +329,9 @@ def backend(kube: FakeKubeAPI) -> Iterator[KubernetesBackend]:
 def test_submit_posts_what_render_makes(kube: FakeKubeAPI, backend: KubernetesBackend) -> None:
     spec = JobSpec("gpt-small", "/etc/ballast/train.yaml", attempt=2)
     handle = backend.submit(spec)
-    assert handle == JobHandle("kubernetes", "gpt-small-a2", "ballast",
-                               {"kind": "Job", "run": "gpt-small", "attempt": 2})
+    assert handle == JobHandle(
+        "kubernetes", "gpt-small-a2", "ballast", {"kind": "Job", "run": "gpt-small", "attempt": 2}
+    )
     (post,) = kube.made("POST")
     assert post.path == "/apis/batch/v1/namespaces/ballast/jobs"
     rendered = render(spec, KubeOptions())[0]
@@ -293,8 +342,7 @@ def test_submit_posts_what_render_makes(kube: FakeKubeAPI, backend: KubernetesBa
 
 
 def test_submit_a_gang_creates_a_jobset(kube: FakeKubeAPI, backend: KubernetesBackend) -> None:
-    spec = JobSpec("gpt-large", "/etc/ballast/train.yaml", attempt=0, nnodes=2,
-                   nproc_per_node=8)
+    spec = JobSpec("gpt-large", "/etc/ballast/train.yaml", attempt=0, nnodes=2, nproc_per_node=8)
     handle = backend.submit(spec)
     assert handle.data == {"kind": "JobSet", "run": "gpt-large", "attempt": 0}
     (post,) = kube.made("POST")
@@ -302,8 +350,7 @@ def test_submit_a_gang_creates_a_jobset(kube: FakeKubeAPI, backend: KubernetesBa
     assert post.body == _quantities_as_strings(render(spec, KubeOptions())[0])
 
 
-def test_resubmitting_an_attempt_adopts_it(kube: FakeKubeAPI, backend: KubernetesBackend
-                                           ) -> None:
+def test_resubmitting_an_attempt_adopts_it(kube: FakeKubeAPI, backend: KubernetesBackend) -> None:
     spec = JobSpec("gpt-small", "/etc/ballast/train.yaml", attempt=1)
     first = backend.submit(spec)
     again = backend.submit(spec)  # a restarted supervisor submitting the same attempt
@@ -312,20 +359,34 @@ def test_resubmitting_an_attempt_adopts_it(kube: FakeKubeAPI, backend: Kubernete
     assert len([k for k in kube.objects if k[0] == "jobs"]) == 1
 
 
-def test_a_foreign_object_with_our_name_is_not_adopted(kube: FakeKubeAPI,
-                                                       backend: KubernetesBackend) -> None:
-    kube.put("jobs", {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
-        "name": "gpt-small-a0", "namespace": "ballast",
-        "labels": {"ballast.dev/run": "someone-else", "ballast.dev/attempt": "0"}}})
+def test_a_foreign_object_with_our_name_is_not_adopted(
+    kube: FakeKubeAPI, backend: KubernetesBackend
+) -> None:
+    kube.put(
+        "jobs",
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {
+                "name": "gpt-small-a0",
+                "namespace": "ballast",
+                "labels": {"ballast.dev/run": "someone-else", "ballast.dev/attempt": "0"},
+            },
+        },
+    )
     with pytest.raises(KubernetesBackendError, match="already exists but is not attempt 0"):
         backend.submit(JobSpec("gpt-small", "/etc/ballast/train.yaml"))
 
 
-def test_a_body_the_client_rejects_is_a_clear_error(kube: FakeKubeAPI,
-                                                    backend: KubernetesBackend,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    bad = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "gpt-small-a0"},
-           "spec": {"backoffLimit": "three", "template": {"spec": {"containers": []}}}}
+def test_a_body_the_client_rejects_is_a_clear_error(
+    kube: FakeKubeAPI, backend: KubernetesBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bad = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "gpt-small-a0"},
+        "spec": {"backoffLimit": "three", "template": {"spec": {"containers": []}}},
+    }
     monkeypatch.setattr("infra.k8s_manifests.render", lambda spec, opts: [bad])
     with pytest.raises(KubernetesBackendError, match="does not fit the Kubernetes API schema"):
         backend.submit(JobSpec("gpt-small", "/etc/ballast/train.yaml"))
@@ -333,14 +394,18 @@ def test_a_body_the_client_rejects_is_a_clear_error(kube: FakeKubeAPI,
 
 
 @pytest.mark.parametrize("path", FIXTURE_FILES, ids=lambda p: p.stem)
-def test_status_reads_the_job_and_its_pods(path: Path, kube: FakeKubeAPI,
-                                           backend: KubernetesBackend) -> None:
+def test_status_reads_the_job_and_its_pods(
+    path: Path, kube: FakeKubeAPI, backend: KubernetesBackend
+) -> None:
     doc = json.loads(path.read_text())
     handle = kube.load_fixture(doc)
     got = backend.status(handle)
     assert got == classify_fixture(doc)
     assert (got.phase, got.ending, got.exit_code) == (
-        doc["expect"]["phase"], doc["expect"]["ending"], doc["expect"]["exit_code"])
+        doc["expect"]["phase"],
+        doc["expect"]["ending"],
+        doc["expect"]["exit_code"],
+    )
     (pods,) = kube.made("GET", "/pods")
     selector = f"ballast.dev/run={handle.data['run']},ballast.dev/attempt={handle.data['attempt']}"
     assert pods.query["labelSelector"] == [selector]
@@ -353,8 +418,14 @@ def _path(resource: str) -> str:
 
 
 def test_status_of_a_deleted_job(backend: KubernetesBackend) -> None:
-    got = backend.status(JobHandle("kubernetes", "gpt-small-a7", "ballast",
-                                   {"kind": "Job", "run": "gpt-small", "attempt": 7}))
+    got = backend.status(
+        JobHandle(
+            "kubernetes",
+            "gpt-small-a7",
+            "ballast",
+            {"kind": "Job", "run": "gpt-small", "attempt": 7},
+        )
+    )
     assert (got.phase, got.ending, got.exit_code) == ("finished", "crashed", None)
     assert "job deleted" in got.detail
 
@@ -380,10 +451,18 @@ def test_logs_of_a_gang_come_from_rank_0(kube: FakeKubeAPI, backend: KubernetesB
     assert backend.logs(handle) == "rank 0\n"
 
 
-def test_no_logs_before_the_trainer_starts(kube: FakeKubeAPI, backend: KubernetesBackend
-                                           ) -> None:
-    assert backend.logs(JobHandle("kubernetes", "gpt-small-a0", "ballast",
-                                  {"kind": "Job", "run": "gpt-small", "attempt": 0})) == ""
+def test_no_logs_before_the_trainer_starts(kube: FakeKubeAPI, backend: KubernetesBackend) -> None:
+    assert (
+        backend.logs(
+            JobHandle(
+                "kubernetes",
+                "gpt-small-a0",
+                "ballast",
+                {"kind": "Job", "run": "gpt-small", "attempt": 0},
+            )
+        )
+        == ""
+    )
     handle = kube.load_fixture(load("job-pending-container-creating"))
     assert backend.logs(handle) == ""
     assert kube.made("GET", "/log") == []  # not even asked
@@ -401,22 +480,35 @@ def test_cancel_deletes_in_the_foreground(kube: FakeKubeAPI, backend: Kubernetes
     assert kube.made("DELETE")[-1].path == f"{_path('jobsets')}/{js.name}"
 
 
-def test_forbidden_names_the_verb_resource_and_rbac(kube: FakeKubeAPI,
-                                                    backend: KubernetesBackend) -> None:
-    kube.fail("POST", "/jobs$", 403, message='jobs.batch is forbidden: User "system:'
-              'serviceaccount:ballast:default" cannot create resource "jobs" in API group '
-              '"batch" in the namespace "ballast"')
+def test_forbidden_names_the_verb_resource_and_rbac(
+    kube: FakeKubeAPI, backend: KubernetesBackend
+) -> None:
+    kube.fail(
+        "POST",
+        "/jobs$",
+        403,
+        message='jobs.batch is forbidden: User "system:'
+        'serviceaccount:ballast:default" cannot create resource "jobs" in API group '
+        '"batch" in the namespace "ballast"',
+    )
     with pytest.raises(KubernetesBackendError) as err:
         backend.submit(JobSpec("gpt-small", "/etc/ballast/train.yaml"))
     text = str(err.value)
-    for part in ("create jobs", "namespace ballast", "403", "RBAC", "Role",
-                 'cannot create resource "jobs"'):
+    for part in (
+        "create jobs",
+        "namespace ballast",
+        "403",
+        "RBAC",
+        "Role",
+        'cannot create resource "jobs"',
+    ):
         assert part in text
     assert len(kube.made("POST")) == 1  # not retried
 
 
-def test_unauthorized_points_at_the_credentials(kube: FakeKubeAPI,
-                                                backend: KubernetesBackend) -> None:
+def test_unauthorized_points_at_the_credentials(
+    kube: FakeKubeAPI, backend: KubernetesBackend
+) -> None:
     kube.fail("GET", "/pods$", 401)
     handle = kube.load_fixture(load("job-running"))
     with pytest.raises(KubernetesBackendError, match=r"rejected our credentials.*list pods"):
@@ -431,8 +523,9 @@ def test_transient_errors_are_retried(kube: FakeKubeAPI, backend: KubernetesBack
     assert len(kube.made("GET", "/jobs/")) == 3 and len(kube.made("GET", "/pods")) == 2
 
 
-def test_a_server_that_stays_down_is_an_error(kube: FakeKubeAPI,
-                                              backend: KubernetesBackend) -> None:
+def test_a_server_that_stays_down_is_an_error(
+    kube: FakeKubeAPI, backend: KubernetesBackend
+) -> None:
     kube.fail("POST", "/jobs$", 500, times=99, message="etcdserver: request timed out")
     with pytest.raises(KubernetesBackendError, match=r"answered 500 to create jobs.*etcdserver"):
         backend.submit(JobSpec("gpt-small", "/etc/ballast/train.yaml"))
@@ -440,11 +533,9 @@ def test_a_server_that_stays_down_is_an_error(kube: FakeKubeAPI,
 
 
 def test_a_missing_jobset_crd_is_explained(kube: FakeKubeAPI, backend: KubernetesBackend) -> None:
-    kube.fail("POST", "/jobsets$", 404, message="the server could not find the requested "
-              "resource")
+    kube.fail("POST", "/jobsets$", 404, message="the server could not find the requested resource")
     with pytest.raises(KubernetesBackendError, match="JobSet controller and its CRD"):
-        backend.submit(JobSpec("gpt-large", "/etc/ballast/train.yaml", nnodes=2,
-                               nproc_per_node=8))
+        backend.submit(JobSpec("gpt-large", "/etc/ballast/train.yaml", nnodes=2, nproc_per_node=8))
 
 
 def test_an_unreachable_server_is_named() -> None:
@@ -455,14 +546,18 @@ def test_an_unreachable_server_is_named() -> None:
     try:
         b = KubernetesBackend(KubeOptions(), api, retries=1, backoff_s=0.0)
         with pytest.raises(KubernetesBackendError, match=re.escape(host)):
-            b.status(JobHandle("kubernetes", "x-a0", "ballast",
-                               {"kind": "Job", "run": "x", "attempt": 0}))
+            b.status(
+                JobHandle(
+                    "kubernetes", "x-a0", "ballast", {"kind": "Job", "run": "x", "attempt": 0}
+                )
+            )
     finally:
         api.close()
 
 
-def test_configuration_comes_from_the_kubeconfig(kube: FakeKubeAPI, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_configuration_comes_from_the_kubeconfig(
+    kube: FakeKubeAPI, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("KUBERNETES_SERVICE_PORT", raising=False)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
@@ -470,11 +565,18 @@ def test_configuration_comes_from_the_kubeconfig(kube: FakeKubeAPI, tmp_path: Pa
         KubernetesBackend(KubeOptions())
 
     cfg = tmp_path / "config"
-    cfg.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "fake", "cluster": {"server": kube.host}}],
-        "users": [{"name": "me", "user": {"token": "not-a-real-token"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "fake", "user": "me"}}]}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "test",
+                "clusters": [{"name": "fake", "cluster": {"server": kube.host}}],
+                "users": [{"name": "me", "user": {"token": "not-a-real-token"}}],
+                "contexts": [{"name": "test", "context": {"cluster": "fake", "user": "me"}}],
+            }
+        )
+    )
     monkeypatch.setenv("KUBECONFIG", str(cfg))
     b = KubernetesBackend(KubeOptions())
     try:

@@ -56,15 +56,18 @@ needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not insta
 
 # Job failure messages as the Job controller writes them (kubernetes
 # pkg/controller/job/pod_failure_policy.go), which the JobSet rules match.
-MSG_EXIT = ("Container trainer for pod ballast/ballast-train-a0-trainer-0-1-x7k2p failed with "
-            "exit code {code} matching FailJob rule at index 1")
-MSG_DISRUPTION = ("Pod ballast/ballast-train-a0-trainer-0-1-x7k2p has condition DisruptionTarget "
-                  "matching FailJob rule at index 0")
+MSG_EXIT = (
+    "Container trainer for pod ballast/ballast-train-a0-trainer-0-1-x7k2p failed with "
+    "exit code {code} matching FailJob rule at index 1"
+)
+MSG_DISRUPTION = (
+    "Pod ballast/ballast-train-a0-trainer-0-1-x7k2p has condition DisruptionTarget "
+    "matching FailJob rule at index 0"
+)
 
 
 def spec(**kw: Any) -> JobSpec:
-    base: dict[str, Any] = {"name": "run", "config": "/etc/ballast/train.yaml",
-                            "nproc_per_node": 8}
+    base: dict[str, Any] = {"name": "run", "config": "/etc/ballast/train.yaml", "nproc_per_node": 8}
     return JobSpec(**{**base, **kw})
 
 
@@ -100,14 +103,18 @@ def walk(x: Any) -> Iterator[Any]:
 def k8s_yaml_docs() -> list[tuple[Path, dict[str, Any]]]:
     """Every API object in k8s/ (kustomization.yaml is kustomize's input; base/train.yaml is
     the training config; both are checked on their own)."""
-    return [(f, d) for f, d in k8s_lint.load_yaml_files([K8S])
-            if f.name != CONFIG_KEY]
+    return [(f, d) for f, d in k8s_lint.load_yaml_files([K8S]) if f.name != CONFIG_KEY]
 
 
 def kustomize(overlay: str) -> list[dict[str, Any]]:
     assert KUBECTL is not None
-    out = subprocess.run([KUBECTL, "kustomize", str(K8S / "overlays" / overlay)],
-                         capture_output=True, text=True, check=True, timeout=60).stdout
+    out = subprocess.run(
+        [KUBECTL, "kustomize", str(K8S / "overlays" / overlay)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 
@@ -126,6 +133,7 @@ def validate_strict(obj: dict[str, Any]) -> None:
 
 
 # --- render(): kind, failure policies, rendezvous, GPUs, labels, names -------------------------
+
 
 def test_kind_follows_nnodes() -> None:
     opts = KubeOptions()
@@ -157,11 +165,18 @@ def test_job_pod_failure_policy() -> None:
     obj = one(render(spec(), KubeOptions(backoff_limit=5)))
     assert obj["spec"]["backoffLimit"] == 5
     assert obj["spec"]["ttlSecondsAfterFinished"] == 7 * 24 * 3600
-    assert obj["spec"]["podFailurePolicy"] == {"rules": [
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-        {"action": "FailJob",
-         "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [1, 3]}},
-    ]}
+    assert obj["spec"]["podFailurePolicy"] == {
+        "rules": [
+            {
+                "action": "Ignore",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            },
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [1, 3]},
+            },
+        ]
+    }
     assert container_of(obj)["name"] == CONTAINER == "trainer"
 
 
@@ -177,8 +192,10 @@ def test_jobset_failure_policy_and_network() -> None:
     assert inner["backoffLimit"] == 0
     assert inner["podFailurePolicy"]["rules"] == [
         {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-        {"action": "FailJob",
-         "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [1, 3]}},
+        {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [1, 3]},
+        },
     ]
     fp = s["failurePolicy"]
     assert fp["maxRestarts"] == 7
@@ -194,8 +211,9 @@ def _first_rule(obj: dict[str, Any], reason: str, message: str) -> str:
     for rule in obj["spec"]["failurePolicy"]["rules"]:
         reasons = rule.get("onJobFailureReasons") or []
         patterns = rule.get("onJobFailureMessagePatterns") or []
-        if ((not reasons or reason in reasons)
-                and (not patterns or any(re.search(p, message) for p in patterns))):
+        if (not reasons or reason in reasons) and (
+            not patterns or any(re.search(p, message) for p in patterns)
+        ):
             return str(rule["action"])
     return "RestartJobSet"
 
@@ -204,11 +222,14 @@ def test_jobset_rules_tell_exit_codes_from_disruption() -> None:
     obj = one(render(spec(nnodes=2), KubeOptions()))
     assert _first_rule(obj, "PodFailurePolicy", MSG_EXIT.format(code=3)) == "FailJobSet"
     assert _first_rule(obj, "PodFailurePolicy", MSG_EXIT.format(code=1)) == "FailJobSet"
-    assert (_first_rule(obj, "PodFailurePolicy", MSG_DISRUPTION)
-            == "RestartJobSetAndIgnoreMaxRestarts")
+    assert (
+        _first_rule(obj, "PodFailurePolicy", MSG_DISRUPTION) == "RestartJobSetAndIgnoreMaxRestarts"
+    )
     # A crash fails the backoffLimit-0 Job: a counted gang restart.
-    assert _first_rule(obj, "BackoffLimitExceeded",
-                       "Job has reached the specified backoff limit") == "RestartJobSet"
+    assert (
+        _first_rule(obj, "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+        == "RestartJobSet"
+    )
     # On a JobSet too old to know the message patterns they are dropped: exit 1/3 must
     # still be final (FailJobSet first), never restart forever.
     stripped = copy.deepcopy(obj)
@@ -218,19 +239,40 @@ def test_jobset_rules_tell_exit_codes_from_disruption() -> None:
 
 
 def test_multi_node_rendezvous_args() -> None:
-    s = spec(name="gpt", nnodes=4, attempt=3, nproc_per_node=8, torchrun_max_restarts=1,
-             args=("--steps", "10"))
+    s = spec(
+        name="gpt",
+        nnodes=4,
+        attempt=3,
+        nproc_per_node=8,
+        torchrun_max_restarts=1,
+        args=("--steps", "10"),
+    )
     c = container_of(one(render(s, KubeOptions(rdzv_port=29400))))
     assert c["command"] == ["python", "-m", "training.entrypoint"]
     assert c["args"] == [
-        "--nproc-per-node=8", "--max-restarts=1",
-        "--nnodes=4", "--node-rank=$(JOB_COMPLETION_INDEX)", "--rdzv-backend=c10d",
+        "--nproc-per-node=8",
+        "--max-restarts=1",
+        "--nnodes=4",
+        "--node-rank=$(JOB_COMPLETION_INDEX)",
+        "--rdzv-backend=c10d",
         # JobSet pod hostname <jobset>-<replicatedJob>-<job index>-<pod index>.<subdomain>
-        "--rdzv-endpoint=gpt-a3-trainer-0-0.gpt-a3:29400", "--rdzv-id=gpt-a3",
-        "--", "--config", "/etc/ballast/train.yaml", "--steps", "10"]
+        "--rdzv-endpoint=gpt-a3-trainer-0-0.gpt-a3:29400",
+        "--rdzv-id=gpt-a3",
+        "--",
+        "--config",
+        "/etc/ballast/train.yaml",
+        "--steps",
+        "10",
+    ]
     index = c["env"][0]
-    assert index == {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
-        "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
+    assert index == {
+        "name": "JOB_COMPLETION_INDEX",
+        "valueFrom": {
+            "fieldRef": {
+                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+            }
+        },
+    }
 
 
 def test_single_node_lets_the_entrypoint_go_standalone() -> None:
@@ -241,31 +283,48 @@ def test_single_node_lets_the_entrypoint_go_standalone() -> None:
 
 
 def test_pod_template() -> None:
-    opts = KubeOptions(image="reg.example/ballast:1.2", shm_size="8Gi", cpu="16",
-                       memory="128Gi", gpus_per_node=4, run_as_user=4242)
+    opts = KubeOptions(
+        image="reg.example/ballast:1.2",
+        shm_size="8Gi",
+        cpu="16",
+        memory="128Gi",
+        gpus_per_node=4,
+        run_as_user=4242,
+    )
     obj = one(render(spec(nproc_per_node=4, env={"B": "2", "A": "1"}), opts))
     pod = pod_of(obj)
     assert pod["serviceAccountName"] == "ballast-trainer"
     assert pod["automountServiceAccountToken"] is False
-    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 4242,
-                                      "runAsGroup": 4242, "fsGroup": 4242,
-                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 4242,
+        "runAsGroup": 4242,
+        "fsGroup": 4242,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists",
-                                   "effect": "NoSchedule"}]
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
     c = pod["containers"][0]
     assert (c["image"], c["imagePullPolicy"], c["workingDir"]) == (
-        "reg.example/ballast:1.2", "IfNotPresent", "/work")
-    assert c["resources"] == {"requests": {"cpu": "16", "memory": "128Gi"},
-                              "limits": {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": "4"}}
-    assert c["securityContext"] == {"allowPrivilegeEscalation": False,
-                                    "readOnlyRootFilesystem": True,
-                                    "capabilities": {"drop": ["ALL"]}}
+        "reg.example/ballast:1.2",
+        "IfNotPresent",
+        "/work",
+    )
+    assert c["resources"] == {
+        "requests": {"cpu": "16", "memory": "128Gi"},
+        "limits": {"cpu": "16", "memory": "128Gi", "nvidia.com/gpu": "4"},
+    }
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     vols = {v["name"]: v for v in pod["volumes"]}
     assert set(mounts) == {"/dev/shm", "/etc/ballast", "/work", "/tmp"}
-    assert vols[mounts["/dev/shm"]["name"]]["emptyDir"] == {"medium": "Memory",
-                                                           "sizeLimit": "8Gi"}
+    assert vols[mounts["/dev/shm"]["name"]]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
     assert mounts["/etc/ballast"]["readOnly"] is True
     assert vols[mounts["/etc/ballast"]["name"]]["configMap"] == {"name": "ballast-train-config"}
     assert "emptyDir" in vols[mounts["/work"]["name"]]
@@ -296,18 +355,21 @@ def test_labels_on_object_job_template_and_pods() -> None:
             assert obj["spec"]["replicatedJobs"][0]["template"]["metadata"]["labels"] == want
 
 
-@pytest.mark.parametrize(("make", "match"), [
-    (lambda: spec(name="Bad_Name"), "job name"),
-    (lambda: spec(name="x" * 43), "job name"),
-    (lambda: render(spec(name="x" * 42, attempt=10**9, nnodes=2), KubeOptions()), "hostname"),
-    (lambda: render(spec(name="x" * 42, attempt=10**18), KubeOptions()), "hostname"),
-    (lambda: render(spec(name="7b", nnodes=2), KubeOptions()), "start with a letter"),
-    (lambda: render(spec(nproc_per_node=9), KubeOptions()), "share a GPU"),
-    (lambda: render(spec(env={"HOME": "/x"}), KubeOptions()), "set by the pod template"),
-    (lambda: render(spec(env={"1X": "y"}), KubeOptions()), "not a valid"),
-    (lambda: render(spec(), KubeOptions(kind="pod")), "expected auto"),  # type: ignore[arg-type]
-    (lambda: render(spec(), KubeOptions(run_as_user=0)), "non-root"),
-])
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: spec(name="Bad_Name"), "job name"),
+        (lambda: spec(name="x" * 43), "job name"),
+        (lambda: render(spec(name="x" * 42, attempt=10**9, nnodes=2), KubeOptions()), "hostname"),
+        (lambda: render(spec(name="x" * 42, attempt=10**18), KubeOptions()), "hostname"),
+        (lambda: render(spec(name="7b", nnodes=2), KubeOptions()), "start with a letter"),
+        (lambda: render(spec(nproc_per_node=9), KubeOptions()), "share a GPU"),
+        (lambda: render(spec(env={"HOME": "/x"}), KubeOptions()), "set by the pod template"),
+        (lambda: render(spec(env={"1X": "y"}), KubeOptions()), "not a valid"),
+        (lambda: render(spec(), KubeOptions(kind="pod")), "expected auto"),  # type: ignore[arg-type]
+        (lambda: render(spec(), KubeOptions(run_as_user=0)), "non-root"),
+    ],
+)
 def test_names_and_options_are_checked(make: Callable[[], object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         make()
@@ -332,6 +394,7 @@ def test_deterministic_and_no_none() -> None:
 
 
 # --- k8s/: generated files, kustomize, schemas ----------------------------------------------
+
 
 def test_generated_files_are_up_to_date_and_marked() -> None:
     assert stale(K8S) == [], "run: python -m infra.k8s_manifests write"
@@ -371,8 +434,7 @@ def test_kustomize_output_contains_the_launchers_objects(overlay: str) -> None:
 
     prep = parse_config(yaml.safe_load(cms[KubeOptions().config_map]["data"]["prep.yaml"]))
     assert train["dataset"] == f"{prep.output}/dataset"
-    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {
-        "ballast"}
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {"ballast"}
 
 
 def test_every_k8s_yaml_validates_strict() -> None:
@@ -385,8 +447,16 @@ def test_every_k8s_yaml_validates_strict() -> None:
             assert isinstance(d, dict) and "kind" in d and "apiVersion" in d, f
     docs = k8s_yaml_docs()
     kinds = {d["kind"] for _, d in docs}
-    assert {"Namespace", "ServiceAccount", "Role", "RoleBinding", "Deployment",
-            "NetworkPolicy", "Job", "JobSet"} <= kinds
+    assert {
+        "Namespace",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "NetworkPolicy",
+        "Job",
+        "JobSet",
+    } <= kinds
     for f, d in docs:
         try:
             validate_strict(d)
@@ -402,10 +472,12 @@ def test_kustomize_output_validates_strict(overlay: str) -> None:
 
 
 def test_render_output_validates_strict_in_many_shapes() -> None:
-    for s, opts in [(spec(), KubeOptions()), (spec(nnodes=3), KubeOptions()),
-                    (spec(nproc_per_node=2), KubeOptions(gpus_per_node=0)),
-                    (spec(), KubeOptions(kind="jobset", node_selector={},
-                                         tolerations=[]))]:
+    for s, opts in [
+        (spec(), KubeOptions()),
+        (spec(nnodes=3), KubeOptions()),
+        (spec(nproc_per_node=2), KubeOptions(gpus_per_node=0)),
+        (spec(), KubeOptions(kind="jobset", node_selector={}, tolerations=[])),
+    ]:
         for obj in render(s, opts):
             validate_strict(obj)
 
@@ -418,10 +490,12 @@ def test_validation_catches_what_it_should() -> None:
     with pytest.raises(kv.ValidationError):
         validate_strict(job)
     js = one(render(spec(nnodes=2), KubeOptions()))
-    for mutate in (lambda o: o["spec"].update(gangRestart=True),
-                   lambda o: o["spec"]["failurePolicy"]["rules"][0].update(action="Retry"),
-                   lambda o: o["spec"]["failurePolicy"]["rules"][0].pop("name"),
-                   lambda o: o["spec"]["failurePolicy"].update(restartStrategy="InPlaceRestart")):
+    for mutate in (
+        lambda o: o["spec"].update(gangRestart=True),
+        lambda o: o["spec"]["failurePolicy"]["rules"][0].update(action="Retry"),
+        lambda o: o["spec"]["failurePolicy"]["rules"][0].pop("name"),
+        lambda o: o["spec"]["failurePolicy"].update(restartStrategy="InPlaceRestart"),
+    ):
         bad = copy.deepcopy(js)
         mutate(bad)
         with pytest.raises(jsonschema.ValidationError):
@@ -450,19 +524,21 @@ def test_train_config_and_rbac() -> None:
     objs = {(d["kind"], d["metadata"]["name"]): d for _, d in k8s_yaml_docs()}
     assert objs[("ServiceAccount", "ballast-trainer")]["automountServiceAccountToken"] is False
     role = objs[("Role", "ballast-supervisor")]
-    allowed = {("batch", "jobs"), ("jobset.x-k8s.io", "jobsets"), ("", "pods"),
-               ("", "pods/log")}
+    allowed = {("batch", "jobs"), ("jobset.x-k8s.io", "jobsets"), ("", "pods"), ("", "pods/log")}
     for rule in role["rules"]:
         for group in rule["apiGroups"]:
             for res in rule["resources"]:
                 assert (group, res) in allowed
-                limit = {"get"} if res == "pods/log" else {
-                    "get", "list", "watch", "create", "delete"}
+                limit = (
+                    {"get"} if res == "pods/log" else {"get", "list", "watch", "create", "delete"}
+                )
                 assert set(rule["verbs"]) <= limit, (res, rule["verbs"])
     binding = objs[("RoleBinding", "ballast-supervisor")]
     assert [s["name"] for s in binding["subjects"]] == ["ballast-supervisor"]
-    assert not any(d["kind"] == "RoleBinding" and any(
-        s["name"] == "ballast-trainer" for s in d["subjects"]) for d in objs.values())
+    assert not any(
+        d["kind"] == "RoleBinding" and any(s["name"] == "ballast-trainer" for s in d["subjects"])
+        for d in objs.values()
+    )
     worker = objs[("Deployment", "prefect-worker")]
     pod = worker["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "ballast-supervisor"
@@ -478,10 +554,19 @@ def test_train_config_and_rbac() -> None:
 # prefect-kubernetes (0.8.0, worker.py _get_base_job_manifest) refuses a job manifest that
 # lacks any of these paths or has other values at them.
 PREFECT_REQUIRED_MANIFEST = {
-    "apiVersion": "batch/v1", "kind": "Job",
+    "apiVersion": "batch/v1",
+    "kind": "Job",
     "metadata": {"annotations": {}, "labels": {}},
-    "spec": {"template": {"spec": {"parallelism": 1, "completions": 1, "restartPolicy": "Never",
-                                   "containers": [{"name": "prefect-job"}]}}},
+    "spec": {
+        "template": {
+            "spec": {
+                "parallelism": 1,
+                "completions": 1,
+                "restartPolicy": "Never",
+                "containers": [{"name": "prefect-job"}],
+            }
+        }
+    },
 }
 
 
@@ -502,8 +587,11 @@ def test_work_pool_template() -> None:
     manifest = config["job_manifest"]
     manifest["metadata"].setdefault("annotations", {})  # the worker's validator adds these
     manifest["metadata"].setdefault("labels", {})
-    bad_ops = [op for op in jsonpatch.JsonPatch.from_diff(manifest, PREFECT_REQUIRED_MANIFEST)
-               if op["op"] in ("add", "replace")]
+    bad_ops = [
+        op
+        for op in jsonpatch.JsonPatch.from_diff(manifest, PREFECT_REQUIRED_MANIFEST)
+        if op["op"] in ("add", "replace")
+    ]
     assert bad_ops == []
     pod = manifest["spec"]["template"]["spec"]
     c = pod["containers"][0]
@@ -520,13 +608,13 @@ def test_work_pool_template() -> None:
     del sent["spec"]["template"]["spec"]["parallelism"]
     del sent["spec"]["template"]["spec"]["completions"]
     sent["metadata"]["generateName"] = "flow-run-"
-    sent["spec"]["template"]["spec"]["containers"][0]["args"] = [
-        "prefect", "flow-run", "execute"]
+    sent["spec"]["template"]["spec"]["containers"][0]["args"] = ["prefect", "flow-run", "execute"]
     validate_strict(sent)
     assert k8s_lint.lint(sent) == []
 
 
 # --- our lint ----------------------------------------------------------------------------------
+
 
 def _job() -> dict[str, Any]:
     return copy.deepcopy(one(render(canonical_spec(1), KubeOptions())))
@@ -539,6 +627,7 @@ def _jobset() -> dict[str, Any]:
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     """A mutation setting `value` (or deleting, with _DELETE) at a dotted path that starts at
     the Job spec (job), the pod spec (pod) or the container (c); GPU stands for G."""
+
     def mutate(obj: dict[str, Any]) -> None:
         *parents, last = [G if p == "GPU" else p for p in path.split(".")]
         node: Any = {"job": job_spec_of(obj), "pod": pod_of(obj), "c": container_of(obj)}
@@ -550,6 +639,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
             node[int(last)] = value
         else:
             node[last] = value
+
     return mutate
 
 
@@ -562,23 +652,31 @@ LINT_CASES: list[tuple[str, Callable[[], dict[str, Any]], Callable[[dict[str, An
     ("pfp-restart-policy", _job, _set("pod.restartPolicy", "OnFailure")),
     ("pfp-action", _job, _set("job.podFailurePolicy.rules.1.action", "Retry")),
     ("pfp-action", _jobset, _set("job.podFailurePolicy.rules.1.action", "FailIndex")),
-    ("pfp-rule", _job, _set("job.podFailurePolicy.rules.0.onExitCodes",
-                            {"operator": "In", "values": [2]})),
+    (
+        "pfp-rule",
+        _job,
+        _set("job.podFailurePolicy.rules.0.onExitCodes", {"operator": "In", "values": [2]}),
+    ),
     ("pfp-rule", _job, _set("job.podFailurePolicy.rules.0.onPodConditions", _DELETE)),
     ("exit-codes", _job, _set("job.podFailurePolicy.rules.1.onExitCodes.operator", "Equals")),
     ("exit-codes", _job, _set("job.podFailurePolicy.rules.1.onExitCodes.values", [0, 3])),
     ("exit-codes", _job, _set("job.podFailurePolicy.rules.1.onExitCodes.values", ["1"])),
     ("exit-codes", _job, _set("job.podFailurePolicy.rules.1.onExitCodes.values", [3, 3])),
-    ("exit-codes", _job, _set("job.podFailurePolicy.rules.1.onExitCodes.containerName",
-                              "main")),
+    ("exit-codes", _job, _set("job.podFailurePolicy.rules.1.onExitCodes.containerName", "main")),
     ("gpu-quantity", _job, _set("c.resources.limits.GPU", "0.5")),
     ("gpu-quantity", _job, _set("c.resources.limits.GPU", 0)),
     ("gpu-quantity", _jobset, _set("c.resources.limits.GPU", "500m")),
     ("gpu-limits", _job, _set("c.resources.requests.GPU", 4)),
     ("gpu-limits", _job, _set("c.resources", {"requests": {G: 1}})),
     ("gpu-toleration", _job, _set("pod.tolerations", _DELETE)),
-    ("gpu-toleration", _jobset, _set("pod.tolerations", [
-        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}])),
+    (
+        "gpu-toleration",
+        _jobset,
+        _set(
+            "pod.tolerations",
+            [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoExecute"}],
+        ),
+    ),
     ("shm", _job, _set("pod.volumes.0.emptyDir", {})),
     ("shm", _job, _set("c.volumeMounts", [])),
     ("non-root", _job, _set("pod.securityContext.runAsNonRoot", False)),
@@ -589,11 +687,14 @@ LINT_CASES: list[tuple[str, Callable[[], dict[str, Any]], Callable[[dict[str, An
 ]
 
 
-@pytest.mark.parametrize(("rule", "make", "mutate"), LINT_CASES,
-                         ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(LINT_CASES)])
+@pytest.mark.parametrize(
+    ("rule", "make", "mutate"),
+    LINT_CASES,
+    ids=[f"{r}-{i}" for i, (r, _, _) in enumerate(LINT_CASES)],
+)
 def test_each_lint_rule_fires_on_a_broken_copy(
-        rule: str, make: Callable[[], dict[str, Any]],
-        mutate: Callable[[dict[str, Any]], None]) -> None:
+    rule: str, make: Callable[[], dict[str, Any]], mutate: Callable[[dict[str, Any]], None]
+) -> None:
     obj = make()
     assert k8s_lint.lint(obj) == []
     mutate(obj)
@@ -624,6 +725,7 @@ def test_k8s_and_render_outputs_are_lint_clean() -> None:
 
 
 # --- the Dockerfile ------------------------------------------------------------------------------
+
 
 def _dockerfile() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
@@ -664,14 +766,14 @@ def test_dockerfile_matches_the_manifests() -> None:
     assert ins[0][0] in ("ARG", "FROM") and any(k == "FROM" for k, _ in ins)
 
 
-
 def test_dockerfile_copies_every_package() -> None:
     """`pip install .` in the image finds packages only where the Dockerfile put them: a
     package pyproject lists but the image lacks would be missing in the pods."""
     import tomllib
 
-    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "packages"]["find"]
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"][
+        "find"
+    ]
     packages = {pattern.rstrip("*").rstrip(".") for pattern in find["include"]}
     assert packages and all((ROOT / p / "__init__.py").is_file() for p in packages)
     ins = _dockerfile()
@@ -684,7 +786,9 @@ def test_dockerfile_copies_every_package() -> None:
     assert imported is not None
     assert "distributed" in {m.strip() for m in imported.group(1).split(",")}
 
+
 # --- the CLI -----------------------------------------------------------------------------------
+
 
 def test_write_and_check_cli(tmp_path: Path) -> None:
     assert main(["check", str(tmp_path)]) == 1
@@ -700,20 +804,29 @@ def test_write_and_check_cli(tmp_path: Path) -> None:
 
 # --- the security scan ---------------------------------------------------------------------------
 
+
 def _checkov() -> str | None:
     found = shutil.which("checkov")
     venv = Path(os.environ.get("CHECKOV_VENV", "/tmp/checkov-venv")) / "bin" / "checkov"
     return found or (str(venv) if venv.exists() else None)
 
 
-@pytest.mark.skipif(_checkov() is None,
-                    reason="checkov not installed (bash infra/scan.sh installs it in its own venv)")
+@pytest.mark.skipif(
+    _checkov() is None,
+    reason="checkov not installed (bash infra/scan.sh installs it in its own venv)",
+)
 def test_checkov_scan_is_clean() -> None:
     checkov = _checkov()
     assert checkov is not None
     env = {**os.environ, "CHECKOV": checkov}
-    r = subprocess.run(["bash", str(ROOT / "infra" / "scan.sh")], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        ["bash", str(ROOT / "infra" / "scan.sh")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     assert "Failed checks: 0" in r.stdout
 
@@ -770,23 +883,30 @@ def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
         return False
     for e in selector.get("matchExpressions") or []:
         key, op, values = e["key"], e["operator"], e.get("values") or []
-        ok = {"In": key in labels and labels[key] in values,
-              "NotIn": key not in labels or labels[key] not in values,
-              "Exists": key in labels, "DoesNotExist": key not in labels}[op]
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[op]
         if not ok:
             return False
     return True
 
 
-def _admits(policies: list[dict[str, Any]], src: dict[str, str], dst: dict[str, Any],
-            port: int) -> bool:
+def _admits(
+    policies: list[dict[str, Any]], src: dict[str, str], dst: dict[str, Any], port: int
+) -> bool:
     """Whether NetworkPolicy lets a pod labelled `src` reach TCP `port` of the pod template
     `dst`, both in the policies' namespace (the Kubernetes semantics: a pod no Ingress policy
     selects takes everything; else the union of the selecting policies' rules)."""
     labels = dst["metadata"]["labels"]
-    selecting = [p["spec"] for p in policies
-                 if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
-                 and _selects(p["spec"]["podSelector"], labels)]
+    selecting = [
+        p["spec"]
+        for p in policies
+        if "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+        and _selects(p["spec"]["podSelector"], labels)
+    ]
     if not selecting:
         return True
     containers = dst["spec"]["containers"]
@@ -801,9 +921,12 @@ def _admits(policies: list[dict[str, Any]], src: dict[str, str], dst: dict[str, 
                     continue
                 if "port" not in pp:
                     return True
-                numbers = {_container_port(c, pp["port"]) for c in containers
-                           if isinstance(pp["port"], int)
-                           or any(p.get("name") == pp["port"] for p in c.get("ports", []))}
+                numbers = {
+                    _container_port(c, pp["port"])
+                    for c in containers
+                    if isinstance(pp["port"], int)
+                    or any(p.get("name") == pp["port"] for p in c.get("ports", []))
+                }
                 if any(n <= port <= pp.get("endPort", n) for n in numbers):
                     return True
     return False
@@ -824,8 +947,7 @@ def test_hand_written_overlay_validates_strict_and_is_lint_clean(overlay: str) -
     for d in docs:
         validate_strict(d)
     assert [str(f) for f in k8s_lint.lint_all(docs)] == []
-    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {
-        "ballast"}
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {"ballast"}
 
 
 @needs_kubectl
@@ -833,18 +955,25 @@ def test_prep_dask_kustomize_output_wires_the_config_maps() -> None:
     docs = kustomize("prep-dask")
     cms = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
     # The base's objects are all there, unchanged names included.
-    base = {(d["kind"], d["metadata"]["name"]) for d in kustomize("single-node")
-            if d["kind"] not in ("ConfigMap", "Job")}
+    base = {
+        (d["kind"], d["metadata"]["name"])
+        for d in kustomize("single-node")
+        if d["kind"] not in ("ConfigMap", "Job")
+    }
     assert base <= {(d["kind"], d["metadata"]["name"]) for d in docs}
     # Fixed name: pods and work-pool settings outside kustomize refer to it.
     kust = yaml.safe_load((PREP_DASK / "kustomization.yaml").read_text())
     [gen] = [g for g in kust["configMapGenerator"] if g["name"] in cms]
     assert "DASK_SCHEDULER_ADDRESS" in cms[gen["name"]]["data"]
     # The workers' envFrom names (kustomize rewrites the base's hashed ConfigMap name).
-    [worker] = [d for d in docs if d["kind"] == "Deployment"
-                and d["metadata"]["name"] == "ballast-dask-worker"]
-    refs = [e["configMapRef"]["name"] for e in _only_container(worker)["envFrom"]
-            if "configMapRef" in e]
+    [worker] = [
+        d
+        for d in docs
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "ballast-dask-worker"
+    ]
+    refs = [
+        e["configMapRef"]["name"] for e in _only_container(worker)["envFrom"] if "configMapRef" in e
+    ]
     assert refs and all(r in cms for r in refs)
     assert any("PREFECT_API_URL" in cms[r]["data"] for r in refs)
 
@@ -857,8 +986,7 @@ def test_dask_workers_reach_the_scheduler_through_the_service() -> None:
         assert _selects(dep["spec"]["selector"], dep["spec"]["template"]["metadata"]["labels"])
     # The Service selects the scheduler's pods and no worker's.
     assert _selects(svc["spec"]["selector"], sched["spec"]["template"]["metadata"]["labels"])
-    assert not _selects(svc["spec"]["selector"],
-                        worker["spec"]["template"]["metadata"]["labels"])
+    assert not _selects(svc["spec"]["selector"], worker["spec"]["template"]["metadata"]["labels"])
     sc = _only_container(sched)
     sp = _dask_cli_params("scheduler", _argv(sc))
     comm = int(sp["port"])
@@ -915,8 +1043,11 @@ def test_dask_pods_write_only_to_their_scratch_volume(component: str) -> None:
     scratch = [m["mountPath"] for m in c["volumeMounts"]]
     for m in c["volumeMounts"]:
         assert vols[m["name"]]["emptyDir"]["sizeLimit"]
-    writable = [e["value"] for e in c["env"]
-                if e["name"] in ("HOME", "TMPDIR", "DASK_TEMPORARY_DIRECTORY", "PREFECT_HOME")]
+    writable = [
+        e["value"]
+        for e in c["env"]
+        if e["name"] in ("HOME", "TMPDIR", "DASK_TEMPORARY_DIRECTORY", "PREFECT_HOME")
+    ]
     assert {"HOME", "TMPDIR"} <= {e["name"] for e in c["env"]}
     if component == "worker":
         writable.append(_dask_cli_params(component, _argv(c))["local_directory"])
@@ -942,12 +1073,16 @@ def test_dask_pods_security(component: str) -> None:
     # An identity with no API rights: defined with no token, bound to no Role anywhere.
     sa = pod["serviceAccountName"]
     everything = [d for _, d in k8s_yaml_docs()]  # prep-dask's objects among them
-    [account] = [d for d in everything
-                 if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == sa]
+    [account] = [
+        d for d in everything if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == sa
+    ]
     assert account["automountServiceAccountToken"] is False
-    assert not any(s["name"] == sa for d in everything
-                   if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
-                   for s in d.get("subjects", []))
+    assert not any(
+        s["name"] == sa
+        for d in everything
+        if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+        for s in d.get("subjects", [])
+    )
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert labels["app.kubernetes.io/component"] == component
     assert labels["app.kubernetes.io/part-of"] == "ballast"
@@ -957,8 +1092,10 @@ def test_dask_network_policy() -> None:
     policies = [d for _, d in k8s_yaml_docs() if d["kind"] == "NetworkPolicy"]
     sched_pod = _dask_deployment("scheduler")["spec"]["template"]
     worker_pod = _dask_deployment("worker")["spec"]["template"]
-    sc, wc = _only_container(_dask_deployment("scheduler")), _only_container(
-        _dask_deployment("worker"))
+    sc, wc = (
+        _only_container(_dask_deployment("scheduler")),
+        _only_container(_dask_deployment("worker")),
+    )
     sp = _dask_cli_params("scheduler", _argv(sc))
     wp = _dask_cli_params("worker", _argv(wc))
     scheduler_ports = [int(sp["port"]), int(sp["dashboard_address"].rsplit(":", 1)[1])]
@@ -966,8 +1103,11 @@ def test_dask_network_policy() -> None:
     workers = worker_pod["metadata"]["labels"]
     scheduler = sched_pod["metadata"]["labels"]
     trainer = _job()["spec"]["template"]["metadata"]["labels"]  # app.kubernetes.io/name=ballast
-    prefect_worker = next(d for _, d in k8s_yaml_docs() if d["kind"] == "Deployment"
-                          and d["metadata"]["name"] == "prefect-worker")
+    prefect_worker = next(
+        d
+        for _, d in k8s_yaml_docs()
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "prefect-worker"
+    )
     stranger = prefect_worker["spec"]["template"]["metadata"]["labels"]
     for port in scheduler_ports:
         # Clients: the prep flow's pod, `ballast prep --dask` in a ballast pod; the workers.
@@ -1001,8 +1141,9 @@ def test_dask_address_config_map_names_the_service() -> None:
     assert addr.hostname == f"{svc['metadata']['name']}.{kust['namespace']}.svc.cluster.local"
     sc = _only_container(_dask_deployment("scheduler"))
     comm = int(_dask_cli_params("scheduler", _argv(sc))["port"])
-    [port] = [p["port"] for p in svc["spec"]["ports"]
-              if _container_port(sc, p["targetPort"]) == comm]
+    [port] = [
+        p["port"] for p in svc["spec"]["ports"] if _container_port(sc, p["targetPort"]) == comm
+    ]
     assert addr.port == port
     assert kust["resources"] == ["../../base", "dask.yaml"]
 
@@ -1012,8 +1153,11 @@ def test_flow_run_pods_take_the_dask_address_from_the_overlay() -> None:
     overlay makes (optional: without the overlay they start as before), so a prep flow
     run on that pool goes to the cluster with no parameter set."""
     kust = yaml.safe_load((PREP_DASK / "kustomization.yaml").read_text())
-    holding = [g["name"] for g in kust["configMapGenerator"]
-               if any(lit.startswith("DASK_SCHEDULER_ADDRESS=") for lit in g["literals"])]
+    holding = [
+        g["name"]
+        for g in kust["configMapGenerator"]
+        if any(lit.startswith("DASK_SCHEDULER_ADDRESS=") for lit in g["literals"])
+    ]
     template = json.loads((K8S / "base" / "work-pool-template.json").read_text())
     pod = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
     [container] = pod["containers"]
@@ -1028,8 +1172,13 @@ def test_dask_flags_in_the_manifests_exist(component: str) -> None:
     option renamed in a newer distributed fails here, not in the cluster."""
     argv = _argv(_only_container(_dask_deployment(component)))
     dask = Path(sys.executable).parent / "dask"
-    out = subprocess.run([str(dask) if dask.exists() else "dask", component, "--help"],
-                         capture_output=True, text=True, check=True, timeout=120).stdout
+    out = subprocess.run(
+        [str(dask) if dask.exists() else "dask", component, "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
     known = set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", out))
     used = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
     assert used and used <= known, sorted(used - known)

@@ -61,15 +61,23 @@ class StopAtThree(Component):
 
 
 def config(dataset: str, run_dir: Path, steps: int) -> Any:
-    return parse_train_config(train_config(dataset, run_dir, steps=steps, eval_every=2,
-                                           checkpoint={"every": 2, "keep_last": 5},
-                                           schedule={"warmup_steps": 1}))
+    return parse_train_config(
+        train_config(
+            dataset,
+            run_dir,
+            steps=steps,
+            eval_every=2,
+            checkpoint={"every": 2, "keep_last": 5},
+            schedule={"warmup_steps": 1},
+        )
+    )
 
 
 @pytest.fixture
 def with_toy(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(components, "REGISTRY",
-                        [*components.REGISTRY, (AppliedSteps, lambda cfg: True)])
+    monkeypatch.setattr(
+        components, "REGISTRY", [*components.REGISTRY, (AppliedSteps, lambda cfg: True)]
+    )
 
 
 def test_a_new_component_needs_only_its_module(train_dataset, tmp_path, with_toy):
@@ -104,8 +112,9 @@ def test_step_results_carry_each_components_value(train_dataset, tmp_path, with_
 
 
 def test_a_component_can_end_the_run(train_dataset, tmp_path, monkeypatch):
-    monkeypatch.setattr(components, "REGISTRY",
-                        [*components.REGISTRY, (StopAtThree, lambda cfg: True)])
+    monkeypatch.setattr(
+        components, "REGISTRY", [*components.REGISTRY, (StopAtThree, lambda cfg: True)]
+    )
     assert Trainer(config(train_dataset, tmp_path, steps=10)).run() == 0
     assert json.loads((tmp_path / "final.json").read_text())["step"] == 3
 

@@ -34,17 +34,43 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "llama-mup": ({"mup_base_d_model": 16}, "bytes", "LlamaForCausalLM"),
     "llama-untied-bias": ({"tie_embeddings": False, "bias": True}, "bytes", "LlamaForCausalLM"),
     "qwen3-qknorm": ({"qk_norm": True}, "bytes", "Qwen3ForCausalLM"),
-    "qwen3-qknorm-mup": ({"qk_norm": True, "mup_base_d_model": 24, "tie_embeddings": False},
-                         "bpe", "Qwen3ForCausalLM"),
-    "neox-partial-parallel": ({"norm": "layernorm", "mlp": "gelu", "rotary_pct": 0.25,
-                               "parallel_block": True, "bias": True}, "bytes",
-                              "GPTNeoXForCausalLM"),
-    "neox-sequential-mup": ({"norm": "layernorm", "mlp": "gelu", "mup_base_d_model": 16,
-                             "rope_theta": 500.0}, "bpe", "GPTNeoXForCausalLM"),
-    "gpt2-learned": ({"norm": "layernorm", "mlp": "gelu", "position": "learned", "bias": True,
-                      "tie_embeddings": False}, "bytes", "GPT2LMHeadModel"),
-    "gpt2-learned-mup-nobias": ({"norm": "layernorm", "mlp": "gelu", "position": "learned",
-                                 "mup_base_d_model": 24}, "bpe", "GPT2LMHeadModel"),
+    "qwen3-qknorm-mup": (
+        {"qk_norm": True, "mup_base_d_model": 24, "tie_embeddings": False},
+        "bpe",
+        "Qwen3ForCausalLM",
+    ),
+    "neox-partial-parallel": (
+        {
+            "norm": "layernorm",
+            "mlp": "gelu",
+            "rotary_pct": 0.25,
+            "parallel_block": True,
+            "bias": True,
+        },
+        "bytes",
+        "GPTNeoXForCausalLM",
+    ),
+    "neox-sequential-mup": (
+        {"norm": "layernorm", "mlp": "gelu", "mup_base_d_model": 16, "rope_theta": 500.0},
+        "bpe",
+        "GPTNeoXForCausalLM",
+    ),
+    "gpt2-learned": (
+        {
+            "norm": "layernorm",
+            "mlp": "gelu",
+            "position": "learned",
+            "bias": True,
+            "tie_embeddings": False,
+        },
+        "bytes",
+        "GPT2LMHeadModel",
+    ),
+    "gpt2-learned-mup-nobias": (
+        {"norm": "layernorm", "mlp": "gelu", "position": "learned", "mup_base_d_model": 24},
+        "bpe",
+        "GPT2LMHeadModel",
+    ),
 }
 
 
@@ -63,10 +89,20 @@ def datasets(tmp_path_factory, text) -> dict[str, Path]:
         d = root / kind
         d.mkdir()
         (d / "tokenizer.json").write_text(tok.to_json(), encoding="utf-8")
-        (d / "manifest.json").write_text(json.dumps({
-            "seq_len": SEQ_LEN,
-            "tokenizer": {"kind": kind, "vocab_size": tok.vocab_size, "eos_id": tok.eos_id,
-                          "pad_id": tok.pad_id, "file": "tokenizer.json"}}))
+        (d / "manifest.json").write_text(
+            json.dumps(
+                {
+                    "seq_len": SEQ_LEN,
+                    "tokenizer": {
+                        "kind": kind,
+                        "vocab_size": tok.vocab_size,
+                        "eos_id": tok.eos_id,
+                        "pad_id": tok.pad_id,
+                        "file": "tokenizer.json",
+                    },
+                }
+            )
+        )
         out[kind] = d
     return out
 
@@ -87,14 +123,15 @@ def make_model(options: dict[str, Any], vocab: int, seed: int = 0) -> GPT:
 
 def save_local(model: GPT, run: Path, dataset: Path) -> Path:
     cfg = TrainConfig(dataset=str(dataset), run_dir=str(run), model=model.cfg)
-    return ckpt.save(run / "checkpoints", 7, {"model": model.state_dict(),
-                                               "config": cfg.model_dump(mode="json")})
+    return ckpt.save(
+        run / "checkpoints", 7, {"model": model.state_dict(), "config": cfg.model_dump(mode="json")}
+    )
 
 
 def batch(tokenizer: Any, text: str) -> torch.Tensor:
     """4 rows of real text, SEQ_LEN tokens each, from the exported tokenizer."""
     ids = tokenizer(text[:20_000], add_special_tokens=False)["input_ids"]
-    return torch.tensor([ids[i * 997:i * 997 + SEQ_LEN] for i in range(4)])
+    return torch.tensor([ids[i * 997 : i * 997 + SEQ_LEN] for i in range(4)])
 
 
 def greedy(model: GPT, prompt: torch.Tensor, n: int) -> list[int]:
@@ -102,7 +139,7 @@ def greedy(model: GPT, prompt: torch.Tensor, n: int) -> list[int]:
     with torch.no_grad():
         for _ in range(n):
             ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    return ids[0, prompt.shape[1]:].tolist()
+    return ids[0, prompt.shape[1] :].tolist()
 
 
 def compare(model: GPT, out: Path, text: str) -> float:
@@ -110,8 +147,9 @@ def compare(model: GPT, out: Path, text: str) -> float:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(out, local_files_only=True)
-    hf = AutoModelForCausalLM.from_pretrained(out, local_files_only=True,
-                                              dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(
+        out, local_files_only=True, dtype=torch.float32
+    ).eval()
     x = batch(tok, text)
     assert x.shape == (4, SEQ_LEN)
     with torch.no_grad():
@@ -136,8 +174,13 @@ def test_export_matches_ballast(name, datasets, text, tmp_path):
     out, got = export_hf(tmp_path / "run", tmp_path / "hf")  # a run dir: its latest
     assert got == arch
     files = {p.name for p in out.iterdir()}
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-            "tokenizer_config.json"} <= files
+    assert {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    } <= files
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == [arch]
     gen = json.loads((out / "generation_config.json").read_text())
@@ -155,15 +198,18 @@ def test_tokenizer_round_trip(datasets, text, tmp_path):
 
     sample = text[:5000] + " ünïcödé ✓"
     for kind, dataset in datasets.items():
-        model = make_model({}, json.loads((dataset / "manifest.json").read_text())
-                           ["tokenizer"]["vocab_size"])
+        model = make_model(
+            {}, json.loads((dataset / "manifest.json").read_text())["tokenizer"]["vocab_size"]
+        )
         save_local(model, tmp_path / kind, dataset)
         step_dir = tmp_path / kind / "checkpoints" / "step-00000007"
         out, _ = export_hf(step_dir, tmp_path / f"{kind}-hf")
         ours = load_tokenizer(str(dataset / "tokenizer.json"))
         theirs = AutoTokenizer.from_pretrained(out, local_files_only=True)
-        assert theirs(sample, add_special_tokens=False)["input_ids"] == \
-            ours.encode_batch([sample])[0].tolist()
+        assert (
+            theirs(sample, add_special_tokens=False)["input_ids"]
+            == ours.encode_batch([sample])[0].tolist()
+        )
         assert (theirs.eos_token_id, theirs.pad_token_id) == (ours.eos_id, ours.pad_id)
         assert theirs.decode(ours.encode_batch([sample])[0].tolist()) == sample
 
@@ -191,8 +237,12 @@ REFUSED = {
     "norm rmsnorm with rotary_pct 0.5": {"rotary_pct": 0.5},
     "qk_norm with norm layernorm": {"norm": "layernorm", "mlp": "gelu", "qk_norm": True},
     "qk_norm with bias": {"qk_norm": True, "bias": True},
-    "parallel_block with position learned": {"norm": "layernorm", "mlp": "gelu",
-                                             "position": "learned", "parallel_block": True},
+    "parallel_block with position learned": {
+        "norm": "layernorm",
+        "mlp": "gelu",
+        "position": "learned",
+        "parallel_block": True,
+    },
 }
 
 
@@ -206,8 +256,19 @@ def test_unsupported_options_are_refused(what):
 def test_cli_export_and_refusal(datasets, text, tmp_path, capsys):
     model = make_model({}, 258)
     step_dir = save_local(model, tmp_path / "run", datasets["bytes"])
-    assert cli_main(["export", "hf", str(step_dir), str(tmp_path / "hf"),
-                     "--dataset", str(datasets["bytes"])]) == 0
+    assert (
+        cli_main(
+            [
+                "export",
+                "hf",
+                str(step_dir),
+                str(tmp_path / "hf"),
+                "--dataset",
+                str(datasets["bytes"]),
+            ]
+        )
+        == 0
+    )
     compare(model, tmp_path / "hf", text)
     capsys.readouterr()
     bad = make_model({"mlp": "gelu"}, 258)
@@ -232,10 +293,12 @@ def test_fsdp2_dcp_checkpoint(datasets, text, tmp_path, monkeypatch):
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    model = make_model({"norm": "layernorm", "mlp": "gelu", "rotary_pct": 0.5,
-                        "parallel_block": True}, 258)
-    reference = make_model({"norm": "layernorm", "mlp": "gelu", "rotary_pct": 0.5,
-                            "parallel_block": True}, 258)
+    model = make_model(
+        {"norm": "layernorm", "mlp": "gelu", "rotary_pct": 0.5, "parallel_block": True}, 258
+    )
+    reference = make_model(
+        {"norm": "layernorm", "mlp": "gelu", "rotary_pct": 0.5, "parallel_block": True}, 258
+    )
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
@@ -244,10 +307,21 @@ def test_fsdp2_dcp_checkpoint(datasets, text, tmp_path, monkeypatch):
             fully_shard(block)
         fully_shard(model)
         optim = torch.optim.AdamW(model.parameters())
-        cfg = TrainConfig(dataset=str(datasets["bytes"]), run_dir=str(tmp_path / "run"),
-                          parallel="fsdp2", model=reference.cfg)
-        ckpt.save_sharded(tmp_path / "run" / "checkpoints", 3, model, optim,
-                          {"config": cfg.model_dump(mode="json")}, True, dist.barrier)
+        cfg = TrainConfig(
+            dataset=str(datasets["bytes"]),
+            run_dir=str(tmp_path / "run"),
+            parallel="fsdp2",
+            model=reference.cfg,
+        )
+        ckpt.save_sharded(
+            tmp_path / "run" / "checkpoints",
+            3,
+            model,
+            optim,
+            {"config": cfg.model_dump(mode="json")},
+            True,
+            dist.barrier,
+        )
     finally:
         dist.destroy_process_group()
     assert ckpt.is_sharded(tmp_path / "run" / "checkpoints", 3)

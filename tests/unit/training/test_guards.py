@@ -18,8 +18,9 @@ from training.guards import Decision, StabilityGuard
 Step = tuple[int, float, float]
 
 
-def clean_run(seed: int, n: int = 2000, loss_noise: float = 0.03,
-              grad_noise: float = 0.15) -> Iterator[Step]:
+def clean_run(
+    seed: int, n: int = 2000, loss_noise: float = 0.03, grad_noise: float = 0.15
+) -> Iterator[Step]:
     """A healthy pre-training curve: loss falls fast then slowly, with relative gaussian
     noise; the grad norm falls too, with log-normal (right-skewed) noise."""
     r = random.Random(seed)
@@ -82,14 +83,17 @@ def test_noisier_skewed_run_has_no_skips(seed):
 # -- non-finite ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("loss", "grad", "reason"), [
-    (math.nan, 1.0, "non_finite_loss"),
-    (math.inf, 1.0, "non_finite_loss"),
-    (-math.inf, 1.0, "non_finite_loss"),
-    (3.0, math.nan, "non_finite_grad"),
-    (3.0, math.inf, "non_finite_grad"),
-    (math.nan, math.inf, "non_finite_loss"),
-])
+@pytest.mark.parametrize(
+    ("loss", "grad", "reason"),
+    [
+        (math.nan, 1.0, "non_finite_loss"),
+        (math.inf, 1.0, "non_finite_loss"),
+        (-math.inf, 1.0, "non_finite_loss"),
+        (3.0, math.nan, "non_finite_grad"),
+        (3.0, math.inf, "non_finite_grad"),
+        (math.nan, math.inf, "non_finite_loss"),
+    ],
+)
 def test_non_finite_is_skipped_counted_and_leaves_stats(loss, grad, reason):
     guard = warm()
     before = stats(guard)
@@ -130,18 +134,26 @@ def test_nonfinite_steps_in_a_row_are_a_divergence():
     d = decisions[-1]
     assert d.reason == "divergence" and d.event is not None
     assert (d.event["start_step"], d.event["end_step"], d.event["trigger"]) == (
-        200, 204, "non_finite")
+        200,
+        204,
+        "non_finite",
+    )
     assert d.event["sample_ids"] == [i for t in range(200, 205) for i in ids(t)]
-    assert "5 non-finite steps in a row (steps 200..204; limit max_nonfinite_steps=5)" in (
-        d.detail)
+    assert "5 non-finite steps in a row (steps 200..204; limit max_nonfinite_steps=5)" in (d.detail)
     assert guard.skipped_non_finite == 4  # the fifth is reported by the rollback
     json.dumps(d.event, allow_nan=False)
 
 
 def test_a_finite_step_breaks_the_nonfinite_streak():
     guard = warm(GuardConfig(max_nonfinite_steps=3))
-    seq = [(math.nan, 1.0), (3.0, math.inf), (3.0, 1.0), (math.inf, 1.0), (math.nan, 1.0),
-           (3.0, 1.0)]
+    seq = [
+        (math.nan, 1.0),
+        (3.0, math.inf),
+        (3.0, 1.0),
+        (math.inf, 1.0),
+        (math.nan, 1.0),
+        (3.0, 1.0),
+    ]
     decisions = [guard.observe(200 + i, x, g) for i, (x, g) in enumerate(seq)]
     assert [d.action for d in decisions] == ["skip", "skip", "ok", "skip", "skip", "ok"]
     assert guard.state_dict()["nonfinite_streak"] == 0
@@ -162,7 +174,9 @@ def test_trainer_reported_divergence_uses_the_same_budget():
     d = guard.divergence(220, "non_finite_val_loss", "validation loss nan at step 220")
     assert (d.action, d.reason) == ("rollback", "divergence")
     assert d.event is not None and (d.event["start_step"], d.event["trigger"]) == (
-        220, "non_finite_val_loss")
+        220,
+        "non_finite_val_loss",
+    )
     guard.rolled_back(to_step=200, from_step=220)
     guard.observe(201, math.nan, 1.0)  # a non-finite streak in progress: its start counts
     d = guard.divergence(202, "non_finite_weights", "non-finite weights at step 202")
@@ -260,8 +274,7 @@ def test_k_spikes_in_window_roll_back():
     guard = warm()
     decisions = spikes_at(guard, [200, 210, 220], 200, 221)
     actions = [(d.action, d.reason) for d in decisions if d.action != "ok"]
-    assert actions == [("skip", "loss_spike"), ("skip", "loss_spike"),
-                       ("rollback", "divergence")]
+    assert actions == [("skip", "loss_spike"), ("skip", "loss_spike"), ("rollback", "divergence")]
     ev = decisions[-1].event
     assert ev is not None and ev["event"] == "rollback"
     assert (ev["start_step"], ev["end_step"], ev["trigger"]) == (200, 220, "spikes")
@@ -405,13 +418,21 @@ def test_eventful_run_exercises_every_kind_of_decision():
     assert reasons >= {"non_finite_loss", "non_finite_grad", "grad_spike", "divergence"}
     guard = StabilityGuard(GuardConfig())
     reasons = {d.reason for d in play(guard, eventful_run())}
-    assert reasons >= {"non_finite_loss", "non_finite_grad", "loss_spike", "grad_spike",
-                       "divergence", "rollback_budget_exhausted"}
+    assert reasons >= {
+        "non_finite_loss",
+        "non_finite_grad",
+        "loss_spike",
+        "grad_spike",
+        "divergence",
+        "rollback_budget_exhausted",
+    }
     assert guard.rollbacks == 3
 
 
-@pytest.mark.parametrize("cfg", [GuardConfig(), GuardConfig(divergence_factor=2.0, loss_z=1e3),
-                                 GuardConfig(max_rollbacks=1)])
+@pytest.mark.parametrize(
+    "cfg",
+    [GuardConfig(), GuardConfig(divergence_factor=2.0, loss_z=1e3), GuardConfig(max_rollbacks=1)],
+)
 @pytest.mark.parametrize("split", [10, 125, 245, 265, 275, 290])
 def test_state_dict_round_trip_resumes_exactly(cfg, split):
     steps = eventful_run()

@@ -49,16 +49,19 @@ def test_a_read_per_micro_batch_would_show(train_dataset, tmp_path):
     assert [f - o for f, o in zip(four, one, strict=True)] == [3, 3]
 
 
-@pytest.mark.parametrize("guards", [{"enabled": False}, {"warmup_steps": 3}],
-                         ids=["no-guards", "spike-guard"])
+@pytest.mark.parametrize(
+    "guards", [{"enabled": False}, {"warmup_steps": 3}], ids=["no-guards", "spike-guard"]
+)
 def test_host_reads_per_step_do_not_grow_with_micro_batches(train_dataset, tmp_path, guards):
     """accum 1 and accum 4 (same micro-batch) read the same number of times per optimizer
     step, a few; with the spike guard on, a step it drops costs no extra read either."""
     spike = Faults(spike_at={6}, spike_factor=1000.0)
-    one, ours1, acts1 = reads_per_step(trainer(train_dataset, tmp_path / "1", 1, spike,
-                                               guards=guards), 8)
-    four, ours4, acts4 = reads_per_step(trainer(train_dataset, tmp_path / "4", 4, spike,
-                                                guards=guards), 8)
+    one, ours1, acts1 = reads_per_step(
+        trainer(train_dataset, tmp_path / "1", 1, spike, guards=guards), 8
+    )
+    four, ours4, acts4 = reads_per_step(
+        trainer(train_dataset, tmp_path / "4", 4, spike, guards=guards), 8
+    )
     assert one == four, (one, four)
     assert ours1 == ours4 == [BUDGET] * 8, (ours1, ours4)
     if guards.get("enabled", True):
@@ -69,8 +72,7 @@ def test_host_reads_per_step_do_not_grow_with_micro_batches(train_dataset, tmp_p
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_synchronisations_per_step_do_not_grow_with_micro_batches(train_dataset,
-                                                                      tmp_path):
+def test_cuda_synchronisations_per_step_do_not_grow_with_micro_batches(train_dataset, tmp_path):
     """torch's sync debug mode warns at each synchronisation with the device."""
 
     def syncs(accum: int) -> list[int]:

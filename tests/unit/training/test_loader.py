@@ -34,8 +34,9 @@ def assert_same_batch(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
         assert a[name].dtype == b[name].dtype and torch.equal(a[name], b[name]), name
 
 
-def step_batches(loader: Loader, samples_seen: int, micro: int, accum: int
-                 ) -> list[dict[str, torch.Tensor]]:
+def step_batches(
+    loader: Loader, samples_seen: int, micro: int, accum: int
+) -> list[dict[str, torch.Tensor]]:
     """A training step's micro-batches, fetched as the trainer fetches them."""
     return [loader.get(samples_seen + k * micro, micro) for k in range(accum)]
 
@@ -88,11 +89,11 @@ def test_resume_from_a_saved_position_is_exact() -> None:
             samples_seen += micro * accum
         saved = samples_seen  # what the checkpoint after step 3 records
         assert first._ahead[0][0] == (saved, micro)  # already prefetched beyond the save
-        uninterrupted = [step_batches(first, saved + i * micro * accum, micro, accum)
-                         for i in range(4)]
+        uninterrupted = [
+            step_batches(first, saved + i * micro * accum, micro, accum) for i in range(4)
+        ]
     with Loader(split, Sampler(split.rows, 1), depth=2) as resumed:
-        again = [step_batches(resumed, saved + i * micro * accum, micro, accum)
-                 for i in range(4)]
+        again = [step_batches(resumed, saved + i * micro * accum, micro, accum) for i in range(4)]
     for a_step, b_step in zip(uninterrupted, again, strict=True):
         for a, b in zip(a_step, b_step, strict=True):
             assert_same_batch(a, b)
@@ -107,15 +108,18 @@ def test_loader_shuts_down_cleanly() -> None:
     loader.close()  # idempotent
     assert not any(t.name.startswith("prefetch") for t in threading.enumerate())
     # An interpreter exit with batches still queued and no close(): no hanging thread.
-    code = ("import numpy as np, pyarrow as pa\n"
-            f"from {__name__} import packed_split\n"
-            "from training.data import Loader, Sampler\n"
-            "s = packed_split(1000, 64)\n"
-            "loader = Loader(s, Sampler(s.rows, 0), depth=2)\n"
-            "loader.get(0, 256)\n"
-            "print('exiting')\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT)
+    code = (
+        "import numpy as np, pyarrow as pa\n"
+        f"from {__name__} import packed_split\n"
+        "from training.data import Loader, Sampler\n"
+        "s = packed_split(1000, 64)\n"
+        "loader = Loader(s, Sampler(s.rows, 0), depth=2)\n"
+        "loader.get(0, 256)\n"
+        "print('exiting')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
     assert out.returncode == 0 and out.stdout == "exiting\n", out.stderr
 
 

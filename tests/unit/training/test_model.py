@@ -43,8 +43,9 @@ COMBOS = [
 ]
 
 
-@pytest.mark.parametrize("opts", COMBOS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items())
-                         or "default")
+@pytest.mark.parametrize(
+    "opts", COMBOS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default"
+)
 def test_shapes_backward_and_param_kinds(opts: dict[str, Any]) -> None:
     m = make(**opts)
     x = ids()
@@ -56,8 +57,7 @@ def test_shapes_backward_and_param_kinds(opts: dict[str, Any]) -> None:
         total, _, _ = lm_loss(logits, targets, valid, z_loss=1e-4)
         m.zero_grad()
         total.backward()
-        assert all(p.grad is not None and torch.isfinite(p.grad).all()
-                   for p in m.parameters())
+        assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
     names = [n for n, _ in m.named_parameters()]
     kinds = {n: m.param_kind(n) for n in names}
     assert kinds["wte.weight"] == "embedding"
@@ -93,7 +93,8 @@ def test_swiglu_width_and_parallel_block_has_one_norm() -> None:
 def test_num_params_and_flops() -> None:
     tied, untied = make(), make(tie_embeddings=False)
     assert untied.num_params(exclude_embeddings=False) == (
-        tied.num_params(exclude_embeddings=False) + V * 32)
+        tied.num_params(exclude_embeddings=False) + V * 32
+    )
     # Tied: the table is the head's matmul and counts; untied: the head counts, not wte.
     assert tied.num_params() == untied.num_params() == tied.num_params(False)
     learned = make(position="learned")
@@ -111,8 +112,14 @@ def test_autocast_bf16_gives_float32_logits() -> None:
 # -- document masking ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("opts", [{}, {"position": "learned", "norm": "layernorm"},
-                                  {"parallel_block": True, "qk_norm": True, "rotary_pct": 0.5}])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"position": "learned", "norm": "layernorm"},
+        {"parallel_block": True, "qk_norm": True, "rotary_pct": 0.5},
+    ],
+)
 def test_document_masking_isolates_documents(opts: dict[str, Any]) -> None:
     m = make(**opts).eval()
     a, b = ids(1, 10, seed=2), ids(1, 6, seed=3)
@@ -216,18 +223,34 @@ def test_scaled_init_and_no_biases() -> None:
     torch.manual_seed(0)
     m = GPT(ModelConfig(d_model=d, n_layer=L, n_head=4, mlp="gelu"), V, T)
     assert not any("bias" in n for n, _ in m.named_parameters())
-    resid = torch.cat([p.flatten() for n, p in m.named_parameters()
-                       if n.endswith(("attn.w_o.weight", "mlp.w_down.weight"))])
-    other = torch.cat([p.flatten() for n, p in m.named_parameters()
-                       if n.endswith(("attn.w_q.weight", "mlp.w_up.weight"))])
+    resid = torch.cat(
+        [
+            p.flatten()
+            for n, p in m.named_parameters()
+            if n.endswith(("attn.w_o.weight", "mlp.w_down.weight"))
+        ]
+    )
+    other = torch.cat(
+        [
+            p.flatten()
+            for n, p in m.named_parameters()
+            if n.endswith(("attn.w_q.weight", "mlp.w_up.weight"))
+        ]
+    )
     assert resid.std().item() == pytest.approx(0.02 / math.sqrt(2 * L), rel=0.03)
     assert other.std().item() == pytest.approx(0.02, rel=0.03)
     assert m.wte.weight.std().item() == pytest.approx(0.02, rel=0.05)
-    assert all(torch.equal(p, torch.ones_like(p)) for n, p in m.named_parameters()
-               if m.param_kind(n) == "norm")
+    assert all(
+        torch.equal(p, torch.ones_like(p))
+        for n, p in m.named_parameters()
+        if m.param_kind(n) == "norm"
+    )
     biased = make(bias=True, norm="layernorm")
-    assert all(torch.equal(p, torch.zeros_like(p)) for n, p in biased.named_parameters()
-               if n.endswith(".bias"))
+    assert all(
+        torch.equal(p, torch.zeros_like(p))
+        for n, p in biased.named_parameters()
+        if n.endswith(".bias")
+    )
 
 
 # -- activation checkpointing -------------------------------------------------------------
@@ -257,8 +280,7 @@ def test_shift_targets_never_crosses_segments_or_padding() -> None:
     seg = torch.tensor([[1, 1, 1, 2, 2, 0, 0], [1, 1, 1, 1, 1, 1, 1]])
     mask = (seg > 0).to(torch.int8)
     targets, valid = shift_targets(x, seg, mask)
-    assert valid.tolist() == [[True, True, False, True, False, False, False],
-                              [True] * 6 + [False]]
+    assert valid.tolist() == [[True, True, False, True, False, False, False], [True] * 6 + [False]]
     assert targets[0].tolist() == [11, 12, IGNORE_INDEX, 21] + [IGNORE_INDEX] * 3
     assert targets[1].tolist() == [31, 32, 33, 34, 35, 36, IGNORE_INDEX]
     # Padding is caught from the segment ids alone, or from the loss mask alone.
@@ -325,8 +347,11 @@ def test_mup_width_mult_init_and_attention_scale() -> None:
     assert mup.blocks[0].attn.scale == pytest.approx(1 / 32)
 
     def std(m: GPT, suffix: str) -> float:
-        return torch.cat([p.flatten() for n, p in m.named_parameters()
-                          if n.endswith(suffix)]).std().item()
+        return (
+            torch.cat([p.flatten() for n, p in m.named_parameters() if n.endswith(suffix)])
+            .std()
+            .item()
+        )
 
     for suffix in ("attn.w_q.weight", "mlp.w_up.weight", "attn.w_o.weight"):
         assert std(mup, suffix) == pytest.approx(std(sp, suffix) / 2, rel=0.1)  # 1/sqrt(4)

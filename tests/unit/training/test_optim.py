@@ -97,8 +97,9 @@ def _loss(model: TinyLM, step: int) -> torch.Tensor:
 SCHED = ScheduleConfig(kind="cosine", warmup_steps=2, min_lr_ratio=0.1)
 
 
-def _train_step(model: TinyLM, opt: torch.optim.Optimizer, step: int, batch: int | None = None,
-                total: int = 100) -> float:
+def _train_step(
+    model: TinyLM, opt: torch.optim.Optimizer, step: int, batch: int | None = None, total: int = 100
+) -> float:
     set_lr(opt, step, total, SCHED)
     opt.zero_grad(set_to_none=True)
     loss = _loss(model, step if batch is None else batch)
@@ -186,8 +187,9 @@ def test_optimizer_reduces_loss(name: str) -> None:
 
 def test_build_optimizer_types() -> None:
     assert isinstance(build_optimizer(_model(), OptimConfig(name="adamw")), torch.optim.AdamW)
-    assert isinstance(build_optimizer(_model(), OptimConfig(name="adafactor")),
-                      torch.optim.Adafactor)
+    assert isinstance(
+        build_optimizer(_model(), OptimConfig(name="adafactor")), torch.optim.Adafactor
+    )
     lion = build_optimizer(_model(), OptimConfig(name="lion"))
     assert isinstance(lion, Lion)
     assert lion.param_groups[0]["betas"] == (0.9, 0.99)  # config default is AdamW's: not used
@@ -259,8 +261,11 @@ def test_muon_split_and_optimizer_api() -> None:
     opt = build_optimizer(model, OptimConfig(name="muon"))
     assert isinstance(opt, MuonWithAdamW) and isinstance(opt, torch.optim.Optimizer)
     assert opt.muon is not None and opt.adamw is not None
-    hidden_2d = {id(p) for n, p in model.named_parameters()
-                 if model.param_kind(n) == "hidden" and p.ndim == 2}
+    hidden_2d = {
+        id(p)
+        for n, p in model.named_parameters()
+        if model.param_kind(n) == "hidden" and p.ndim == 2
+    }
     assert hidden_2d == {id(model.fc1.weight), id(model.fc2.weight)}
     muon_ids = {id(p) for g in opt.muon.param_groups for p in g["params"]}
     adamw_ids = {id(p) for g in opt.adamw.param_groups for p in g["params"]}
@@ -268,9 +273,12 @@ def test_muon_split_and_optimizer_api() -> None:
     assert adamw_ids == {id(p) for p in model.parameters()} - hidden_2d
     # One concatenated list of the inner optimizers' own group dicts (AdamW's first).
     assert opt.param_groups == opt.adamw.param_groups + opt.muon.param_groups
-    assert all(a is b for a, b in zip(opt.param_groups,
-                                      opt.adamw.param_groups + opt.muon.param_groups,
-                                      strict=True))
+    assert all(
+        a is b
+        for a, b in zip(
+            opt.param_groups, opt.adamw.param_groups + opt.muon.param_groups, strict=True
+        )
+    )
     muon_group = next(g for g in opt.param_groups if g["muon"])
     assert muon_group["initial_lr"] == 0.02 and muon_group["momentum"] == 0.95
     assert muon_group["lr_scale"] == 1.0
@@ -279,8 +287,9 @@ def test_muon_split_and_optimizer_api() -> None:
     _train_step(model, opt, 0)
     for n, p in model.named_parameters():
         keys = set(opt.state[p])
-        assert keys == ({"momentum_buffer"} if id(p) in hidden_2d
-                        else {"step", "exp_avg", "exp_avg_sq"}), n
+        assert keys == (
+            {"momentum_buffer"} if id(p) in hidden_2d else {"step", "exp_avg", "exp_avg_sq"}
+        ), n
     opt.zero_grad(set_to_none=True)
     assert all(p.grad is None for p in model.parameters())
     # set_lr reaches both inner optimizers through the shared group dicts.
@@ -297,9 +306,12 @@ def test_muon_relinks_after_load_state_dict() -> None:
     opt.load_state_dict(sd)  # replaces param_groups and state with new objects
     assert opt.muon is not None and opt.adamw is not None
     assert opt.muon.state is opt.state and opt.adamw.state is opt.state
-    assert all(a is b for a, b in zip(opt.param_groups,
-                                      opt.adamw.param_groups + opt.muon.param_groups,
-                                      strict=True))
+    assert all(
+        a is b
+        for a, b in zip(
+            opt.param_groups, opt.adamw.param_groups + opt.muon.param_groups, strict=True
+        )
+    )
     set_lr(opt, 1, 100, SCHED)
     assert opt.muon.param_groups[0]["lr"] == pytest.approx(0.02 * lr_multiplier(1, 100, SCHED))
 
@@ -480,5 +492,4 @@ def test_batch_warmup_ramp() -> None:
     assert accum_steps_at(0, _sched("cosine"), 4) == 4  # no batch warmup
     assert accum_steps_at(0, _sched("cosine", batch_warmup_start_accum=2), 4) == 4  # 0 steps
     with pytest.raises(ValueError, match="batch_warmup_start_accum"):
-        accum_steps_at(0, _sched("cosine", batch_warmup_start_accum=9,
-                                 batch_warmup_steps=5), 4)
+        accum_steps_at(0, _sched("cosine", batch_warmup_start_accum=9, batch_warmup_steps=5), 4)

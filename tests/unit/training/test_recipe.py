@@ -63,7 +63,8 @@ def test_exponential_decay_reaches_the_floor_geometrically():
     assert lr_multiplier(110, 110, c) == pytest.approx(0.01)
     assert lr_multiplier(500, 110, c) == pytest.approx(0.01)
     assert "schedule.min_lr_ratio: Value error, must be > 0 for kind exponential" in config_error(
-        schedule={"kind": "exponential", "min_lr_ratio": 0.0})
+        schedule={"kind": "exponential", "min_lr_ratio": 0.0}
+    )
 
 
 @pytest.mark.parametrize("power", [1.0, 2.0, 0.5])
@@ -75,8 +76,10 @@ def test_polynomial_decay(power):
         assert lr_multiplier(step, 110, c) == pytest.approx(0.1 + 0.9 * (1 - p) ** power)
     if power == 1.0:  # power 1 is the linear kind
         lin = _sched("linear", warmup_steps=10, min_lr_ratio=0.1)
-        assert all(lr_multiplier(s, 110, c) == pytest.approx(lr_multiplier(s, 110, lin))
-                   for s in range(0, 120, 7))
+        assert all(
+            lr_multiplier(s, 110, c) == pytest.approx(lr_multiplier(s, 110, lin))
+            for s in range(0, 120, 7)
+        )
 
 
 def test_onecycle_ramps_by_cosine_from_one_over_div_factor_then_anneals():
@@ -84,8 +87,9 @@ def test_onecycle_ramps_by_cosine_from_one_over_div_factor_then_anneals():
     for step in range(10):
         want = 0.04 + 0.96 * 0.5 * (1 - math.cos(math.pi * (step + 1) / 10))
         assert lr_multiplier(step, 110, c) == pytest.approx(want)
-    assert lr_multiplier(0, 110, c) == pytest.approx(0.04 + 0.96 * 0.5 * (1 - math.cos(0.1 *
-                                                                                      math.pi)))
+    assert lr_multiplier(0, 110, c) == pytest.approx(
+        0.04 + 0.96 * 0.5 * (1 - math.cos(0.1 * math.pi))
+    )
     assert lr_multiplier(9, 110, c) == pytest.approx(1.0)
     assert lr_multiplier(10, 110, c) == 1.0
     assert lr_multiplier(60, 110, c) == pytest.approx(0.5)
@@ -102,14 +106,15 @@ NEW_KINDS = ("step", "exponential", "polynomial", "onecycle")
 def test_new_kinds_stay_in_range():
     for kind in NEW_KINDS:
         for total in (1, 7, 100):
-            c = _sched(kind, warmup_steps=3, min_lr_ratio=0.2, step_size=2, gamma=0.5,
-                       power=2.0)
+            c = _sched(kind, warmup_steps=3, min_lr_ratio=0.2, step_size=2, gamma=0.5, power=2.0)
             assert all(0.0 < lr_multiplier(s, total, c) <= 1.0 for s in range(total + 5))
 
 
-@pytest.mark.parametrize("schedule", [{}, *({"kind": k, "step_size": 2, "gamma": 0.5}
-                                            for k in NEW_KINDS)],
-                         ids=["default", *NEW_KINDS])
+@pytest.mark.parametrize(
+    "schedule",
+    [{}, *({"kind": k, "step_size": 2, "gamma": 0.5} for k in NEW_KINDS)],
+    ids=["default", *NEW_KINDS],
+)
 def test_the_trainer_follows_the_schedule(train_dataset, tmp_path, schedule):
     """The logged LR of each step is the peak LR times lr_multiplier, the default's
     included (today's warmup + cosine, bit for bit)."""
@@ -119,8 +124,8 @@ def test_the_trainer_follows_the_schedule(train_dataset, tmp_path, schedule):
     assert lrs == [1e-3 * lr_multiplier(k, 6, c) for k in range(6)]
     if not schedule:
         want = [1e-3 * (k + 1) / 2 for k in range(2)] + [
-            1e-3 * (0.1 + 0.5 * (1.0 + math.cos(math.pi * (k - 2) / 4)) * 0.9)
-            for k in range(2, 6)]
+            1e-3 * (0.1 + 0.5 * (1.0 + math.cos(math.pi * (k - 2) / 4)) * 0.9) for k in range(2, 6)
+        ]
         assert lrs == want
 
 
@@ -168,18 +173,23 @@ def _step_grads(dataset: str, run_dir: Path, **over: Any) -> dict[str, torch.Ten
 def test_value_and_adaptive_clipping_in_the_training_step(train_dataset, tmp_path):
     free = {"optim": {"grad_clip": None}}
     base = _step_grads(train_dataset, tmp_path / "base", **free)
-    value = _step_grads(train_dataset, tmp_path / "v",
-                        optim={"grad_clip": None, "clip_value": 1e-3})
+    value = _step_grads(
+        train_dataset, tmp_path / "v", optim={"grad_clip": None, "clip_value": 1e-3}
+    )
     for n, g in base.items():
         assert torch.equal(value[n], g.clamp(-1e-3, 1e-3)), n
     assert any((g.abs() > 1e-3).any() for g in base.values())  # it did clip something
 
     t = Trainer(parse_train_config(train_config(train_dataset, tmp_path / "w")))
     weights = {n: p.detach().clone() for n, p in t.model.named_parameters()}
-    hidden = {n for n, p in t.model.named_parameters() if t.model.param_kind(n) == "hidden"
-              and p.ndim == 2}
+    hidden = {
+        n
+        for n, p in t.model.named_parameters()
+        if t.model.param_kind(n) == "hidden" and p.ndim == 2
+    }
     assert {id(p) for p in agc_params(t.model)} == {
-        id(p) for n, p in t.model.named_parameters() if n in hidden}
+        id(p) for n, p in t.model.named_parameters() if n in hidden
+    }
     t.loader.close()
     t.ckpts.close()
     agc = _step_grads(train_dataset, tmp_path / "a", optim={"grad_clip": None, "agc": 0.01})
@@ -198,8 +208,12 @@ def test_value_and_adaptive_clipping_in_the_training_step(train_dataset, tmp_pat
 
 def test_clipping_and_recipe_options_add_no_host_reads(train_dataset, tmp_path):
     """The step's one host transfer stays one with every recipe option on."""
-    over = {"optim": {"agc": 0.01, "clip_value": 0.5}, "label_smoothing": 0.1,
-            "ema": {"decay": 0.9}, "early_stopping": {"patience": 2}}
+    over = {
+        "optim": {"agc": 0.01, "clip_value": 0.5},
+        "label_smoothing": 0.1,
+        "ema": {"decay": 0.9},
+        "early_stopping": {"patience": 2},
+    }
     one, ours1, _ = reads_per_step(sync_trainer(train_dataset, tmp_path / "1", 1, **over), 4)
     four, ours4, _ = reads_per_step(sync_trainer(train_dataset, tmp_path / "4", 4, **over), 4)
     assert one == four
@@ -225,7 +239,8 @@ def test_label_smoothing_is_the_closed_form():
     want = ((1 - e) * -logp.gather(-1, t[:, None]).squeeze(-1) - e * logp.mean(-1)).mean()
     assert total.item() == pytest.approx(want.item(), rel=1e-6)
     assert total.item() == pytest.approx(
-        F.cross_entropy(logits[valid], t, label_smoothing=e).item(), rel=1e-6)
+        F.cross_entropy(logits[valid], t, label_smoothing=e).item(), rel=1e-6
+    )
     assert ce.item() == pytest.approx(F.cross_entropy(logits[valid], t).item(), rel=1e-6)
     assert z.item() == 0.0
     with_z, _, zz = lm_loss(logits, targets, valid, 1e-4, label_smoothing=e)
@@ -242,8 +257,7 @@ def test_label_smoothing_zero_is_bit_identical():
 
 def test_label_smoothing_changes_the_training_loss_only(train_dataset, tmp_path):
     assert train(train_dataset, tmp_path / "a", steps=1, eval_every=1) == 0
-    assert train(train_dataset, tmp_path / "b", steps=1, eval_every=1,
-                 label_smoothing=0.2) == 0
+    assert train(train_dataset, tmp_path / "b", steps=1, eval_every=1, label_smoothing=0.2) == 0
     a, b = (read(tmp_path / r / "metrics.jsonl") for r in "ab")
     ta, tb = (next(r for r in recs if r.get("kind") == "train") for recs in (a, b))
     assert ta["ce"] == tb["ce"]  # the same weights at step 0: the plain CE is the same
@@ -256,8 +270,12 @@ def test_early_stopping_ends_the_run_with_exit_0_and_says_why(train_dataset, tmp
     """min_delta 10 nats: no evaluation after the first can count as an improvement, so
     with patience 2 and an evaluation every 2 steps the run stops at step 6 of 30."""
     run = tmp_path / "run"
-    over = {"steps": 30, "eval_every": 2, "checkpoint": {"every": 10},
-            "early_stopping": {"patience": 2, "min_delta": 10.0}}
+    over = {
+        "steps": 30,
+        "eval_every": 2,
+        "checkpoint": {"every": 10},
+        "early_stopping": {"patience": 2, "min_delta": 10.0},
+    }
     assert train(train_dataset, run, **over) == 0
     recs = read(run / "metrics.jsonl")
     assert max(r["step"] for r in recs if r.get("kind") == "train") == 6
@@ -296,8 +314,7 @@ def test_ema_follows_the_lerp_after_each_step(train_dataset, tmp_path):
         for _ in range(3):
             out = t.train_step()
             assert out.decision is not None and out.decision.action == "ok"
-            want = [w + (1 - decay) * (p.detach() - w) for w, p in zip(want, params,
-                                                                       strict=True)]
+            want = [w + (1 - decay) * (p.detach() - w) for w, p in zip(want, params, strict=True)]
             t.state.step += 1
             t.state.samples_seen += out.samples
         for e, w in zip(ema.shadow, want, strict=True):
@@ -325,8 +342,9 @@ def test_ema_is_evaluated_checkpointed_and_resumed_exactly(train_dataset, tmp_pa
     assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
     evals = [r for r in read(tmp_path / "b" / "metrics.jsonl") if r.get("kind") == "eval"]
     assert [r["step"] for r in evals] == [3, 6]
-    assert all(math.isfinite(r["ema_val_loss"]) and r["ema_val_loss"] != r["val_loss"]
-               for r in evals)
+    assert all(
+        math.isfinite(r["ema_val_loss"]) and r["ema_val_loss"] != r["val_loss"] for r in evals
+    )
     # Off by default: no EMA in the checkpoint or the log.
     assert train(train_dataset, tmp_path / "c", steps=3) == 0
     assert "ema" not in ckpt.load(tmp_path / "c" / "checkpoints", 3)

@@ -43,8 +43,11 @@ def ids(b: int = 4, seed: int = 1) -> torch.Tensor:
 
 
 def _std(m: GPT, *suffixes: str) -> float:
-    return torch.cat([p.flatten() for n, p in m.named_parameters()
-                      if n.endswith(suffixes)]).std().item()
+    return (
+        torch.cat([p.flatten() for n, p in m.named_parameters() if n.endswith(suffixes)])
+        .std()
+        .item()
+    )
 
 
 # ---------------------------------------------------------------- init
@@ -70,8 +73,10 @@ def _old_init(m: GPT) -> None:
                     nn.init.zeros_(module.bias)
 
 
-@pytest.mark.parametrize("over", [{}, {"mup_base_d_model": 16, "bias": True,
-                                       "norm": "layernorm", "tie_embeddings": False}])
+@pytest.mark.parametrize(
+    "over",
+    [{}, {"mup_base_d_model": 16, "bias": True, "norm": "layernorm", "tie_embeddings": False}],
+)
 def test_default_init_is_the_old_scaled_init_bit_for_bit(over):
     new, old = gpt(**over), gpt(**over)
     assert new.cfg.init == "scaled"
@@ -89,7 +94,8 @@ def test_small_init_stds_and_their_mup_form():
     small = math.sqrt(2 / (5 * d))
     assert _std(m, "attn.w_q.weight", "mlp.w_up.weight") == pytest.approx(small, rel=0.03)
     assert _std(m, "attn.w_o.weight", "mlp.w_down.weight") == pytest.approx(
-        2 / (L * math.sqrt(d)), rel=0.03)
+        2 / (L * math.sqrt(d)), rel=0.03
+    )
     assert m.wte.weight.std().item() == pytest.approx(small, rel=0.05)
     # muP: d is the base width; hidden matrices then carry muP's 1/sqrt(width_mult), which
     # lands on the same hidden stds, while the embedding keeps the base width's.
@@ -103,17 +109,18 @@ def test_small_init_stds_and_their_mup_form():
 
 def test_tfixup_init_is_xavier_with_the_decoder_scales():
     L, d = 6, 192
-    m = gpt(d_model=d, n_layer=L, n_head=4, mlp="gelu", init="tfixup",
-            tie_embeddings=False)
+    m = gpt(d_model=d, n_layer=L, n_head=4, mlp="gelu", init="tfixup", tie_embeddings=False)
     scale = (9 * L) ** -0.25
     xavier_sq = math.sqrt(2 / (d + d))  # Xavier std of a d x d matrix
     xavier_up = math.sqrt(2 / (d + 4 * d))
     assert _std(m, "attn.w_q.weight", "attn.w_k.weight") == pytest.approx(xavier_sq, rel=0.03)
     assert _std(m, "attn.w_v.weight", "attn.w_o.weight") == pytest.approx(
-        xavier_sq * scale, rel=0.03)
+        xavier_sq * scale, rel=0.03
+    )
     assert _std(m, "mlp.w_up.weight", "mlp.w_down.weight") == pytest.approx(
-        xavier_up * scale, rel=0.03)
-    assert m.wte.weight.std().item() == pytest.approx(d ** -0.5 * scale, rel=0.03)
+        xavier_up * scale, rel=0.03
+    )
+    assert m.wte.weight.std().item() == pytest.approx(d**-0.5 * scale, rel=0.03)
     # Uniform, within Xavier's bound (a normal init would overshoot it).
     bound = math.sqrt(6 / (2 * d))
     q = torch.cat([b.attn.w_q.weight.flatten() for b in m.blocks])
@@ -143,11 +150,19 @@ def test_new_model_keys_keep_old_fingerprints_until_used():
     c = parse_train_config({"dataset": "ds"})
     # The fingerprint as it was computed before the new keys existed.
     model = c.model.model_dump(mode="json")
-    for key in ("compile", "activation_checkpointing", "init", "attn_dropout",
-                "resid_dropout", "embd_dropout", "drop_path"):
+    for key in (
+        "compile",
+        "activation_checkpointing",
+        "init",
+        "attn_dropout",
+        "resid_dropout",
+        "embd_dropout",
+        "drop_path",
+    ):
         model.pop(key)
-    blob = json.dumps({"model": model, "optim": {"name": "adamw"}}, sort_keys=True,
-                      separators=(",", ":"))
+    blob = json.dumps(
+        {"model": model, "optim": {"name": "adamw"}}, sort_keys=True, separators=(",", ":")
+    )
     assert c.checkpoint_fingerprint() == hashlib.sha256(blob.encode()).hexdigest()[:16]
     for over in ({"init": "small"}, {"drop_path": 0.1}, {"attn_dropout": 0.1}):
         other = parse_train_config({"dataset": "ds", "model": over})
@@ -183,10 +198,8 @@ def test_each_dropout_site_acts_alone(site):
     m.eval()
     # Embedding and residual dropout zero about half of their outputs; the other sites
     # zero nothing. Attention dropout shows only in the result (it acts on probabilities).
-    assert _zero_fraction(seen["embd"]) == pytest.approx(0.5 if site == "embd" else 0.0,
-                                                         abs=0.08)
-    assert _zero_fraction(seen["resid"]) == pytest.approx(0.5 if site == "resid" else 0.0,
-                                                          abs=0.08)
+    assert _zero_fraction(seen["embd"]) == pytest.approx(0.5 if site == "embd" else 0.0, abs=0.08)
+    assert _zero_fraction(seen["resid"]) == pytest.approx(0.5 if site == "resid" else 0.0, abs=0.08)
     assert not torch.equal(out, m(x))  # training differs from evaluation
     attn_only = gpt(attn_dropout=0.5)
     assert attn_only.blocks[0].attn.dropout == 0.5
@@ -210,24 +223,30 @@ def test_drop_path_rates_grow_linearly_and_act_per_branch():
     # A parallel block: each sample's update is a, m, a + m or nothing, each kept branch
     # scaled by 1 / (1 - rate).
     torch.manual_seed(0)
-    block = Block(ModelConfig(d_model=32, n_layer=2, n_head=4, parallel_block=True),
-                  mup=False, drop_path_rate=0.5)
+    block = Block(
+        ModelConfig(d_model=32, n_layer=2, n_head=4, parallel_block=True),
+        mup=False,
+        drop_path_rate=0.5,
+    )
     x = torch.randn(64, 8, 32)
     h = block.ln_1(x)
     a, f = block.attn(h, None, None), block.mlp(h)
     block.train()
     delta = block(x, None, None) - x
     combos = [torch.zeros_like(a), a / 0.5, f / 0.5, (a + f) / 0.5]
-    which = [[torch.allclose(delta[i], c[i], atol=1e-5) for c in combos].index(True)
-             for i in range(64)]
+    which = [
+        [torch.allclose(delta[i], c[i], atol=1e-5) for c in combos].index(True) for i in range(64)
+    ]
     assert set(which) == {0, 1, 2, 3}
     block.eval()
     assert torch.allclose(block(x, None, None), x + a + f)
 
 
 def test_dropout_and_drop_path_resume_exactly(train_dataset, tmp_path):
-    over = {"model": {"embd_dropout": 0.1, "attn_dropout": 0.2, "drop_path": 0.2},
-            "schedule": {"kind": "constant"}}
+    over = {
+        "model": {"embd_dropout": 0.1, "attn_dropout": 0.2, "drop_path": 0.2},
+        "schedule": {"kind": "constant"},
+    }
     assert train(train_dataset, tmp_path / "a", steps=2, **over) == 0
     assert train(train_dataset, tmp_path / "a", steps=4, **over) == 0
     assert train(train_dataset, tmp_path / "b", steps=4, **over) == 0
@@ -240,8 +259,11 @@ def test_dropout_and_drop_path_resume_exactly(train_dataset, tmp_path):
 def _lrs(m: GPT, c: OptimConfig) -> dict[str, tuple[float, float]]:
     """parameter name -> (initial lr, weight decay) of its group."""
     names = {id(p): n for n, p in m.named_parameters()}
-    return {names[id(p)]: (g["initial_lr"], g["weight_decay"])
-            for g in param_groups(m, c) for p in g["params"]}
+    return {
+        names[id(p)]: (g["initial_lr"], g["weight_decay"])
+        for g in param_groups(m, c)
+        for p in g["params"]
+    }
 
 
 def test_default_groups_are_unchanged():
@@ -267,10 +289,11 @@ def test_layer_decay_from_the_head_down_to_the_embeddings():
 
 def test_param_group_rules_first_match_wins_and_must_match():
     m = gpt()
-    rules = [{"pattern": r"attn\.w_[qk]", "lr_mult": 0.1, "weight_decay": 0.0},
-             {"pattern": r"attn\.", "lr_mult": 2.0}]
-    lrs = _lrs(m, OptimConfig(lr=1.0, weight_decay=0.1, param_groups=rules,
-                              lr_layer_decay=0.5))
+    rules = [
+        {"pattern": r"attn\.w_[qk]", "lr_mult": 0.1, "weight_decay": 0.0},
+        {"pattern": r"attn\.", "lr_mult": 2.0},
+    ]
+    lrs = _lrs(m, OptimConfig(lr=1.0, weight_decay=0.1, param_groups=rules, lr_layer_decay=0.5))
     assert lrs["blocks.0.attn.w_q.weight"] == (0.5 * 0.1, 0.0)
     assert lrs["blocks.1.attn.w_k.weight"] == (pytest.approx(0.1), 0.0)
     assert lrs["blocks.1.attn.w_v.weight"] == (2.0, 0.1)
@@ -278,7 +301,8 @@ def test_param_group_rules_first_match_wins_and_must_match():
     with pytest.raises(ValueError, match=r"optim.param_groups\[1\].pattern 'nope' matches no"):
         param_groups(m, OptimConfig(param_groups=[{"pattern": "wte"}, {"pattern": "nope"}]))
     assert "optim.param_groups[0].pattern: Value error, not a regular expression" in (
-        config_error(optim={"param_groups": [{"pattern": "("}]}))
+        config_error(optim={"param_groups": [{"pattern": "("}]})
+    )
     assert "optim.lr_layer_decay: " in config_error(optim={"lr_layer_decay": 1.5})
 
 
@@ -298,10 +322,18 @@ def test_multipliers_survive_the_schedule_and_the_log_shows_the_schedule():
 def test_a_rule_scales_the_update_it_names(train_dataset, tmp_path):
     """One step with the embedding's lr cut 1000x moves it about 1000x less (AdamW's step
     is proportional to the lr; embeddings carry no weight decay)."""
+
     def wte_change(run: str, **over: Any) -> torch.Tensor:
-        t = Trainer(parse_train_config(train_config(
-            train_dataset, tmp_path / run, schedule={"kind": "constant", "warmup_steps": 0},
-            **over)))
+        t = Trainer(
+            parse_train_config(
+                train_config(
+                    train_dataset,
+                    tmp_path / run,
+                    schedule={"kind": "constant", "warmup_steps": 0},
+                    **over,
+                )
+            )
+        )
         try:
             before = t.model.wte.weight.detach().clone()
             t.train_step()
@@ -317,8 +349,9 @@ def test_a_rule_scales_the_update_it_names(train_dataset, tmp_path):
 
 
 def test_layer_wise_lrs_resume_exactly(train_dataset, tmp_path):
-    over = {"optim": {"lr_layer_decay": 0.7,
-                      "param_groups": [{"pattern": r"\.mlp\.", "lr_mult": 0.5}]}}
+    over = {
+        "optim": {"lr_layer_decay": 0.7, "param_groups": [{"pattern": r"\.mlp\.", "lr_mult": 0.5}]}
+    }
     assert train(train_dataset, tmp_path / "a", steps=3, **over) == 0
     assert train(train_dataset, tmp_path / "a", steps=6, **over) == 0
     assert train(train_dataset, tmp_path / "b", steps=6, **over) == 0
@@ -349,17 +382,25 @@ def test_init_from_takes_the_weights_with_a_fresh_optimizer(train_dataset, tmp_p
     assert _same_weights(a3, b0) and not _same_weights(a0, b0)
     assert b0["optimizer"]["state"] == {} and b0["trainer"]["step"] == 0
     assert [e["checkpoint"] for e in _events(b, "init_from")] == [
-        str(a / "checkpoints" / ckpt.step_name(3))]
+        str(a / "checkpoints" / ckpt.step_name(3))
+    ]
     lrs = [r["lr"] for r in read(b / "metrics.jsonl") if r.get("kind") == "train"]
     assert lrs[0] == 1e-3 / 2  # the schedule starts again at warmup's first step
     # Shapes are checked: one line naming the first parameter that does not fit.
     capsys.readouterr()
-    assert train(train_dataset, tmp_path / "c", init_from=str(a / "checkpoints"),
-                 model={"d_model": 64}) == 1
+    assert (
+        train(
+            train_dataset, tmp_path / "c", init_from=str(a / "checkpoints"), model={"d_model": 64}
+        )
+        == 1
+    )
     errors = [x for x in capsys.readouterr().err.splitlines() if x.startswith("error:")]
     assert len(errors) == 1
-    assert re.search(r"init_from .*step-0+3: parameter wte\.weight has shape \[\d+, 32\] "
-                     r"there, \[\d+, 64\] here$", errors[0]), errors[0]
+    assert re.search(
+        r"init_from .*step-0+3: parameter wte\.weight has shape \[\d+, 32\] "
+        r"there, \[\d+, 64\] here$",
+        errors[0],
+    ), errors[0]
     assert train(train_dataset, tmp_path / "d", init_from=str(tmp_path / "none")) == 1
     assert "init_from: " in capsys.readouterr().err
 
@@ -387,10 +428,12 @@ def test_lr_override_and_optimizer_switch_on_resume(train_dataset, tmp_path):
     assert lrs == [1e-3] * 3 + [5e-4] * 4
     for run in (a, b):
         assert [(e["step"], e["from"], e["to"]) for e in _events(run, "optimizer_switch")] == [
-            (3, "adamw", "muon")]
+            (3, "adamw", "muon")
+        ]
         assert [(e["step"], e["lr"]) for e in _events(run, "lr_override")] == [(3, 5e-4)]
     assert "resume_overrides.optimizer: Input should be" in config_error(
-        resume_overrides={"optimizer": "sgd"})
+        resume_overrides={"optimizer": "sgd"}
+    )
 
 
 # ---------------------------------------------------------------- layer statistics
@@ -410,22 +453,37 @@ def test_stats_cost_no_hooks_or_reads_when_off_and_one_read_when_on(train_datase
 
 
 def test_stats_values_are_what_they_say(train_dataset, tmp_path):
-    t = Trainer(parse_train_config(train_config(train_dataset, tmp_path, stats_every=1,
-                                                optim={"grad_clip": None},
-                                                model={"position": "learned"})))
+    t = Trainer(
+        parse_train_config(
+            train_config(
+                train_dataset,
+                tmp_path,
+                stats_every=1,
+                optim={"grad_clip": None},
+                model={"position": "learned"},
+            )
+        )
+    )
     blocks = list(t.model.blocks)
     acts: dict[int, torch.Tensor] = {}
     attn_in: dict[int, tuple[Any, ...]] = {}
+
     def keep(store: dict[int, Any], i: int, value: Any) -> None:  # None: output unchanged
         store.setdefault(i, value)
 
     for i, b in enumerate(blocks):
         b.register_forward_hook(lambda m, a, out, i=i: keep(acts, i, out.detach()))
-        b.attn.register_forward_hook(lambda m, a, out, i=i: keep(
-            attn_in, i, (*a, m.w_q.weight.detach().clone(), m.w_k.weight.detach().clone())))
+        b.attn.register_forward_hook(
+            lambda m, a, out, i=i: keep(
+                attn_in, i, (*a, m.w_q.weight.detach().clone(), m.w_k.weight.detach().clone())
+            )
+        )
     grads: dict[int, list[torch.Tensor]] = {}
-    t.optimizer.register_step_pre_hook(lambda opt, a, k: grads.update(
-        {i: [p.grad.clone() for p in b.parameters()] for i, b in enumerate(blocks)}))
+    t.optimizer.register_step_pre_hook(
+        lambda opt, a, k: grads.update(
+            {i: [p.grad.clone() for p in b.parameters()] for i, b in enumerate(blocks)}
+        )
+    )
     before = [[p.detach().clone() for p in b.parameters()] for b in blocks]
     try:
         out = t.train_step()
@@ -433,16 +491,16 @@ def test_stats_values_are_what_they_say(train_dataset, tmp_path):
         t.loader.close()
         t.ckpts.close()
     st = out.extras.get("layer_stats")
-    assert st is not None and set(st) == {"act_rms", "grad_rms", "attn_logit_max",
-                                          "update_ratio"}
+    assert st is not None and set(st) == {"act_rms", "grad_rms", "attn_logit_max", "update_ratio"}
     for i, b in enumerate(blocks):
         assert st["act_rms"][i] == pytest.approx(acts[i].pow(2).mean().sqrt().item(), rel=1e-5)
         g = torch.cat([x.flatten() for x in grads[i]])
         assert st["grad_rms"][i] == pytest.approx(g.pow(2).mean().sqrt().item(), rel=1e-5)
         w0 = torch.cat([x.flatten() for x in before[i]])
         w1 = torch.cat([p.detach().flatten() for p in b.parameters()])
-        assert st["update_ratio"][i] == pytest.approx(((w1 - w0).norm() / w0.norm()).item(),
-                                                      rel=1e-4)
+        assert st["update_ratio"][i] == pytest.approx(
+            ((w1 - w0).norm() / w0.norm()).item(), rel=1e-4
+        )
         # Brute force over the allowed (query, key) pairs, head by head.
         x, _, mask, w_q, w_k = attn_in[i]  # the weights of the forward, before the step
         q = (x.detach() @ w_q.T).view(*x.shape[:2], 2, -1)
@@ -459,20 +517,20 @@ def test_stats_values_are_what_they_say(train_dataset, tmp_path):
 
 
 def test_attention_logit_guard_warns_and_stats_are_logged(train_dataset, tmp_path):
-    assert train(train_dataset, tmp_path / "a", steps=4, stats_every=2,
-                 max_attn_logit=1e-6) == 0
+    assert train(train_dataset, tmp_path / "a", steps=4, stats_every=2, max_attn_logit=1e-6) == 0
     recs = read(tmp_path / "a" / "metrics.jsonl")
     assert [r["step"] for r in recs if r.get("kind") == "stats"] == [2, 4]
     warnings = [r for r in recs if r.get("event") == "attn_logit_warning"]
     assert [w["step"] for w in warnings] == [2, 4]
     assert all(w["attn_logit_max"] > 1e-6 and w["limit"] == 1e-6 for w in warnings)
-    assert train(train_dataset, tmp_path / "b", steps=4, stats_every=2,
-                 max_attn_logit=1e6) == 0
-    assert not any(r.get("event") == "attn_logit_warning"
-                   for r in read(tmp_path / "b" / "metrics.jsonl"))
+    assert train(train_dataset, tmp_path / "b", steps=4, stats_every=2, max_attn_logit=1e6) == 0
+    assert not any(
+        r.get("event") == "attn_logit_warning" for r in read(tmp_path / "b" / "metrics.jsonl")
+    )
     assert "max_attn_logit needs stats_every" in config_error(max_attn_logit=10.0)
     assert "stats_every cannot be combined with model.compile" in config_error(
-        stats_every=5, model={"compile": True})
+        stats_every=5, model={"compile": True}
+    )
 
 
 # ---------------------------------------------------------------- gradient noise scale
@@ -480,8 +538,9 @@ def test_noise_scale_estimator_recovers_b_noise():
     # From the expected norms, E|G_B|^2 = |G|^2 + S / B, the estimate is exact.
     ns = NoiseScale(beta=0.5)
     for b_small, b_big in ((4, 8), (4, 16), (2, 32)):
-        assert ns.observe(2.0 + 30.0 / b_small, 2.0 + 30.0 / b_big, b_small,
-                          b_big) == pytest.approx(15.0)
+        assert ns.observe(
+            2.0 + 30.0 / b_small, 2.0 + 30.0 / b_big, b_small, b_big
+        ) == pytest.approx(15.0)
     assert ns.g2 == pytest.approx(2.0) and ns.s == pytest.approx(30.0)
     assert ns.observe(float("nan"), 1.0, 4, 8) == pytest.approx(15.0)  # ignored
     # From sampled gradients: per-sample g = G + noise with covariance sigma^2 I in D dims,
@@ -507,8 +566,12 @@ def test_noise_scale_adds_no_host_read(train_dataset, tmp_path):
 
 
 def test_noise_scale_controller_logs_raises_and_resumes_exactly(train_dataset, tmp_path):
-    over = {"accum_steps": 2, "micro_batch": 1, "schedule": {"kind": "constant"},
-            "noise_scale": {"every": 1, "max_accum": 5, "ema_beta": 0.5, "target": 3.0}}
+    over = {
+        "accum_steps": 2,
+        "micro_batch": 1,
+        "schedule": {"kind": "constant"},
+        "noise_scale": {"every": 1, "max_accum": 5, "ema_beta": 0.5, "target": 3.0},
+    }
     a, b = tmp_path / "a", tmp_path / "b"
     assert train(train_dataset, a, steps=3, **over) == 0
     assert train(train_dataset, a, steps=6, **over) == 0
@@ -530,11 +593,11 @@ def test_noise_scale_controller_logs_raises_and_resumes_exactly(train_dataset, t
     assert [r["accum"] for r in recs if r.get("kind") == "train"] == want
     assert raises and all(2 < v <= 5 for v in raises.values())
     assert list(raises.values()) == sorted(raises.values())
-    assert [r.get("accum") for r in read(a / "metrics.jsonl")
-            if r.get("kind") == "train"] == want
+    assert [r.get("accum") for r in read(a / "metrics.jsonl") if r.get("kind") == "train"] == want
     assert "noise_scale needs accum_steps >= 2" in config_error(noise_scale={})
     assert "noise_scale.max_accum (2) is below accum_steps (4)" in config_error(
-        accum_steps=4, noise_scale={"max_accum": 2})
+        accum_steps=4, noise_scale={"max_accum": 2}
+    )
 
 
 def test_resuming_with_other_param_groups_is_one_clear_line(train_dataset, tmp_path, capsys):
@@ -551,9 +614,21 @@ def test_batch_ramp_by_tokens_follows_the_tokens_trained(train_dataset, tmp_path
     """accum ramps from 1 to 4 over the first 3,000 tokens: each step's accumulation is the
     ramp's value at the tokens seen before it (as logged), not at its step number."""
     run = tmp_path / "run"
-    assert train(train_dataset, run, steps=12, accum_steps=4, log_every=1,
-                 schedule={"kind": "constant", "batch_warmup_start_accum": 1,
-                           "batch_warmup_tokens": 3000}) == 0
+    assert (
+        train(
+            train_dataset,
+            run,
+            steps=12,
+            accum_steps=4,
+            log_every=1,
+            schedule={
+                "kind": "constant",
+                "batch_warmup_start_accum": 1,
+                "batch_warmup_tokens": 3000,
+            },
+        )
+        == 0
+    )
     recs = [r for r in read(run / "metrics.jsonl") if r.get("kind") == "train"]
     seen = 0
     accums = []
@@ -562,6 +637,10 @@ def test_batch_ramp_by_tokens_follows_the_tokens_trained(train_dataset, tmp_path
         assert r["accum"] == min(4, 1 + 3 * seen // 3000), (r, seen)
         seen = r["tokens_seen"]
     assert accums[0] == 1 and accums[-1] == 4 and len(set(accums)) >= 3
-    assert "not both" in config_error(schedule={"batch_warmup_start_accum": 1,
-                                                "batch_warmup_steps": 5,
-                                                "batch_warmup_tokens": 100})
+    assert "not both" in config_error(
+        schedule={
+            "batch_warmup_start_accum": 1,
+            "batch_warmup_steps": 5,
+            "batch_warmup_tokens": 100,
+        }
+    )

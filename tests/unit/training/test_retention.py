@@ -26,7 +26,13 @@ def test_keep_every_milestones_survive() -> None:
 def test_protected_steps_survive() -> None:
     # `latest` named an older step (after a rollback) and step 0 is the last resort.
     assert to_delete(range(0, 10), keep_last=2, keep_every=None, protect={0, 4}) == [
-        1, 2, 3, 5, 6, 7]
+        1,
+        2,
+        3,
+        5,
+        6,
+        7,
+    ]
     # A protected step that is not a complete checkpoint is never deleted either.
     assert to_delete([1, 2], keep_last=1, keep_every=None, protect={7}, partial=[7]) == [1]
 
@@ -34,11 +40,15 @@ def test_protected_steps_survive() -> None:
 def test_partial_debris_older_than_the_newest_kept_goes() -> None:
     # Remote: partial step dirs older than the newest kept step are failed uploads; a newer
     # one may be another writer's upload in progress.
-    assert to_delete([4, 8, 9], keep_last=2, keep_every=None, partial=[0, 5, 99],
-                     uploaded=9) == [0, 4, 5]
+    assert to_delete([4, 8, 9], keep_last=2, keep_every=None, partial=[0, 5, 99], uploaded=9) == [
+        0,
+        4,
+        5,
+    ]
     # The step just uploaded counts as "newest" even if it was not kept.
-    assert to_delete([9, 20, 21], keep_last=2, keep_every=None, protect={9}, partial=[30],
-                     uploaded=35) == [30]
+    assert to_delete(
+        [9, 20, 21], keep_last=2, keep_every=None, protect={9}, partial=[30], uploaded=35
+    ) == [30]
     # Nothing kept and no upload: no reference point, so no partial dir is called debris.
     assert to_delete([], keep_last=1, keep_every=None, partial=[1, 2]) == []
 

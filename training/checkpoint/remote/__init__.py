@@ -80,14 +80,24 @@ class RemoteCheckpoints:
         self._remote = RemoteStore(uri, options, retries, backoff_s, log)
         self.uri = self._remote.uri
         # Where the store answers, for error messages (scrubbed when used).
-        self.endpoint = (options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
-                         or os.environ.get("AWS_ENDPOINT_URL")
-                         or ("AWS S3" if self.uri.startswith("s3://") else "a local directory"))
+        self.endpoint = (
+            options.endpoint_url
+            or os.environ.get("AWS_ENDPOINT_URL_S3")
+            or os.environ.get("AWS_ENDPOINT_URL")
+            or ("AWS S3" if self.uri.startswith("s3://") else "a local directory")
+        )
         # One condition guards the queue, the counters and the status fields.
         cond = threading.Condition()
         self._latest = LatestPolicy(self._remote, cond)
-        self._uploader = Uploader(self._remote, self._latest, cond, keep_last, keep_every,
-                                  max_consecutive_failures, skip_superseded)
+        self._uploader = Uploader(
+            self._remote,
+            self._latest,
+            cond,
+            keep_last,
+            keep_every,
+            max_consecutive_failures,
+            skip_superseded,
+        )
 
     @property
     def keep_last(self) -> int:
@@ -137,11 +147,14 @@ class RemoteCheckpoints:
         superseding a stalled one). A slow store that keeps up within the bound passes."""
         waited, _, _ = self._uploader.behind()
         if waited > max_s:
-            raise RemoteCheckpointError(self._remote.scrub(
-                f"no checkpoint has reached {self.uri} for {waited / 60:.1f} min (endpoint "
-                f"{self.endpoint}; the newest there is {self._newest()}; "
-                f"checkpoint.remote_max_lag_minutes is {max_s / 60:g}). Local checkpoints are "
-                "intact: when the store is back, a restart resumes and uploads them"))
+            raise RemoteCheckpointError(
+                self._remote.scrub(
+                    f"no checkpoint has reached {self.uri} for {waited / 60:.1f} min (endpoint "
+                    f"{self.endpoint}; the newest there is {self._newest()}; "
+                    f"checkpoint.remote_max_lag_minutes is {max_s / 60:g}). Local checkpoints are "
+                    "intact: when the store is back, a restart resumes and uploads them"
+                )
+            )
 
     def ensure_last_uploaded(self) -> None:
         """After wait(): RemoteCheckpointError unless the last checkpoint submitted (the
@@ -150,16 +163,18 @@ class RemoteCheckpoints:
         _, last, submitted = self._uploader.behind()
         if submitted is not None and last != submitted:
             error = self.status.get("last_error")
-            raise RemoteCheckpointError(self._remote.scrub(
-                f"the final checkpoint {step_name(submitted)} did not reach {self.uri} "
-                f"(endpoint {self.endpoint}; the newest there is {self._newest()}"
-                f"{f'; last error: {error}' if error else ''}). It is intact on local disk: "
-                "a restart when the store is back uploads it"))
+            raise RemoteCheckpointError(
+                self._remote.scrub(
+                    f"the final checkpoint {step_name(submitted)} did not reach {self.uri} "
+                    f"(endpoint {self.endpoint}; the newest there is {self._newest()}"
+                    f"{f'; last error: {error}' if error else ''}). It is intact on local disk: "
+                    "a restart when the store is back uploads it"
+                )
+            )
 
     def _newest(self) -> str:
         _, last, _ = self._uploader.behind()
-        newest = max((s for s in (self._latest.published, last) if s is not None),
-                     default=None)
+        newest = max((s for s in (self._latest.published, last) if s is not None), default=None)
         return step_name(newest) if newest is not None else "none from this run"
 
     def close(self, drain: bool = True) -> None:
@@ -187,8 +202,9 @@ class RemoteCheckpoints:
         (see `training.checkpoint.remote.claim`). RemoteOwnershipError if it is not."""
         _claim.claim(self._remote, run_name, fingerprint)
         # Checked again after every upload: a store that lost RUN.json gets it back.
-        self._uploader.reclaim = lambda: _claim.claim(self._remote, run_name, fingerprint,
-                                                      renew=True)
+        self._uploader.reclaim = lambda: _claim.claim(
+            self._remote, run_name, fingerprint, renew=True
+        )
 
     # -- restores (restore) ----------------------------------------------------------------
 

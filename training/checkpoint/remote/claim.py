@@ -43,19 +43,28 @@ def claim(remote: RemoteStore, run_name: str, fingerprint: str, renew: bool = Fa
     each upload, so a record the store lost is written again (and a prefix another run
     claimed meanwhile stops the uploads)."""
     uri = remote.uri
-    fix = ("give this run its own prefix (another run_dir or checkpoint.run_name) or "
-           f"delete {uri} to start it over")
+    fix = (
+        "give this run its own prefix (another run_dir or checkpoint.run_name) or "
+        f"delete {uri} to start it over"
+    )
     data = remote.retry(f"read {uri}/{RUN_RECORD}", lambda: remote.get_or_none(RUN_RECORD))
     if data is None:
         if renew:
-            remote.log(f"remote checkpoint: WARNING {uri}/{RUN_RECORD} is gone (the store "
-                       f"lost data?); writing it again for run {run_name!r}")
+            remote.log(
+                f"remote checkpoint: WARNING {uri}/{RUN_RECORD} is gone (the store "
+                f"lost data?); writing it again for run {run_name!r}"
+            )
         elif (keys := remote.list_keys()) and (group_steps(keys) or LATEST in keys):
-            remote.log(f"remote checkpoint: WARNING {uri} holds checkpoints but no "
-                       f"{RUN_RECORD} (written by an older Ballast); adopting them as run "
-                       f"{run_name!r} (config fingerprint {fingerprint})")
-        record = {"run_name": run_name, "config_fingerprint": fingerprint,
-                  "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            remote.log(
+                f"remote checkpoint: WARNING {uri} holds checkpoints but no "
+                f"{RUN_RECORD} (written by an older Ballast); adopting them as run "
+                f"{run_name!r} (config fingerprint {fingerprint})"
+            )
+        record = {
+            "run_name": run_name,
+            "config_fingerprint": fingerprint,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
         body = (json.dumps(record, indent=2) + "\n").encode()
         # A conditional create, so of racing claimants exactly one writes the record. Its
         # body is then checked below like any record read from storage, as before (a run
@@ -64,38 +73,52 @@ def claim(remote: RemoteStore, run_name: str, fingerprint: str, renew: bool = Fa
         # the same run (e.g. a retried write whose first attempt did land) goes on and
         # another run is refused with the usual message. A record deleted between the two
         # calls is a storage fault, as before.
-        if remote.retry(f"write {uri}/{RUN_RECORD}",
-                        lambda: remote.store.put_if_absent(RUN_RECORD, body)):
+        if remote.retry(
+            f"write {uri}/{RUN_RECORD}", lambda: remote.store.put_if_absent(RUN_RECORD, body)
+        ):
             data = body
         else:
-            data = remote.retry(f"read {uri}/{RUN_RECORD}",
-                                lambda: remote.get_or_none(RUN_RECORD))
+            data = remote.retry(f"read {uri}/{RUN_RECORD}", lambda: remote.get_or_none(RUN_RECORD))
             if data is None:
                 raise StorageError(f"{uri}/{RUN_RECORD} vanished right after its write")
     try:
         owner = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError):
         owner = None
-    if (not isinstance(owner, dict)
-            or not isinstance(owner.get("run_name"), str)
-            or not _RECORD_NAME.fullmatch(owner["run_name"])
-            or not isinstance(owner.get("config_fingerprint"), str)
-            or not _RECORD_FINGERPRINT.fullmatch(owner["config_fingerprint"])):
-        raise RemoteOwnershipError(remote.scrub(
-            f"{uri}/{RUN_RECORD} is not a valid ownership record, so which run "
-            f"{uri} belongs to is unknown; not resuming from, uploading to or pruning "
-            f"it (this run: {run_name!r}, config fingerprint {fingerprint}): {fix}"))
+    if (
+        not isinstance(owner, dict)
+        or not isinstance(owner.get("run_name"), str)
+        or not _RECORD_NAME.fullmatch(owner["run_name"])
+        or not isinstance(owner.get("config_fingerprint"), str)
+        or not _RECORD_FINGERPRINT.fullmatch(owner["config_fingerprint"])
+    ):
+        raise RemoteOwnershipError(
+            remote.scrub(
+                f"{uri}/{RUN_RECORD} is not a valid ownership record, so which run "
+                f"{uri} belongs to is unknown; not resuming from, uploading to or pruning "
+                f"it (this run: {run_name!r}, config fingerprint {fingerprint}): {fix}"
+            )
+        )
     other, other_fp = owner["run_name"], owner["config_fingerprint"]
     if (other, other_fp) != (run_name, fingerprint):
         changed = " (the model or optimizer changed)" if other == run_name else ""
-        raise RemoteOwnershipError(remote.scrub(
-            f"{uri} belongs to run {other!r} (config fingerprint {other_fp}), not to "
-            f"this run {run_name!r} (config fingerprint {fingerprint}){changed}; not "
-            f"resuming from, uploading to or pruning it: {fix}"))
+        raise RemoteOwnershipError(
+            remote.scrub(
+                f"{uri} belongs to run {other!r} (config fingerprint {other_fp}), not to "
+                f"this run {run_name!r} (config fingerprint {fingerprint}){changed}; not "
+                f"resuming from, uploading to or pruning it: {fix}"
+            )
+        )
 
 
-def claim_everywhere(remote: Any, configured: bool, run_name: str, fingerprint: str,
-                     world: World, device: torch.device) -> None:
+def claim_everywhere(
+    remote: Any,
+    configured: bool,
+    run_name: str,
+    fingerprint: str,
+    world: World,
+    device: torch.device,
+) -> None:
     """The claim as a distributed run makes it: rank 0 (the one holding `remote`, a
     RemoteCheckpoints) claims; every rank raises the same RemoteOwnershipError (exit 1, bad
     input). `configured`: the run has a remote at all (then every rank joins the

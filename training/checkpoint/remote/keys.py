@@ -16,8 +16,7 @@ import re
 
 from training.checkpoint.format import LATEST, META, step_name
 
-__all__ = ["LATEST", "META", "RUN_RECORD", "group_steps", "latest_body", "parse_latest",
-           "step_key"]
+__all__ = ["LATEST", "META", "RUN_RECORD", "group_steps", "latest_body", "parse_latest", "step_key"]
 
 RUN_RECORD = "RUN.json"  # the ownership record of a run's remote prefix
 # The one step-directory pattern of the remote side: the key prefix of a step's files and

@@ -109,7 +109,8 @@ class LatestPolicy:
         newer = sorted(s for s in by_step if s > step)
         for s in newer:
             r.delete_step(s, by_step[s])
-        r.log(f"remote checkpoint: rewound {LATEST} to {step_name(step)}"
-              + (f"; deleted abandoned {', '.join(step_name(s) for s in newer)}"
-                 if newer else ""))
+        r.log(
+            f"remote checkpoint: rewound {LATEST} to {step_name(step)}"
+            + (f"; deleted abandoned {', '.join(step_name(s) for s in newer)}" if newer else "")
+        )
         return True

@@ -74,8 +74,9 @@ def restore_at_most(remote: RemoteStore, local_root: Path, max_step: int) -> int
     return _restore_first(remote, candidates, by_step, local_root)
 
 
-def _restore_first(remote: RemoteStore, candidates: list[int], by_step: dict[int, set[str]],
-                   local_root: Path) -> int | None:
+def _restore_first(
+    remote: RemoteStore, candidates: list[int], by_step: dict[int, set[str]], local_root: Path
+) -> int | None:
     """Restore the first of `candidates` (newest first) that is complete and verifies;
     each partial or corrupt one is skipped with a warning. Its step, or None."""
     for step in candidates:

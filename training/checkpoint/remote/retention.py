@@ -13,15 +13,18 @@ from training.checkpoint.remote.storage import RemoteStore
 from training.checkpoint.retention import to_delete
 
 
-def retain(remote: RemoteStore, keep_last: int, keep_every: int | None,
-           just_uploaded: int) -> None:
+def retain(remote: RemoteStore, keep_last: int, keep_every: int | None, just_uploaded: int) -> None:
     by_step = group_steps(remote.list_keys())
     complete = [s for s, names in by_step.items() if META in names]
     latest = read_latest(remote, warn=False)
-    doomed = to_delete(complete, keep_last, keep_every,
-                       () if latest is None else (latest,),
-                       partial=[s for s in by_step if s not in complete],
-                       uploaded=just_uploaded)
+    doomed = to_delete(
+        complete,
+        keep_last,
+        keep_every,
+        () if latest is None else (latest,),
+        partial=[s for s in by_step if s not in complete],
+        uploaded=just_uploaded,
+    )
     for s in doomed:
         remote.delete_step(s, by_step[s])
     if doomed:

@@ -30,8 +30,14 @@ _MAX_BACKOFF_S = 60.0
 class RemoteStore:
     """The store under `uri`, with retries, the stop switch and scrubbed logging."""
 
-    def __init__(self, uri: str, options: StorageOptions, retries: int, backoff_s: float,
-                 log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        uri: str,
+        options: StorageOptions,
+        retries: int,
+        backoff_s: float,
+        log: Callable[[str], None],
+    ) -> None:
         self.store: Store = open_store(uri, options)
         self.uri = self.store.uri
         self.retries = retries
@@ -64,10 +70,16 @@ class RemoteStore:
             return isinstance(e, BucketMissing) or fatal(e)  # no retry fixes a wrong URI
 
         try:
-            return retry(fn, attempts=self.retries + 1, base_s=self.backoff_s,
-                         max_s=_MAX_BACKOFF_S, retry_on=(StorageError, OSError),
-                         fatal=fatal_or_no_bucket,
-                         on_retry=on_retry, sleep=self.stop.wait)
+            return retry(
+                fn,
+                attempts=self.retries + 1,
+                base_s=self.backoff_s,
+                max_s=_MAX_BACKOFF_S,
+                retry_on=(StorageError, OSError),
+                fatal=fatal_or_no_bucket,
+                on_retry=on_retry,
+                sleep=self.stop.wait,
+            )
         except (StorageError, OSError) as exc:
             if self.stop.is_set():
                 raise Aborted(what) from None

@@ -67,9 +67,16 @@ class Uploader:
     """The upload queue of one RemoteCheckpoints. `cond` guards the queue, the counters and
     the status fields (and `latest.published`)."""
 
-    def __init__(self, remote: RemoteStore, latest: LatestPolicy, cond: threading.Condition,
-                 keep_last: int, keep_every: int | None, max_consecutive_failures: int,
-                 skip_superseded: bool) -> None:
+    def __init__(
+        self,
+        remote: RemoteStore,
+        latest: LatestPolicy,
+        cond: threading.Condition,
+        keep_last: int,
+        keep_every: int | None,
+        max_consecutive_failures: int,
+        skip_superseded: bool,
+    ) -> None:
         self._remote = remote
         self._latest = latest
         self.keep_last = keep_last
@@ -241,8 +248,12 @@ class Uploader:
                 self._in_flight = job.step
                 newer = [j.step for j in self._queue if j is not None and j.step > job.step]
             try:
-                if (newer and self.skip_superseded and not self._milestone(job.step)
-                        and not job.rewind):
+                if (
+                    newer
+                    and self.skip_superseded
+                    and not self._milestone(job.step)
+                    and not job.rewind
+                ):
                     with self._cond:
                         self._skipped.append(job.step)
                     self._remote.log(
@@ -264,8 +275,7 @@ class Uploader:
         with self._cond:
             since = self._behind_since
             last = self._uploaded[-1] if self._uploaded else None
-            return (0.0 if since is None else time.monotonic() - since), last, \
-                self._last_submitted
+            return (0.0 if since is None else time.monotonic() - since), last, self._last_submitted
 
     def _milestone(self, step: int) -> bool:
         return bool(self.keep_every) and step % (self.keep_every or 1) == 0
@@ -276,8 +286,9 @@ class Uploader:
             if job.rewind:
                 self._latest.step_back(job.step)
             total = self._upload(job)
-            published = (self._latest.rewind(job.step) if job.rewind
-                         else self._latest.publish(job.step))
+            published = (
+                self._latest.rewind(job.step) if job.rewind else self._latest.publish(job.step)
+            )
             if self.reclaim is not None:
                 self.reclaim()
         except Aborted:
@@ -340,7 +351,8 @@ class Uploader:
         meta_key = step_key(job.step, META)
         try:
             remote_meta = r.retry(
-                f"read {self.uri}/{meta_key}", lambda: r.get_or_none(meta_key),
+                f"read {self.uri}/{meta_key}",
+                lambda: r.get_or_none(meta_key),
                 fatal=is_integrity,
             )
         except StorageError as exc:

@@ -24,8 +24,10 @@ LABELLED = SHARED / "web_dclm_quality_labels_train.jsonl"
 # Small and fast: the mechanism, not the accuracy, is under test here.
 FAST = ClassifierTrainConfig(dim=16, bucket=20_000, epoch=10, folds=3, holdout=0.25)
 
-_PROSE = ("The committee met on Tuesday to discuss the new budget, and most members agreed "
-          "that the proposal was sensible. It will be published next week.")
+_PROSE = (
+    "The committee met on Tuesday to discuss the new budget, and most members agreed "
+    "that the proposal was sensible. It will be published next week."
+)
 _MENU = "Home | About | Contact\nLogin\nCart (0)\nShop now\nPrivacy | Terms"
 
 
@@ -46,12 +48,13 @@ def labelled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("data") / "labelled.jsonl"
     if LABELLED.exists():
         rows = [json.loads(s) for s in LABELLED.read_text(encoding="utf-8").splitlines()]
-        rows = ([r for r in rows if r["label"] == 1][:24]
-                + [r for r in rows if r["label"] == 0][:24])
+        rows = [r for r in rows if r["label"] == 1][:24] + [r for r in rows if r["label"] == 0][:24]
     else:
         rows = _synthetic()
-    path.write_text("".join(json.dumps({"text": r["text"], "label": r["label"]}) + "\n"
-                            for r in rows), encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({"text": r["text"], "label": r["label"]}) + "\n" for r in rows),
+        encoding="utf-8",
+    )
     return path
 
 
@@ -80,7 +83,8 @@ def test_training_writes_a_loadable_model_and_report(trained: Path) -> None:
 
 
 def test_rule_keeps_and_drops_by_threshold_and_records_the_score(
-        trained: Path, labelled: Path) -> None:
+    trained: Path, labelled: Path
+) -> None:
     texts = [json.loads(s)["text"] for s in labelled.read_text().splitlines()][:10]
     keep_all = parse_rules([{"classifier": {"model": str(trained), "threshold": 0.0}}])
     outcomes = filter_documents(keep_all, texts, [None] * len(texts))
@@ -90,8 +94,7 @@ def test_rule_keeps_and_drops_by_threshold_and_records_the_score(
     cut = sorted(scores)[len(scores) // 2]
     if cut == min(scores):
         pytest.skip("every page scored the same; no threshold splits them")
-    rule = parse_rules([{"classifier": {"model": str(trained), "threshold": cut,
-                                        "key": "q"}}])
+    rule = parse_rules([{"classifier": {"model": str(trained), "threshold": cut, "key": "q"}}])
     for text, s in zip(texts, scores, strict=True):
         o = filter_document(rule, text)
         if s >= cut + 1e-4:
@@ -102,8 +105,9 @@ def test_rule_keeps_and_drops_by_threshold_and_records_the_score(
 
 def test_rule_defaults_to_the_reported_threshold(trained: Path) -> None:
     (rule,) = parse_rules([{"classifier": {"model": str(trained)}}])
-    assert rule.threshold == pytest.approx(json.loads(report_path(trained).read_text())
-                                           ["threshold"])  # type: ignore[attr-defined]
+    assert rule.threshold == pytest.approx(
+        json.loads(report_path(trained).read_text())["threshold"]
+    )  # type: ignore[attr-defined]
 
 
 def test_bad_config_is_one_line_naming_the_key(trained: Path, tmp_path: Path) -> None:
@@ -124,8 +128,7 @@ def test_a_model_that_is_not_fasttext_is_refused_by_the_config_check(tmp_path: P
     for name, body in (("model.bin", b"PK\x03\x04 a zip, not fastText"), ("empty.bin", b"")):
         p = tmp_path / name
         p.write_bytes(body)
-        with pytest.raises(ValueError, match=r"classifier\.model: .*not a fastText model"
-                           ) as e:
+        with pytest.raises(ValueError, match=r"classifier\.model: .*not a fastText model") as e:
             parse_rules([{"classifier": {"model": str(p), "threshold": 0.5}}])
         assert "\n" not in str(e.value)
 
@@ -138,10 +141,21 @@ def test_labels_must_be_zero_or_one(tmp_path: Path) -> None:
 
 
 def test_cli_missing_input_exits_1_with_one_line(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     missing = tmp_path / "nope.jsonl"
-    rc = main(["quality", "train", "--positive", str(missing), "--negative", str(missing),
-               "--out", str(tmp_path / "m.bin")])
+    rc = main(
+        [
+            "quality",
+            "train",
+            "--positive",
+            str(missing),
+            "--negative",
+            str(missing),
+            "--out",
+            str(tmp_path / "m.bin"),
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 1 and len(err.splitlines()) == 1 and "nope.jsonl: no such file" in err
 
@@ -166,12 +180,21 @@ def test_prep_with_the_classifier_rule(trained: Path, labelled: Path, tmp_path: 
 
     threshold = json.loads(report_path(trained).read_text())["threshold"]
     out = tmp_path / "out"
-    run_prep(parse_config({
-        "output": str(out), "workers": 1, "sources": [{"name": "web", "paths": [str(labelled)]}],
-        "dedup": {"exact": False, "near": False},
-        "quality": [{"classifier": {"model": str(trained)}}],
-        "pack": {"seq_len": 256}, "dataset": {"validation_fraction": 0.0},
-    }), until="quality", progress=False)
+    run_prep(
+        parse_config(
+            {
+                "output": str(out),
+                "workers": 1,
+                "sources": [{"name": "web", "paths": [str(labelled)]}],
+                "dedup": {"exact": False, "near": False},
+                "quality": [{"classifier": {"model": str(trained)}}],
+                "pack": {"seq_len": 256},
+                "dataset": {"validation_fraction": 0.0},
+            }
+        ),
+        until="quality",
+        progress=False,
+    )
     report = json.loads((out / "v0001" / "report.json").read_text())
     q = report["stages"]["quality"]["sources"]["web"]
     n = sum(1 for line in labelled.read_text().splitlines() if line.strip())

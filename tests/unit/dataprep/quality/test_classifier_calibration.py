@@ -21,16 +21,26 @@ def _write(path: Path, rows: list[dict[str, object]]) -> Path:
 
 
 def test_extra_positives_train_but_do_not_calibrate(tmp_path):
-    rows = [json.loads(s) for s in shared_file("web_dclm_quality_labels_train.jsonl")
-            .read_text(encoding="utf-8").splitlines()]
-    labelled = _write(tmp_path / "labelled.jsonl",
-                      [r for r in rows if r["label"] == 1][:30]
-                      + [r for r in rows if r["label"] == 0][:30])
-    extra = _write(tmp_path / "extra.jsonl", [
-        {"text": json.loads(s)["text"]} for s in shared_file("web_openwebtext_1k.jsonl")
-        .read_text(encoding="utf-8").splitlines()[:90]])
-    texts, labels, calibrate = load_calibrated(positive=[str(extra)],
-                                               labelled=[str(labelled)])
+    rows = [
+        json.loads(s)
+        for s in shared_file("web_dclm_quality_labels_train.jsonl")
+        .read_text(encoding="utf-8")
+        .splitlines()
+    ]
+    labelled = _write(
+        tmp_path / "labelled.jsonl",
+        [r for r in rows if r["label"] == 1][:30] + [r for r in rows if r["label"] == 0][:30],
+    )
+    extra = _write(
+        tmp_path / "extra.jsonl",
+        [
+            {"text": json.loads(s)["text"]}
+            for s in shared_file("web_openwebtext_1k.jsonl")
+            .read_text(encoding="utf-8")
+            .splitlines()[:90]
+        ],
+    )
+    texts, labels, calibrate = load_calibrated(positive=[str(extra)], labelled=[str(labelled)])
     assert calibrate == [False] * 90 + [True] * 60 and labels[:90] == [1] * 90
 
     report = train(texts, labels, tmp_path / "cal.bin", FAST, calibrate=calibrate)
@@ -39,16 +49,30 @@ def test_extra_positives_train_but_do_not_calibrate(tmp_path):
     assert (held["good"], held["bad"]) == (8, 8)
     # The threshold keeps at least 85% of the labelled good training pages (out of fold).
     assert report["training"]["good"] == 22 and report["training"]["good_kept"] >= 0.85
-    assert report["calibration"] == {"pages": "labelled", "labelled": 60,
-                                     "extra_trained_on": 90}
+    assert report["calibration"] == {"pages": "labelled", "labelled": 60, "extra_trained_on": 90}
     assert "of the good labelled training pages" in report["threshold_rule"]
 
     mixed = train(texts, labels, tmp_path / "mixed.bin", FAST)  # the old calibration
     assert mixed["held_out"]["good"] > 8 and "calibration" not in mixed
 
     # The command line calibrates on the labelled pages when both are given.
-    assert main(["quality", "train", "--positive", str(extra), "--labelled", str(labelled),
-                 "--out", str(tmp_path / "cli.bin"), "--epoch", "10"]) == 0
+    assert (
+        main(
+            [
+                "quality",
+                "train",
+                "--positive",
+                str(extra),
+                "--labelled",
+                str(labelled),
+                "--out",
+                str(tmp_path / "cli.bin"),
+                "--epoch",
+                "10",
+            ]
+        )
+        == 0
+    )
     cli = json.loads((tmp_path / "cli.report.json").read_text())
     assert cli["calibration"]["labelled"] == 60
     assert cli["held_out"]["good"] + cli["held_out"]["bad"] <= 60 // 4 + 2

@@ -99,8 +99,10 @@ def test_min_score_drops_uncertain_documents():
     # a clear sentence clears even a strict threshold; 1.0 keeps only certainty
     clear = SENTENCES["de"][0]
     assert run([{"language": {"keep": ["de"], "min_score": 0.9}}], clear).reason is None
-    assert run([{"language": {"keep": ["de"], "min_score": 1.0}}], clear).reason == \
-        "language:low_score"
+    assert (
+        run([{"language": {"keep": ["de"], "min_score": 1.0}}], clear).reason
+        == "language:low_score"
+    )
 
 
 def test_annotations_survive_edits_by_other_rules():
@@ -112,8 +114,12 @@ def test_annotations_survive_edits_by_other_rules():
 
 
 def test_odd_text_is_identified_not_raised():
-    assert run(["language"], "Ein Satz\ud800 auf Deutsch, mit einem kaputten Zeichen darin."
-               ).annotations["language"] == "de"
+    assert (
+        run(
+            ["language"], "Ein Satz\ud800 auf Deutsch, mit einem kaputten Zeichen darin."
+        ).annotations["language"]
+        == "de"
+    )
     empty = run([{"language": {"keep": ["en"]}}], "")
     assert empty.reason == "language:low_score"  # as datatrove: nothing scores high
 
@@ -124,17 +130,26 @@ def test_language_codes_are_the_models_labels():
     assert len(LANGUAGES) == 176
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    ({"min_score": 1.5, "keep": ["en"]},
-     "quality[0] language.min_score: Input should be less than or equal to 1 (got 1.5)"),
-    ({"min_score": -0.1, "keep": ["en"]}, "quality[0] language.min_score: Input should be "
-     "greater than or equal to 0 (got -0.1)"),
-    ({"keep": ["EN", "english"]}, "quality[0] language.keep: not a lid.176 language code: "
-     "'EN', 'english'"),
-    ({"keep": []}, "quality[0] language.keep: empty list keeps nothing"),
-    ({"min_score": 0.5}, "quality[0] language: min_score is set but keep is not"),
-    ({"keep": ["en"], "threshold": 0.5}, "quality[0] language.threshold: unknown parameter"),
-])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"min_score": 1.5, "keep": ["en"]},
+            "quality[0] language.min_score: Input should be less than or equal to 1 (got 1.5)",
+        ),
+        (
+            {"min_score": -0.1, "keep": ["en"]},
+            "quality[0] language.min_score: Input should be greater than or equal to 0 (got -0.1)",
+        ),
+        (
+            {"keep": ["EN", "english"]},
+            "quality[0] language.keep: not a lid.176 language code: 'EN', 'english'",
+        ),
+        ({"keep": []}, "quality[0] language.keep: empty list keeps nothing"),
+        ({"min_score": 0.5}, "quality[0] language: min_score is set but keep is not"),
+        ({"keep": ["en"], "threshold": 0.5}, "quality[0] language.threshold: unknown parameter"),
+    ],
+)
 def test_config_errors_name_the_key(spec: dict, message: str):
     with pytest.raises(ValueError) as err:
         parse_rules([{"language": spec}])
@@ -151,13 +166,16 @@ def _prep(tmp_path: Path, name: str, rows: list[dict], quality: list[Any]) -> Pa
     data = tmp_path / f"{name}.jsonl"
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     out = tmp_path / f"out-{name}"
-    cfg = parse_config({
-        "output": str(out),
-        "workers": 1,
-        "sources": [{"name": "web", "paths": [str(data)], "id_field": "id",
-                     "quality": quality}],
-        "dedup": {"exact": False, "near": False},
-    })
+    cfg = parse_config(
+        {
+            "output": str(out),
+            "workers": 1,
+            "sources": [
+                {"name": "web", "paths": [str(data)], "id_field": "id", "quality": quality}
+            ],
+            "dedup": {"exact": False, "near": False},
+        }
+    )
     run_prep(cfg, until="quality", progress=False)
     return out
 
@@ -165,16 +183,23 @@ def _prep(tmp_path: Path, name: str, rows: list[dict], quality: list[Any]) -> Pa
 def _metas(out: Path, stage: str) -> dict[str, str]:
     import pyarrow.parquet as pq
 
-    return {r["id"]: r["meta"] for f in sorted(out.rglob(f"docs/{stage}/*.parquet"))
-            for r in pq.read_table(f).to_pylist()}
+    return {
+        r["id"]: r["meta"]
+        for f in sorted(out.rglob(f"docs/{stage}/*.parquet"))
+        for r in pq.read_table(f).to_pylist()
+    }
 
 
 def test_language_in_the_meta_of_a_real_prep_run(tmp_path: Path):
     english = read_jsonl(shared_file("web_openwebtext_1k.jsonl"), limit=6)
-    rows = [{"id": r["id"], "text": r["text"], "url": f"https://example.org/{i}"}
-            for i, r in enumerate(english)]
-    rows += [{"id": f"{lang}-{i}", "text": s, "url": "https://example.org/x"}
-             for i, (lang, s) in enumerate(NON_ENGLISH[::3])]
+    rows = [
+        {"id": r["id"], "text": r["text"], "url": f"https://example.org/{i}"}
+        for i, r in enumerate(english)
+    ]
+    rows += [
+        {"id": f"{lang}-{i}", "text": s, "url": "https://example.org/x"}
+        for i, (lang, s) in enumerate(NON_ENGLISH[::3])
+    ]
     out = _prep(tmp_path, "lang", rows, [{"language": {"keep": ["en"]}}])
     ingested, kept = _metas(out, "ingest"), _metas(out, "quality")
     assert set(kept) == {r["id"] for r in rows[:6]}  # English kept, the rest dropped
@@ -184,8 +209,7 @@ def test_language_in_the_meta_of_a_real_prep_run(tmp_path: Path):
         del fields["language"], fields["language_score"]
         assert fields == json.loads(ingested[doc_id])  # the record's own fields untouched
     report = json.loads((out / "v0001" / "report.json").read_text())
-    assert report["stages"]["quality"]["total"]["dropped"] == {
-        "language:not_kept": len(rows) - 6}
+    assert report["stages"]["quality"]["total"]["dropped"] == {"language:not_kept": len(rows) - 6}
 
     # without the rule, every kept row's meta is the very string ingest wrote
     plain = _prep(tmp_path, "plain", rows, ["length"])

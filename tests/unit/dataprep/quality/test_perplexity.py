@@ -33,10 +33,20 @@ def model_dir(train_dataset: str, tmp_path_factory: pytest.TempPathFactory) -> s
     """A byte-level model trained for 80 steps on tinyshakespeare, exported."""
     root = tmp_path_factory.mktemp("ppl-model")
     cfg = root / "train.yaml"
-    cfg.write_text(yaml.safe_dump(train_config(
-        train_dataset, root / "run", steps=80, micro_batch=8, eval_every=1000,
-        optim={"lr": 3e-3}, checkpoint={"every": 80, "keep_last": 1},
-        schedule={"warmup_steps": 5})))
+    cfg.write_text(
+        yaml.safe_dump(
+            train_config(
+                train_dataset,
+                root / "run",
+                steps=80,
+                micro_batch=8,
+                eval_every=1000,
+                optim={"lr": 3e-3},
+                checkpoint={"every": 80, "keep_last": 1},
+                schedule={"warmup_steps": 5},
+            )
+        )
+    )
     assert train_main(["--config", str(cfg)]) == 0
     out, _arch = export_hf(str(root / "run"), str(root / "hf"))
     return str(out)
@@ -50,14 +60,13 @@ def shakespeare(n: int) -> list[str]:
 def garbage(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     alphabet = "qxzj#%&}{~^|0123456789QXZJ"
-    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(150, 400)))
-            for _ in range(n)]
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(150, 400))) for _ in range(n)]
 
 
 def plain_perplexity(text: str, model_dir: str) -> float:
     """One document, no padding, no batching: the definition."""
     model, tok, _dev = load(model_dir, "cpu", (Path(model_dir) / "config.json").stat().st_mtime)
-    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"][:context(model)]])
+    ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"][: context(model)]])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0]
     nll = torch.nn.functional.cross_entropy(logits[:-1], ids[0, 1:])
@@ -89,20 +98,32 @@ def test_prep_drops_above_max_and_records_the_score(model_dir, tmp_path):
     lo = min(perplexities(bad, model_dir, device="cpu"))  # type: ignore[type-var]
     cut = math.sqrt(hi * lo)
     out = tmp_path / "out"
-    report = run_prep(parse_config({
-        "output": str(out), "workers": 1,
-        "sources": [{"name": "web", "paths": [str(tmp_path / "in.jsonl")], "id_field": "id"}],
-        "dedup": {"exact": False, "near": False},
-        "quality": [{"perplexity": {"model": model_dir, "max": cut, "batch_size": 5}}],
-    }), until="quality", progress=False)
+    report = run_prep(
+        parse_config(
+            {
+                "output": str(out),
+                "workers": 1,
+                "sources": [
+                    {"name": "web", "paths": [str(tmp_path / "in.jsonl")], "id_field": "id"}
+                ],
+                "dedup": {"exact": False, "near": False},
+                "quality": [{"perplexity": {"model": model_dir, "max": cut, "batch_size": 5}}],
+            }
+        ),
+        until="quality",
+        progress=False,
+    )
     q = report["stages"]["quality"]["total"]
     assert (q["docs_in"], q["kept"]) == (18, 12)
     kept = pq.read_table(next((out / "docs" / "quality").rglob("*.parquet"))).to_pylist()
     assert sorted(r["id"] for r in kept) == sorted(d["id"] for d in docs[:12])
     for r in kept:
         assert 1 < json.loads(r["meta"])["perplexity"] <= cut
-    dropped = [r for f in (out / "dropped" / "quality").rglob("*.parquet")
-               for r in pq.read_table(f).to_pylist()]
+    dropped = [
+        r
+        for f in (out / "dropped" / "quality").rglob("*.parquet")
+        for r in pq.read_table(f).to_pylist()
+    ]
     assert sorted(r["id"] for r in dropped) == sorted(d["id"] for d in docs[12:])
     assert {r["reason"] for r in dropped} == {"perplexity:too_high"}
     assert all(f"> {cut}" in r["detail"] for r in dropped)

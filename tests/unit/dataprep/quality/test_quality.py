@@ -114,16 +114,22 @@ def test_gopher_quality_keeps_prose():
         (" ".join(words(60) + ["#"] * 6), None),
         (" ".join(words(60) + ["#"] * 7), "gopher_quality:hash_word_ratio"),
         (" ".join(words(60) + ["..."] * 6) + " end.", None),
-        (" ".join(words(60) + ["..."] * 4 + ["…"] * 3) + " end.",
-         "gopher_quality:ellipsis_word_ratio"),
+        (
+            " ".join(words(60) + ["..."] * 4 + ["…"] * 3) + " end.",
+            "gopher_quality:ellipsis_word_ratio",
+        ),
         # bullet lines: 9 of 10 keeps (0.9 is not > 0.9), 10 of 10 drops
         ("\n".join(("- " if i < 9 else "") + " ".join(words(6)) for i in range(10)), None),
-        ("\n".join("• " + " ".join(words(6)) for i in range(10)),
-         "gopher_quality:max_bullet_lines_ratio"),
+        (
+            "\n".join("• " + " ".join(words(6)) for i in range(10)),
+            "gopher_quality:max_bullet_lines_ratio",
+        ),
         # lines ending in an ellipsis: 3 of 10 keeps, 4 of 10 drops
         ("\n".join(" ".join(words(6)) + (" …" if i < 3 else ".") for i in range(10)), None),
-        ("\n".join(" ".join(words(6)) + (" …" if i < 4 else ".") for i in range(10)),
-         "gopher_quality:max_ellipsis_lines_ratio"),
+        (
+            "\n".join(" ".join(words(6)) + (" …" if i < 4 else ".") for i in range(10)),
+            "gopher_quality:max_ellipsis_lines_ratio",
+        ),
         # words with a letter: 60 of 75 is 0.8 and keeps, 60 of 76 drops
         (" ".join(words(60) + ["1999"] * 15), None),
         (" ".join(words(60) + ["1999"] * 16), "gopher_quality:min_alpha_words_ratio"),
@@ -423,10 +429,11 @@ def long_line(i: int, end: str = ".") -> str:
         ([long_line(0)] + [long_line(i, "") for i in range(1, 8)], None),  # 1/8 = 0.125
         ([long_line(0)] + [long_line(i, "") for i in range(1, 9)], "fineweb:line_punct_thr"),
         # short lines: 2 of 3 keeps (0.667), 7 of 10 drops
-        ([f"Short {w} here." for w in unique_words(6)] + [long_line(i) for i in range(3)],
-         None),
-        ([f"Short {w} here." for w in unique_words(7)] + [long_line(i) for i in range(3)],
-         "fineweb:short_line_thr"),
+        ([f"Short {w} here." for w in unique_words(6)] + [long_line(i) for i in range(3)], None),
+        (
+            [f"Short {w} here." for w in unique_words(7)] + [long_line(i) for i in range(3)],
+            "fineweb:short_line_thr",
+        ),
         # one repeated 48-char line in 2,000 characters is more than 1%
         ([long_line(i) for i in range(40)] + [long_line(0)], "fineweb:char_duplicates_ratio"),
         ([long_line(i) for i in range(40)], None),
@@ -465,9 +472,14 @@ def test_char_repetition_finds_a_long_run_anywhere(offset: int):
 
 def test_char_repetition_keeps_rulers_and_whitespace_runs():
     code = (
-        "# " + "=" * 80 + "\ndef area(width, height):\n" + " " * 2000
+        "# "
+        + "=" * 80
+        + "\ndef area(width, height):\n"
+        + " " * 2000
         + '"""Area of a rectangle, in the units of its sides."""\n'
-        + "    return width * height\n# " + "-" * 120 + "\nprint(area(2, 3))\n"
+        + "    return width * height\n# "
+        + "-" * 120
+        + "\nprint(area(2, 3))\n"
     )
     assert reason(["char_repetition"], code) is None
 
@@ -539,15 +551,23 @@ def test_unchanged_text_is_returned_as_is():
     [
         # Every rule is named, sorted (the list grows with the rules; its form is the point).
         (["gopher"], f"quality[0]: unknown rule 'gopher' (known: {', '.join(sorted(RULES))})"),
-        (["c4", {"gopher_repetition": {"dup_line_frac": "x"}}],
-         "quality[1] gopher_repetition.dup_line_frac: Input should be a valid number"),
-        ([{"gopher_repetition": {"dup_line_frac": 1.5}}],
-         "quality[0] gopher_repetition.dup_line_frac: Input should be less than or equal to 1"),
+        (
+            ["c4", {"gopher_repetition": {"dup_line_frac": "x"}}],
+            "quality[1] gopher_repetition.dup_line_frac: Input should be a valid number",
+        ),
+        (
+            [{"gopher_repetition": {"dup_line_frac": 1.5}}],
+            "quality[0] gopher_repetition.dup_line_frac: Input should be less than or equal to 1",
+        ),
         ([{"c4": {"min_words": 3}}], "quality[0] c4.min_words: unknown parameter (known: "),
-        ([{"gopher_repetition": {"top_n_grams": [[2, 0.2], [3, "x"]]}}],
-         "quality[0] gopher_repetition.top_n_grams[1][1]: Input should be a valid number"),
-        ([{"length": {"min_chars": 10, "max_chars": 5}}],
-         "quality[0] length: min_chars=10 > max_chars=5"),
+        (
+            [{"gopher_repetition": {"top_n_grams": [[2, 0.2], [3, "x"]]}}],
+            "quality[0] gopher_repetition.top_n_grams[1][1]: Input should be a valid number",
+        ),
+        (
+            [{"length": {"min_chars": 10, "max_chars": 5}}],
+            "quality[0] length: min_chars=10 > max_chars=5",
+        ),
         ([{"c4": 5}], "quality[0] c4: parameters must be a mapping"),
         ([{"c4": {}, "fineweb": {}}], "quality[0]: expected a rule name or a single-key mapping"),
         ([3], "quality[0]: expected a rule name or a single-key mapping"),
@@ -586,9 +606,7 @@ def test_default_chain_keeps_most_of_openwebtext():
     assert edited
     for t, cleaned in edited[:50]:
         originals = {line.strip() for line in t.splitlines()}
-        assert all(
-            line in originals or "[" in "".join(originals) for line in cleaned.split("\n")
-        )
+        assert all(line in originals or "[" in "".join(originals) for line in cleaned.split("\n"))
 
 
 def test_char_repetition_drops_a_million_slashes_and_keeps_all_code():

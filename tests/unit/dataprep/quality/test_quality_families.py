@@ -67,14 +67,13 @@ if __name__ == "__main__":
     print(read_config(os.environ.get("CONFIG", "app.cfg")))
 '''
 
+
 def code_line(n: int) -> str:
     """A line of code exactly n characters long."""
     return ("total = total + step; " * (n // 22 + 1))[:n]
 
 
-MINIFIED_JS = "".join(
-    f"var a{i}=function(b,c){{return b+c*{i}}};" for i in range(200)
-)[:5000]
+MINIFIED_JS = "".join(f"var a{i}=function(b,c){{return b+c*{i}}};" for i in range(200))[:5000]
 
 
 def base64_blob(n_bytes: int, seed: int = 0) -> str:
@@ -95,13 +94,13 @@ GENERATED_HEADER = (
 )
 
 # 32 lines of 16 hex bytes, as `xxd` or a firmware table prints them.
-HEX_DUMP = "\n".join(
-    " ".join(f"{(i + j) % 256:02x}" for j in range(16)) for i in range(0, 512, 16)
-)
+HEX_DUMP = "\n".join(" ".join(f"{(i + j) % 256:02x}" for j in range(16)) for i in range(0, 512, 16))
 
-XML_DUMP = '<?xml version="1.0" encoding="UTF-8"?>\n<rows>\n' + "".join(
-    f'  <row id="{i}" code="K{i:04d}" flag="1" parent="{i // 7}"/>\n' for i in range(300)
-) + "</rows>\n"
+XML_DUMP = (
+    '<?xml version="1.0" encoding="UTF-8"?>\n<rows>\n'
+    + "".join(f'  <row id="{i}" code="K{i:04d}" flag="1" parent="{i // 7}"/>\n' for i in range(300))
+    + "</rows>\n"
+)
 
 XML_PROSE = (
     '<?xml version="1.0"?>\n<article>\n<title>On rivers</title>\n<p>'
@@ -128,8 +127,7 @@ def test_code_keeps_ordinary_code():
     [
         # the longest line: 1000 characters keep, 1001 drop (mean length switched off)
         ({"max_mean_line_length": None}, "x = 1\n" + "a " * 500, None),
-        ({"max_mean_line_length": None}, "x = 1\n" + "a " * 500 + "b",
-         "code:max_line_length"),
+        ({"max_mean_line_length": None}, "x = 1\n" + "a " * 500 + "b", "code:max_line_length"),
         ({}, MINIFIED_JS, "code:max_line_length"),
         # mean line length: 100 keeps, 101 drops
         ({}, "\n".join([code_line(100)] * 20), None),
@@ -137,8 +135,7 @@ def test_code_keeps_ordinary_code():
         # a one-line document (a flattened function) is held to the mean only when asked
         ({}, "int f() {" + "x++;" * 40 + "}", "code:max_mean_line_length"),
         ({"min_lines_for_mean": 2}, "int f() {" + "x++;" * 40 + "}", None),
-        ({"min_lines_for_mean": 2}, "\n".join([code_line(101)] * 2),
-         "code:max_mean_line_length"),
+        ({"min_lines_for_mean": 2}, "\n".join([code_line(101)] * 2), "code:max_mean_line_length"),
         # alphanumeric share: 1 of 4 characters keeps, less drops
         ({"max_mean_line_length": None}, "a;;;" * 50, None),
         ({"max_mean_line_length": None}, "a;;;;" * 50, "code:min_alnum_frac"),
@@ -163,8 +160,11 @@ def test_code_keeps_ordinary_code():
         ({}, "x = 1\n" * 30, None),
         ({"min_comment_lines_frac": 0.05}, "x = 1\n" * 30, "code:min_comment_lines_frac"),
         ({"min_comment_lines_frac": 0.05}, GOOD_CODE, None),  # 1 of 15 lines
-        ({"max_comment_lines_frac": 0.5}, "# note\n" * 10 + "x = 1\n",
-         "code:max_comment_lines_frac"),
+        (
+            {"max_comment_lines_frac": 0.5},
+            "# note\n" * 10 + "x = 1\n",
+            "code:max_comment_lines_frac",
+        ),
         ({"max_comment_lines_frac": 0.5}, GOOD_CODE, None),
     ],
 )
@@ -335,7 +335,8 @@ def test_url_on_real_c4_and_dolma_urls(tmp_path: Path):
     assert all(reason(["url"], r["text"], r) is None for r in c4)
     spec = [{"url": {"require_url": True}}]
     assert sum(reason(spec, r["text"], r) == "url:missing_url" for r in c4) == (
-        len(c4) - len(with_url))
+        len(c4) - len(with_url)
+    )
     # a listed parent domain blocks the www. host; the other pages stay
     hosts = [r["url"].split("/")[2] for r in with_url[:3]]
     (tmp_path / "b.txt").write_text("".join(h.removeprefix("www.") + "\n" for h in hosts))
@@ -364,10 +365,16 @@ def test_url_on_real_c4_and_dolma_urls(tmp_path: Path):
         ({"max_non_alnum_frac": 0.5}, "ab$%  ", None),  # whitespace is not counted
         ({"max_non_alnum_frac": 0.5}, "a$%_", "char_ratios:max_non_alnum_frac"),
         # bounds are checked in a fixed order and each is optional
-        ({"max_digit_frac": 0.1, "max_whitespace_frac": 0.9}, "1 2 3",
-         "char_ratios:max_digit_frac"),
-        ({"max_digit_frac": 0.9, "max_whitespace_frac": 0.3}, "1 2 3",
-         "char_ratios:max_whitespace_frac"),
+        (
+            {"max_digit_frac": 0.1, "max_whitespace_frac": 0.9},
+            "1 2 3",
+            "char_ratios:max_digit_frac",
+        ),
+        (
+            {"max_digit_frac": 0.9, "max_whitespace_frac": 0.3},
+            "1 2 3",
+            "char_ratios:max_whitespace_frac",
+        ),
         ({"max_digit_frac": 0.0}, "", None),
     ],
 )
@@ -381,8 +388,13 @@ def test_char_ratios_detail():
 
 
 def test_char_ratios_keeps_prose_at_lenient_bounds():
-    bounds = {"max_digit_frac": 0.2, "max_punct_frac": 0.1, "max_whitespace_frac": 0.3,
-              "max_bracket_frac": 0.02, "max_non_alnum_frac": 0.15}
+    bounds = {
+        "max_digit_frac": 0.2,
+        "max_punct_frac": 0.1,
+        "max_whitespace_frac": 0.3,
+        "max_bracket_frac": 0.02,
+        "max_non_alnum_frac": 0.15,
+    }
     rules = parse_rules([{"char_ratios": bounds}])
     texts = [r["text"] for r in read_jsonl(shared_file("web_openwebtext_1k.jsonl"), 300)]
     kept = sum(filter_document(rules, t).reason is None for t in texts) / len(texts)
@@ -447,9 +459,10 @@ def test_config_errors_name_the_key(tmp_path: Path):
     assert "quality[0] code.max_line_lenght: unknown parameter" in (
         config_error([{"code": {"max_line_lenght": 5}}])
     )
-    assert config_error(
-        [{"code": {"min_comment_lines_frac": 0.5, "max_comment_lines_frac": 0.1}}]
-    ) == "quality[0] code: min_comment_lines_frac=0.5 > max_comment_lines_frac=0.1"
+    assert (
+        config_error([{"code": {"min_comment_lines_frac": 0.5, "max_comment_lines_frac": 0.1}}])
+        == "quality[0] code: min_comment_lines_frac=0.5 > max_comment_lines_frac=0.1"
+    )
     assert config_error([{"boilerplate": {"strings": ["ok", " "]}}]) == (
         "quality[0] boilerplate.strings: an empty string would match every document"
     )
@@ -462,8 +475,9 @@ def test_a_missing_blocklist_is_a_one_line_config_error(tmp_path: Path):
     missing = tmp_path / "blocked.txt"
     data = {
         "output": str(tmp_path / "out"),
-        "sources": [{"name": "web", "paths": ["x.jsonl"],
-                     "quality": [{"url": {"blocklist": str(missing)}}]}],
+        "sources": [
+            {"name": "web", "paths": ["x.jsonl"], "quality": [{"url": {"blocklist": str(missing)}}]}
+        ],
     }
     with pytest.raises(ConfigError) as err:
         parse_config(data, where="t.yaml")
@@ -479,27 +493,53 @@ def test_code_chain_and_new_rules_are_valid_config(tmp_path: Path, blocklist: st
             {"name": "code", "paths": ["c.jsonl"], "quality": list(CODE_DEFAULT_RULES)},
             {"name": "web", "paths": ["w.jsonl"]},
         ],
-        "quality": [{"url": {"blocklist": blocklist}}, "boilerplate",
-                    {"char_ratios": {"max_digit_frac": 0.3}}, *DEFAULT_RULES],
+        "quality": [
+            {"url": {"blocklist": blocklist}},
+            "boilerplate",
+            {"char_ratios": {"max_digit_frac": 0.3}},
+            *DEFAULT_RULES,
+        ],
     }
     cfg = parse_config(data, where="t.yaml")
     assert cfg.rules_for("code") == list(CODE_DEFAULT_RULES)
     assert [r.name for r in parse_rules(cfg.rules_for("web"))][:3] == [
-        "url", "boilerplate", "char_ratios"]
+        "url",
+        "boilerplate",
+        "char_ratios",
+    ]
 
 
 # --- the existing default chain --------------------------------------------------------
 
 
 def test_default_chain_is_unchanged():
-    assert DEFAULT_RULES == ("char_repetition", "gopher_quality", "gopher_repetition", "c4",
-                             "fineweb")
-    old = {"gopher_quality": GopherQuality, "gopher_repetition": GopherRepetition, "c4": C4,
-           "fineweb": FineWeb, "char_repetition": CharRepetition, "length": Length}
+    assert DEFAULT_RULES == (
+        "char_repetition",
+        "gopher_quality",
+        "gopher_repetition",
+        "c4",
+        "fineweb",
+    )
+    old = {
+        "gopher_quality": GopherQuality,
+        "gopher_repetition": GopherRepetition,
+        "c4": C4,
+        "fineweb": FineWeb,
+        "char_repetition": CharRepetition,
+        "length": Length,
+    }
     assert {k: RULES[k] for k in old} == old
-    assert set(RULES) - set(old) == {"code", "url", "char_ratios", "boilerplate", "pii",
-                                     "decontaminate", "language", "perplexity",
-                                     "classifier"}
+    assert set(RULES) - set(old) == {
+        "code",
+        "url",
+        "char_ratios",
+        "boilerplate",
+        "pii",
+        "decontaminate",
+        "language",
+        "perplexity",
+        "classifier",
+    }
     cfg = parse_config({"output": "o", "sources": [{"name": "s", "paths": ["p"]}]})
     assert cfg.quality == list(DEFAULT_RULES)
     assert cfg.rules_for("s") == list(DEFAULT_RULES)
@@ -526,21 +566,33 @@ def test_quality_stage_gives_rules_the_record_meta(tmp_path: Path):
     (data / "code.jsonl").write_text("".join(json.dumps(r) + "\n" for r in code_rows))
     hosts = sorted({r["url"].split("/")[2] for r in c4 if "url" in r})[:2]
     (tmp_path / "blocked.txt").write_text("# test\n" + "\n".join(hosts) + "\n")
-    cfg = parse_config({
-        "output": str(tmp_path / "out"),
-        "workers": 1,
-        "sources": [
-            {"name": "web", "paths": [str(data / "web.jsonl")], "id_field": "id",
-             "quality": [{"url": {"blocklist": str(tmp_path / "blocked.txt")}}]},
-            {"name": "code", "paths": [str(data / "code.jsonl")], "id_field": "id",
-             "quality": list(CODE_DEFAULT_RULES)},
-        ],
-        "dedup": {"exact": False, "near": False},
-    })
+    cfg = parse_config(
+        {
+            "output": str(tmp_path / "out"),
+            "workers": 1,
+            "sources": [
+                {
+                    "name": "web",
+                    "paths": [str(data / "web.jsonl")],
+                    "id_field": "id",
+                    "quality": [{"url": {"blocklist": str(tmp_path / "blocked.txt")}}],
+                },
+                {
+                    "name": "code",
+                    "paths": [str(data / "code.jsonl")],
+                    "id_field": "id",
+                    "quality": list(CODE_DEFAULT_RULES),
+                },
+            ],
+            "dedup": {"exact": False, "near": False},
+        }
+    )
     run_prep(cfg, until="quality", progress=False)
-    rows = [r for f in sorted((tmp_path / "out").rglob("dropped/quality/*.parquet"))
-            for r in pq.read_table(f).to_pylist()]
+    rows = [
+        r
+        for f in sorted((tmp_path / "out").rglob("dropped/quality/*.parquet"))
+        for r in pq.read_table(f).to_pylist()
+    ]
     by_reason = Counter(r["reason"] for r in rows)
     assert by_reason == {"url:blocklist": 2, "code:max_line_length": 1}
-    assert {r["id"] for r in rows if r["reason"] == "code:max_line_length"} == {
-        "planted/minified"}
+    assert {r["id"] for r in rows if r["reason"] == "code:max_line_length"} == {"planted/minified"}

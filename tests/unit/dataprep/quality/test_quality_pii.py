@@ -32,30 +32,51 @@ def config_error(spec: Any) -> str:
 # --- pii -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "expected", "counts"), [
-    ("Write to jane.doe@mail.example.net today.",
-     "Write to email@example.com today.", {"email": 1}),
-    ("Contact John.Smith+news@Example.COM or ops@host-1.io.",
-     "Contact email@example.com or email@example.com.", {"email": 2}),
-    ("The server at 8.8.8.8 answered; so did 163.36.107.25.",
-     "The server at 22.214.171.124 answered; so did 22.214.171.124.", {"ip": 2}),
-    ("Cloudflare's resolver is 2606:4700:4700::1111 on IPv6.",
-     "Cloudflare's resolver is 22.214.171.124 on IPv6.", {"ip": 1}),
-    ("Mail me@uni.edu from 35.88.121.75", "Mail email@example.com from 22.214.171.124",
-     {"email": 1, "ip": 1}),
-])
+@pytest.mark.parametrize(
+    ("text", "expected", "counts"),
+    [
+        (
+            "Write to jane.doe@mail.example.net today.",
+            "Write to email@example.com today.",
+            {"email": 1},
+        ),
+        (
+            "Contact John.Smith+news@Example.COM or ops@host-1.io.",
+            "Contact email@example.com or email@example.com.",
+            {"email": 2},
+        ),
+        (
+            "The server at 8.8.8.8 answered; so did 163.36.107.25.",
+            "The server at 22.214.171.124 answered; so did 22.214.171.124.",
+            {"ip": 2},
+        ),
+        (
+            "Cloudflare's resolver is 2606:4700:4700::1111 on IPv6.",
+            "Cloudflare's resolver is 22.214.171.124 on IPv6.",
+            {"ip": 1},
+        ),
+        (
+            "Mail me@uni.edu from 35.88.121.75",
+            "Mail email@example.com from 22.214.171.124",
+            {"email": 1, "ip": 1},
+        ),
+    ],
+)
 def test_pii_replaces_emails_and_public_ips(text: str, expected: str, counts: dict):
     out = run(["pii"], text)
     assert (out.text, dict(out.redacted), out.reason) == (expected, counts, None)
 
 
-@pytest.mark.parametrize("text", [
-    "The router is 192.168.0.1 and the NAS 10.0.0.5; localhost is 127.0.0.1.",
-    "Requires Python 3.11.4 or v2.0.1; see release v1.2.3.4 and build 1.2.3.4.5.",
-    "Invalid: 999.999.999.999, 108.0.0.01, 192.168.l.1; docs use 192.0.2.7.",
-    "At 12:30:45 we ran std::vector and add::be; loopback ::1, docs 2001:db8::1.",
-    "No addresses here, only an @mention and a user@localhost-less sentence.",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The router is 192.168.0.1 and the NAS 10.0.0.5; localhost is 127.0.0.1.",
+        "Requires Python 3.11.4 or v2.0.1; see release v1.2.3.4 and build 1.2.3.4.5.",
+        "Invalid: 999.999.999.999, 108.0.0.01, 192.168.l.1; docs use 192.0.2.7.",
+        "At 12:30:45 we ran std::vector and add::be; loopback ::1, docs 2001:db8::1.",
+        "No addresses here, only an @mention and a user@localhost-less sentence.",
+    ],
+)
 def test_pii_keeps_private_ips_versions_and_lookalikes(text: str):
     out = run(["pii"], text)
     assert (out.text, dict(out.redacted)) == (text, {})
@@ -66,8 +87,10 @@ def test_pii_replacements_and_switches_are_configurable():
     out = run([{"pii": {"email_replacement": "<EMAIL>", "ip_replacement": "<IP>"}}], text)
     assert (out.text, dict(out.redacted)) == ("Ask <EMAIL> at <IP>.", {"email": 1, "ip": 1})
     assert run([{"pii": {"ips": False}}], text).text == "Ask email@example.com at 8.8.4.4."
-    assert run([{"pii": {"emails": False}}], text).text == "Ask bob@corp.example.org at " \
+    assert (
+        run([{"pii": {"emails": False}}], text).text == "Ask bob@corp.example.org at "
         "22.214.171.124."
+    )
 
 
 def test_pii_twice_counts_nothing_the_second_time():
@@ -78,8 +101,11 @@ def test_pii_twice_counts_nothing_the_second_time():
 
 
 def test_counts_survive_later_edits_and_vanish_with_a_drop():
-    prose = ("Reach the desk at news@paper.example.com for corrections. " * 3
-             + "\nshort line\n" + "Our mirror at 8.8.8.8 serves the archive every day. " * 3)
+    prose = (
+        "Reach the desk at news@paper.example.com for corrections. " * 3
+        + "\nshort line\n"
+        + "Our mirror at 8.8.8.8 serves the archive every day. " * 3
+    )
     out = run(["pii", {"c4": {"min_num_sentences": 1}}], prose)
     assert out.reason is None and "short line" not in (out.text or "")  # C4 edited it
     assert dict(out.redacted) == {"email": 3, "ip": 3}
@@ -132,13 +158,17 @@ def test_decontaminate_drops_13_shared_words_and_keeps_12(eval_set):
     assert filter_document(rules, _planted(host, span[:12])).reason is None
     # every real document outside the eval set is kept, every one inside it dropped
     assert all(filter_document(rules, r["text"]).reason is None for r in others)
-    assert all(filter_document(rules, r["text"]).reason for r in evals
-               if len(normalise(r["text"])) >= 13)
+    assert all(
+        filter_document(rules, r["text"]).reason for r in evals if len(normalise(r["text"])) >= 13
+    )
 
 
 def test_decontaminate_plain_text_file_and_ngram_size(tmp_path: Path):
-    lines = [ln for ln in shared_file("tinyshakespeare.txt").read_text().splitlines()
-             if len(normalise(ln)) >= 8][:50]
+    lines = [
+        ln
+        for ln in shared_file("tinyshakespeare.txt").read_text().splitlines()
+        if len(normalise(ln)) >= 8
+    ][:50]
     path = tmp_path / "eval.txt"
     path.write_text("\n".join(lines) + "\n")
     rules = parse_rules([{"decontaminate": {"files": [str(path)], "ngram": 8}}])
@@ -147,8 +177,7 @@ def test_decontaminate_plain_text_file_and_ngram_size(tmp_path: Path):
     out = filter_document(rules, doc)
     assert out.reason == "decontaminate:ngram_overlap"
     assert f"of {path} line " in out.detail
-    assert filter_document(rules, "Prologue. " + " ".join(words[:7]) + " Epilogue.").reason \
-        is None
+    assert filter_document(rules, "Prologue. " + " ".join(words[:7]) + " Epilogue.").reason is None
 
 
 def test_decontaminate_rule_rebuilds_in_a_copy(eval_set):
@@ -173,15 +202,25 @@ def test_decontaminate_config_errors_name_the_key_and_path(tmp_path: Path):
     assert config_error([{"decontaminate": {"files": [str(short)]}}]) == (
         f"quality[0] decontaminate: no example in {short} has 13 words: nothing to match"
     )
-    assert config_error(["decontaminate"]).startswith("quality[0] decontaminate.files: Field "
-                                                      "required")
+    assert config_error(["decontaminate"]).startswith(
+        "quality[0] decontaminate.files: Field required"
+    )
     assert config_error([{"decontaminate": {"files": [str(short)], "ngram": 0}}]).startswith(
-        "quality[0] decontaminate.ngram: Input should be greater than or equal to 1")
+        "quality[0] decontaminate.ngram: Input should be greater than or equal to 1"
+    )
     assert "quality[0] pii.email: unknown parameter (known: emails, ips" in (
-        config_error([{"pii": {"email": False}}]))
-    data = {"output": str(tmp_path / "out"),
-            "sources": [{"name": "web", "paths": ["x.jsonl"],
-                         "quality": ["pii", {"decontaminate": {"files": [str(missing)]}}]}]}
+        config_error([{"pii": {"email": False}}])
+    )
+    data = {
+        "output": str(tmp_path / "out"),
+        "sources": [
+            {
+                "name": "web",
+                "paths": ["x.jsonl"],
+                "quality": ["pii", {"decontaminate": {"files": [str(missing)]}}],
+            }
+        ],
+    }
     with pytest.raises(ConfigError) as err:
         parse_config(data, where="t.yaml")
     lines = [ln for ln in str(err.value).splitlines() if "decontaminate.files" in ln]
@@ -196,13 +235,16 @@ def _prep(tmp_path: Path, name: str, rows: list[dict], quality: list[Any]) -> di
 
     data = tmp_path / f"{name}.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = parse_config({
-        "output": str(tmp_path / f"out-{name}"),
-        "workers": 1,
-        "sources": [{"name": "web", "paths": [str(data)], "id_field": "id",
-                     "quality": quality}],
-        "dedup": {"exact": False, "near": False},
-    })
+    cfg = parse_config(
+        {
+            "output": str(tmp_path / f"out-{name}"),
+            "workers": 1,
+            "sources": [
+                {"name": "web", "paths": [str(data)], "id_field": "id", "quality": quality}
+            ],
+            "dedup": {"exact": False, "near": False},
+        }
+    )
     return run_prep(cfg, until="quality", progress=False)
 
 
@@ -224,8 +266,11 @@ def test_replacements_and_contamination_in_a_real_prep_report(tmp_path: Path, ev
     assert "redacted" not in report["stages"]["ingest"]["total"]  # no other stage redacts
     on_disk = json.loads((tmp_path / "out-pii" / "v0001" / "report.json").read_text())
     assert on_disk["stages"]["quality"]["total"]["redacted"] == {"email": 2, "ip": 1}
-    kept = {r["id"]: r["text"] for f in (tmp_path / "out-pii").rglob("docs/quality/*.parquet")
-            for r in pq.read_table(f).to_pylist()}
+    kept = {
+        r["id"]: r["text"]
+        for f in (tmp_path / "out-pii").rglob("docs/quality/*.parquet")
+        for r in pq.read_table(f).to_pylist()
+    }
     assert kept[rows[0]["id"]].endswith("Write to email@example.com or visit 22.214.171.124.")
     assert "10.1.2.3" in kept[rows[1]["id"]] and rows[2]["id"] not in kept
 
@@ -233,5 +278,11 @@ def test_replacements_and_contamination_in_a_real_prep_report(tmp_path: Path, ev
     plain = _prep(tmp_path, "plain", rows[:5], ["length"])
     for stage in plain["stages"].values():
         for stats in (stage["total"], *stage["sources"].values()):
-            assert set(stats) == {"docs_in", "bytes_in", "kept", "bytes_kept", "dropped",
-                                  "bytes_dropped"}
+            assert set(stats) == {
+                "docs_in",
+                "bytes_in",
+                "kept",
+                "bytes_kept",
+                "dropped",
+                "bytes_dropped",
+            }

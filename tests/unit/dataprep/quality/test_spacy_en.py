@@ -92,10 +92,19 @@ def test_a_chunk_of_letters_is_one_token() -> None:
             # (web_python_docs.reference.jsonl holds reference reST, no "text")
             words.update(w for w in json.loads(line).get("text", "").split() if w.isalpha())
     rng = random.Random(0)
-    letters = [chr(c) for c in (*range(0x41, 0x7B), *range(0xC0, 0x250), *range(0x370, 0x3FF),
-                                *range(0x400, 0x4FF), *range(0x5D0, 0x5EB),
-                                *range(0x620, 0x64B), *range(0x4E00, 0x4E80))
-               if chr(c).isalpha()]
+    letters = [
+        chr(c)
+        for c in (
+            *range(0x41, 0x7B),
+            *range(0xC0, 0x250),
+            *range(0x370, 0x3FF),
+            *range(0x400, 0x4FF),
+            *range(0x5D0, 0x5EB),
+            *range(0x620, 0x64B),
+            *range(0x4E00, 0x4E80),
+        )
+        if chr(c).isalpha()
+    ]
     words.update("".join(rng.choices(letters, k=rng.randint(1, 12))) for _ in range(20_000))
     checked = 0
     for w in words:
@@ -107,8 +116,9 @@ def test_a_chunk_of_letters_is_one_token() -> None:
     # ... and the tokenizer, which takes the shortcut, gives the same.
     sample = sorted(words)[:2000]
     spacy_en._CACHE.clear()
-    assert spacy_en.tokenize(" ".join(sample)) == [t for w in sample
-                                                    for t in spacy_en.chunk_tokens(w)]
+    assert spacy_en.tokenize(" ".join(sample)) == [
+        t for w in sample for t in spacy_en.chunk_tokens(w)
+    ]
 
 
 def test_the_cache_across_generation_switches(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,8 +127,28 @@ def test_the_cache_across_generation_switches(monkeypatch: pytest.MonkeyPatch) -
     included."""
     monkeypatch.setattr(spacy_en, "CACHE_MAX", 50)
     rng = random.Random(1)
-    vocab = ["the", "a", "Dr.", "U.S.", "don't", ":)", "x)", "5km", "e.g.", "(hi)", "word,",
-             "word.", "it's", "Mr.", "a.m.", "C++", "well-known", "gonna", "$5", "..."]
+    vocab = [
+        "the",
+        "a",
+        "Dr.",
+        "U.S.",
+        "don't",
+        ":)",
+        "x)",
+        "5km",
+        "e.g.",
+        "(hi)",
+        "word,",
+        "word.",
+        "it's",
+        "Mr.",
+        "a.m.",
+        "C++",
+        "well-known",
+        "gonna",
+        "$5",
+        "...",
+    ]
     for _ in range(2000):
         text = " ".join(rng.choice(vocab) for _ in range(rng.randint(1, 12)))
         assert spacy_en.tokenize(text) == spacy_en.doc_tokens(text), text
