@@ -53,6 +53,19 @@ class MetricsLog:
             sink.close()
 
 
+def open_log(
+    path: Path, is_main: bool, tensorboard: Path | None, purge_step: int | None
+) -> MetricsLog:
+    """Rank 0's metrics log at `path` (other ranks write nowhere), with TensorBoard's event
+    files in `tensorboard` as a second sink when set (steps after `purge_step` dropped)."""
+    log = MetricsLog(path if is_main else os.devnull)
+    if tensorboard is not None and is_main:
+        from training.tensorboard_log import TensorBoardLog
+
+        log.sinks.append(TensorBoardLog(tensorboard, purge_step=purge_step))
+    return log
+
+
 def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
     """A record's numbers as (name, value), the names MLflow and TensorBoard both show:
     `<kind>/<key>` (train/loss, eval/val_loss, noise_scale/b_noise), a per-layer list as

@@ -24,7 +24,7 @@ from training import distributed
 from training.config import TrainConfig
 from training.distributed import World
 from training.guards import Decision, StabilityGuard
-from training.metrics import MetricsLog
+from training.metrics import MetricsLog, truncate_after
 
 if TYPE_CHECKING:
     from training.checkpoint.manager import CheckpointManager
@@ -209,6 +209,7 @@ class Recoverable(Protocol):
     run_dir: Path
     ckpts: CheckpointManager
     choice: CheckpointChoice
+    ckpt_dir: Path
     rewind_remote: bool  # the next upload to object storage follows a rollback
 
     def restore(
@@ -346,3 +347,36 @@ def recover(t: Recoverable, r: Recovery, log: MetricsLog) -> None:
         "lr_scale": t.state.lr_scale,
     }
     t.record(log, event)
+
+
+def resume(t: Recoverable, metrics_path: Path) -> int | None:
+    """Every rank: restore the checkpoint rank 0 picks (None: a fresh start). Under DDP
+    on several nodes the other ranks' local disks hold no checkpoints (only rank 0
+    writes them); restore() broadcasts the state."""
+    choice: tuple[int | None, str | None] = (None, None)
+    if t.world.is_main:
+        removed = ckpt.clean_stale_tmp(t.ckpt_dir)
+        if removed:
+            print(
+                f"checkpoint: removed what an interrupted checkpoint write left in "
+                f"{t.ckpt_dir} (its process is gone): {', '.join(removed)}",
+                file=sys.stderr,
+                flush=True,
+            )
+        try:
+            choice = (t.choice.resume_step(t.state.step), None)
+        except ckpt.CheckpointError as e:
+            choice = (None, str(e))
+            if t.choice.events:  # what was found bad is on record all the same
+                failed = MetricsLog(metrics_path)
+                t.choice.flush(failed)
+                failed.close()
+    latest, error = distributed.broadcast_object(choice, t.world, t.device)
+    if error is not None:
+        raise ckpt.CheckpointError(error)
+    if latest is not None:
+        t.restore(latest, verified=True)
+        if t.world.is_main:
+            truncate_after(metrics_path, latest)
+        distributed.barrier(t.world)
+    return latest

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,11 +37,19 @@ from training.console import Console, closing_block
 from training.data import Loader, Sampler, TrainData, load_data
 from training.faults import Hooks
 from training.guards import StabilityGuard
-from training.metrics import MetricsLog, read, truncate_after
+from training.metrics import MetricsLog, open_log, read
 from training.model import GPT
 from training.optim import agc_params, build_optimizer
 from training.parallel import parallelize
-from training.recovery import CheckpointChoice, Recovery, State, diverge, recover, stopped_by_marker
+from training.recovery import (
+    CheckpointChoice,
+    Recovery,
+    State,
+    diverge,
+    recover,
+    resume,
+    stopped_by_marker,
+)
 from training.run_record import write_final
 from training.step import StepResult, evaluate, pick_device, train_step
 
@@ -262,61 +269,22 @@ class Trainer:
                 self.remote.close()
             distributed.shutdown()
 
-    def _resume(self, metrics_path: Path) -> int | None:
-        """Every rank: restore the checkpoint rank 0 picks (None: a fresh start). Under DDP
-        on several nodes the other ranks' local disks hold no checkpoints (only rank 0
-        writes them); restore() broadcasts the state."""
-        choice: tuple[int | None, str | None] = (None, None)
-        if self.world.is_main:
-            removed = ckpt.clean_stale_tmp(self.ckpt_dir)
-            if removed:
-                print(
-                    f"checkpoint: removed what an interrupted checkpoint write left in "
-                    f"{self.ckpt_dir} (its process is gone): {', '.join(removed)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            try:
-                choice = (self.choice.resume_step(self.state.step), None)
-            except ckpt.CheckpointError as e:
-                choice = (None, str(e))
-                if self.choice.events:  # what was found bad is on record all the same
-                    failed = MetricsLog(metrics_path)
-                    self.choice.flush(failed)
-                    failed.close()
-        latest, error = distributed.broadcast_object(choice, self.world, self.device)
-        if error is not None:
-            raise ckpt.CheckpointError(error)
-        if latest is not None:
-            self.restore(latest, verified=True)
-            if self.world.is_main:
-                truncate_after(metrics_path, latest)
-            distributed.barrier(self.world)
-        return latest
-
-    def _open_log(self, metrics_path: Path, latest: int | None) -> MetricsLog:
-        log = MetricsLog(metrics_path if self.world.is_main else os.devnull)
-        tr = self.cfg.tracking
-        if tr is not None and tr.enabled and tr.tensorboard and self.world.is_main:
-            from training.tensorboard_log import TensorBoardLog
-
-            # A directory named after the run: TensorBoard names runs by their directory
-            # under --logdir (it showed "." for <run_dir>/tensorboard).
-            log.sinks.append(
-                TensorBoardLog(
-                    self.run_dir / "tensorboard" / self.cfg.run_name(), purge_step=latest
-                )
-            )
-        return log
-
     def _run(self) -> int:
         cfg = self.cfg
         if stopped_by_marker(self.run_dir, self.recovery is not None, self.world):
             return EXIT_DIVERGED
         metrics_path = self.run_dir / "metrics.jsonl"
-        latest = self._resume(metrics_path)
+        latest = resume(self, metrics_path)
         s = self.state
-        log = self._open_log(metrics_path, latest)
+        tr = cfg.tracking
+        tensorboard = (
+            # A directory named after the run: TensorBoard names runs by their directory
+            # under --logdir (it showed "." for <run_dir>/tensorboard).
+            self.run_dir / "tensorboard" / cfg.run_name()
+            if tr is not None and tr.enabled and tr.tensorboard
+            else None
+        )
+        log = open_log(metrics_path, self.world.is_main, tensorboard, latest)
         for ev in self.choice.events:  # found before the log was open: at the resume step
             ev["step"] = s.step
         self.choice.flush(log)
@@ -375,7 +343,8 @@ class Trainer:
                 if not out.skipped:
                     s.tokens_seen += out.real_tokens
                 if s.step % cfg.log_every == 0 or s.step == cfg.steps:
-                    self._log_step(log, out)
+                    log.write(self.progress.train_record(out))
+                    self.progress.report(out.loss)
                 for c in self.components:
                     c.after_step(log, out)
                 trouble = self._evaluate_and_save(log)
@@ -407,30 +376,6 @@ class Trainer:
             ):
                 self.console.say(line)
         return EXIT_OK
-
-    def _log_step(self, log: MetricsLog, out: StepResult) -> None:
-        """The "train" record, then the progress event when one is due."""
-        s = self.state
-        log.write(
-            {
-                "kind": "train",
-                "step": s.step,
-                "loss": out.loss,
-                "ce": out.ce,
-                "z_loss": out.z_loss,
-                "lr": out.lr,
-                "grad_norm": out.grad_norm,
-                **self.progress.speed(),
-                "tokens_seen": s.tokens_seen,
-                "accum": out.accum,
-                # The sampler position after the step: `ballast blame` maps steps to data.
-                "samples_seen": s.samples_seen,
-                "skipped": self.guard.skipped_non_finite + self.guard.skipped_spikes,
-                "rollbacks": len(s.rollbacks),
-                "loss_scale": self.scaler.get_scale() if self.scaler.is_enabled() else None,
-            }
-        )
-        self.progress.report(out.loss)
 
     def _evaluate_and_save(self, log: MetricsLog) -> tuple[str, str] | None:
         """The evaluation and the checkpoint due after this step. A non-finite validation

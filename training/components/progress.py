@@ -60,6 +60,28 @@ class Progress(Component):
             **mfu(tokens_per_s, self.flops_per_token, self.peak, self.t.world.size),
         }
 
+    def train_record(self, out: Any) -> dict[str, Any]:
+        """The metrics log's "train" record of the step just counted (`out`: its
+        StepResult), with the throughput and MFU since the last one."""
+        t, s = self.t, self.t.state
+        return {
+            "kind": "train",
+            "step": s.step,
+            "loss": out.loss,
+            "ce": out.ce,
+            "z_loss": out.z_loss,
+            "lr": out.lr,
+            "grad_norm": out.grad_norm,
+            **self.speed(),
+            "tokens_seen": s.tokens_seen,
+            "accum": out.accum,
+            # The sampler position after the step: `ballast blame` maps steps to data.
+            "samples_seen": s.samples_seen,
+            "skipped": t.guard.skipped_non_finite + t.guard.skipped_spikes,
+            "rollbacks": len(s.rollbacks),
+            "loss_scale": t.scaler.get_scale() if t.scaler.is_enabled() else None,
+        }
+
     def report(self, loss: float) -> None:
         """After a train record: the progress event, when one is due."""
         s, steps, now = self.t.state, self.t.cfg.steps, self.t_last
