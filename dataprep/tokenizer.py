@@ -225,7 +225,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
     )
     # Determinism: the trainer sums word and pair counts (order-free), numbers the alphabet
     # in sorted order and breaks count ties by pair ids, so thread count and scheduling do
-    # not change the result. Checked by tests/test_tokenizer.py, in-process and across
+    # not change the result. Checked by tests/unit/dataprep/test_tokenizer.py, in-process and across
     # processes (different hash seeds).
     hf.train_from_iterator(_as_str_iter(texts), trainer=trainer)
     return _wrap_hf(hf, "bpe", "trained bpe")

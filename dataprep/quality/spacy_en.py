@@ -204,7 +204,8 @@ def _tokens_of(chunk: str) -> list[str] | None:
     if chunk.isalpha() and chunk not in SPECIAL:
         # Letters only (60% of the new chunks of web text): no prefix, suffix or infix rule
         # matches such a chunk (each needs a symbol, digit, apostrophe or period;
-        # tests/test_spacy_en.py checks it against the full path), so it is one token.
+        # tests/unit/dataprep/quality/test_spacy_en.py checks it against the full path), so
+        # it is one token.
         tokens = [chunk]
         _remember(chunk, tokens)
         return tokens
