@@ -276,7 +276,7 @@ directory; `output` is resolved from the working directory.
 
 - [Prep config](#prep-config): `ballast prep CONFIG`, the `prep` flow (dataprep/config.py)
 - [Training config](#training-config): `ballast train CONFIG`, the `train` flow
-  (training/config.py)
+  (training/config/)
 - [Launch](#launch): the training config's `launch:` section (infra/launch.py)
 - [Hyperparameter search](#hyperparameter-search): `ballast hpo run CONFIG` (flows/tuning/config.py)
 - [Quality rule parameters](#quality-rule-parameters): `{rule: {param: value}}` in a

@@ -40,8 +40,8 @@ from infra.k8s_manifests import (
     main,
     render,
     stale,
-    work_pool_template,
 )
+from infra.k8s_work_pool import work_pool_template
 from tests.support import k8s_lint
 from tests.support.helpers import ROOT
 from training.config import parse_train_config
