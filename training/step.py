@@ -195,7 +195,8 @@ def train_step(t: Trainer) -> StepResult:
     applied = decision is not None and decision.action == "ok"
     extras = {}
     for c, xs in zip(comps, extra, strict=True):
-        host_values, rest = rest[: sum(x.numel() for x in xs)], rest[sum(x.numel() for x in xs) :]
+        n = sum(x.numel() for x in xs)
+        host_values, rest = rest[:n], rest[n:]
         value = c.step_end(applied, host_values, grad_norm, accum)
         if value is not None:
             extras[c.name] = value

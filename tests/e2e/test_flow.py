@@ -4,6 +4,7 @@ artifacts in the UI, cached re-runs, and the Dask task runner."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,14 +78,21 @@ def test_prep_flow_matches_cli_output(prefect_api, corpus, tmp_path: Path):
         art = Artifact.get(key)
         assert art is not None and needle in str(art.data), key
 
-    # The flow run's log counts documents per stage, as the report does.
-    logs = "\n".join(m.message for m in asyncio.run(_logs(state.state_details.flow_run_id)))
-    for name, st in report["stages"].items():
-        t = st["total"]
-        assert (
-            f"{name}: {t['docs_in']:,} documents in, {t['kept']:,} kept, "
-            f"{sum(t['dropped'].values()):,} dropped"
-        ) in logs, (name, logs[-2000:])
+    # The flow run's log counts documents per stage, as the report does. Logs reach the API
+    # from a background worker, so the last lines may land a moment after the flow returns.
+    needles = {
+        name: f"{name}: {st['total']['docs_in']:,} documents in, {st['total']['kept']:,} "
+        f"kept, {sum(st['total']['dropped'].values()):,} dropped"
+        for name, st in report["stages"].items()
+    }
+    deadline = time.monotonic() + 30
+    while True:
+        logs = "\n".join(m.message for m in asyncio.run(_logs(state.state_details.flow_run_id)))
+        if all(n in logs for n in needles.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    for name, needle in needles.items():
+        assert needle in logs, (name, logs[-2000:])
 
     # A second run finds every shard done (cached or marked) and rewrites nothing.
     before = {f: (out / f).stat().st_mtime_ns for f in output_files(out)}
@@ -98,7 +106,14 @@ async def _logs(flow_run_id: Any) -> list[Any]:
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
     async with get_client() as client:
-        return await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        logs: list[Any] = []
+        while True:  # every page: the API answers at most its default limit per request
+            page = await client.read_logs(
+                LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])), offset=len(logs)
+            )
+            logs += page
+            if not page:
+                return logs
 
 
 def test_dask_runner_gives_identical_bytes(prefect_api, corpus, tmp_path: Path):

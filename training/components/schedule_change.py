@@ -7,7 +7,6 @@ stable phase, which extends naturally)."""
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 from training import checkpoint as ckpt
@@ -29,14 +28,12 @@ class ScheduleChange(Component):
         before, after = lr_multiplier(step, old, sched), lr_multiplier(step, new, sched)
         if before == after:
             return
-        if t.world.is_main:
-            print(
-                f"warning: steps changed from {old} (checkpoint {ckpt.step_name(step)}) to "
-                f"{new}: the {sched.kind} schedule is recomputed over {new} steps, so the "
-                f"lr multiplier at step {step + 1} goes from {before:.4g} to {after:.4g} "
-                f"(WSD or a constant schedule extend without a jump)",
-                file=sys.stderr,
-            )
+        t.console.say(
+            f"warning: steps changed from {old} (checkpoint {ckpt.step_name(step)}) to "
+            f"{new}: the {sched.kind} schedule is recomputed over {new} steps, so the "
+            f"lr multiplier at step {step + 1} goes from {before:.4g} to {after:.4g} "
+            f"(WSD or a constant schedule extend without a jump)",
+        )
         t.pending_events.append(
             {
                 "event": "schedule_change",
