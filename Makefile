@@ -5,12 +5,15 @@ PY         := $(VENV)/bin/python
 #   make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
 TORCH_SPEC ?= torch==2.13.0
 STAMP      := $(VENV)/.installed
+# The compiled kernels (dataprep._native, from native/): rebuilt in place when a source
+# changes, without reinstalling everything else.
+NATIVE     := $(VENV)/.native
 # checkov (the manifests' security scan) in a venv of its own: its pins clash with ours.
 CHECKOV_VENV ?= .venv-checkov
 CHECKOV    := $(CHECKOV_VENV)/bin/checkov
 SHARED     ?= ../shared/data
 
-.PHONY: install demo test test-fast scan lint bench ui-check docs clean
+.PHONY: install native demo test test-fast scan lint bench ui-check docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -31,7 +34,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install -q --no-deps "megatron-core==0.16.1"
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) $(NATIVE)
+
+$(NATIVE): $(STAMP) setup.py $(wildcard native/*.cpp native/*.h)
+	$(PY) setup.py -q build_ext --inplace
+	touch $(NATIVE)
+
+native: $(NATIVE)
 
 $(CHECKOV):
 	python3 -m venv $(CHECKOV_VENV)
@@ -49,7 +58,7 @@ scan: $(STAMP) $(CHECKOV)
 # database and the demo printed `sqlite3.OperationalError: database is locked` from the
 # temporary server's telemetry. That telemetry is off too: it cannot reach the internet
 # from here, and on a fresh database its first write raced the migrations with a traceback.
-demo: $(STAMP)
+demo: $(STAMP) $(NATIVE)
 	@set -e; mkdir -p "$(CURDIR)/runs/prefect-home"; \
 	export PREFECT_HOME="$(CURDIR)/runs/prefect-home" PREFECT_SERVER_ANALYTICS_ENABLED=false; \
 	if [ -d "$(SHARED)" ]; then \
@@ -64,7 +73,7 @@ demo: $(STAMP)
 	fi; \
 	$(PY) -m flows.train configs/train-demo.yaml --dataset $$DATASET
 
-test: $(STAMP) $(CHECKOV)
+test: $(STAMP) $(NATIVE) $(CHECKOV)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
@@ -76,7 +85,7 @@ test: $(STAMP) $(CHECKOV)
 
 # The loop to run while working: tests/unit only (fast, in-process; the whole runs, servers
 # and subprocesses are in tests/e2e, which `make test` adds), about a minute on two cores.
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(NATIVE)
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile tests/unit
 
 # docs/config.md from the config models' Field(description=...) (cli/config_docs.py).

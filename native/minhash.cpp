@@ -1,0 +1,10 @@
+// Kernel: minhash (not yet ported; the Python implementation runs).
+#include <pybind11/pybind11.h>
+
+namespace py = pybind11;
+
+namespace ballast {
+
+void register_minhash(py::module_& m) { (void)m; }
+
+}  // namespace ballast
