@@ -1,10 +1,726 @@
-// Kernel: quality (not yet ported; the Python implementation runs).
+// Kernel: the counters of the web quality chain (char_repetition, length, gopher_quality,
+// gopher_repetition, c4, fineweb) for a whole text column in one pass, without a Python
+// object per document.
+//
+// The kernel measures; it does not judge. For each rule of the chain, in chain order, it
+// writes integer counters per document (words, duplicate line characters, the top
+// n-gram's count, ...), runs C4's line cleaning (whose output the rules after it see) and
+// returns the cleaned texts. dataprep/quality/native_chain.py turns the counters into the
+// same decisions, drop reasons, details and statistics as the Python rules, with the same
+// integer-over-integer divisions, so the thresholds are compared in one place only.
+//
+// A document the kernel cannot measure exactly is marked for the Python path: a chunk
+// whose spaCy tokens depend on its neighbours (spacy_en._MERGED), text in a script
+// written without spaces (words come from ICU there), and the two characters whose
+// lower case holds ASCII letters (U+0130, U+212A; C4 matches lower-cased phrases).
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "arrow_text.h"
+#include "quality_text.h"
 
 namespace py = pybind11;
 
 namespace ballast {
+namespace {
 
-void register_quality(py::module_& m) { (void)m; }
+uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// Open addressing over 64-bit keys (n-gram hashes): count and first position per key.
+class NGramTable {
+ public:
+  void reset(size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n + 2) cap <<= 1;
+    if (keys_.size() < cap || keys_.size() > 4 * cap) {
+      keys_.assign(cap, 0);
+      counts_.assign(cap, 0);
+      firsts_.assign(cap, 0);
+    } else {
+      cap = keys_.size();
+      std::fill(keys_.begin(), keys_.end(), 0);
+    }
+    mask_ = cap - 1;
+  }
+  // Returns the slot of `key` (0 is reserved as empty: remapped to 1).
+  size_t slot(uint64_t key, bool& fresh) {
+    if (key == 0) key = 1;
+    size_t i = mix64(key) & mask_;
+    while (keys_[i] != 0 && keys_[i] != key) i = (i + 1) & mask_;
+    fresh = keys_[i] == 0;
+    if (fresh) keys_[i] = key;
+    return i;
+  }
+  std::vector<uint64_t> keys_;
+  std::vector<int64_t> counts_;
+  std::vector<int64_t> firsts_;
+
+ private:
+  size_t mask_ = 0;
+};
+
+// dup_count_and_chars: items that repeat an earlier one and their code points.
+std::pair<int64_t, int64_t> dup_count_and_chars(const std::vector<std::string_view>& items) {
+  std::unordered_set<std::string_view> seen;
+  seen.reserve(items.size() * 2);
+  int64_t n = 0, chars = 0;
+  for (auto s : items) {
+    if (!seen.insert(s).second) {
+      ++n;
+      chars += cp_len(s);
+    }
+  }
+  return {n, chars};
+}
+
+bool starts_with(std::string_view s, std::string_view p) {
+  return s.size() >= p.size() && s.compare(0, p.size(), p) == 0;
+}
+bool ends_with(std::string_view s, std::string_view p) {
+  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
+}
+
+// str.count(p): non-overlapping occurrences.
+int64_t count_sub(std::string_view s, std::string_view p) {
+  int64_t n = 0;
+  size_t i = 0;
+  while ((i = s.find(p, i)) != std::string_view::npos) {
+    ++n;
+    i += p.size();
+  }
+  return n;
+}
+
+enum class Kind { kCharRepetition, kLength, kGopherQuality, kGopherRepetition, kC4, kFineWeb };
+
+struct RuleSpec {
+  Kind kind;
+  std::string prefix;  // counters are named "<position>.<name>"
+  // char_repetition
+  int64_t max_run = -1;  // -1: off
+  // length
+  bool count_words = false;
+  // gopher_quality
+  std::vector<std::string> stop_words;
+  // gopher_repetition
+  std::vector<int64_t> top_n, dup_n;
+  // c4
+  bool remove_citations = true, filter_no_terminal_punct = true, filter_lorem_ipsum = true,
+       filter_javascript = true, filter_curly_bracket = true, filter_policy = true,
+       count_sentences = true;
+  int64_t min_words_per_line = 0, max_word_length = -1;
+  // fineweb
+  int64_t short_line_length = 30;
+  double new_line_ratio = -1;  // -1: off
+};
+
+const char* const kPolicy[] = {"terms of use", "privacy policy", "cookie policy",
+                               "uses cookies", "use of cookies", "use cookies"};
+
+// Counters of one rule for every document, by name; -1 marks "not measured".
+using Columns = std::map<std::string, std::vector<int64_t>>;
+
+class Fallback : public std::exception {};
+
+// One document's state while the chain runs over it.
+struct DocState {
+  std::string_view text;
+  std::string owned;  // C4's cleaned text, once it edits
+  bool words_ready = false;
+  std::vector<Token> words;
+  bool script_checked = false;
+};
+
+class Chain {
+ public:
+  Chain(Tables tables, py::function resolver, std::vector<RuleSpec> rules, size_t cache_max)
+      : t_(std::move(tables)), cache_(std::move(resolver), cache_max), rules_(std::move(rules)) {}
+
+  py::dict run(const py::tuple& column) {
+    const TextColumn col(column);
+    const int64_t n = col.size();
+    cols_.clear();
+    std::vector<uint8_t> fallback(n, 0);
+    std::vector<int64_t> edited_off{0};
+    std::string edited_bytes;
+    std::vector<uint8_t> edited(n, 0);
+    excerpts_.clear();
+    doc_count_ = n;
+    for (int64_t i = 0; i < n; ++i) {
+      row_ = i;
+      DocState d;
+      d.text = col[i];
+      try {
+        check_characters(d.text);
+        for (size_t r = 0; r < rules_.size(); ++r) apply(rules_[r], d);
+      } catch (const Fallback&) {
+        fallback[i] = 1;
+      }
+      if (!fallback[i] && !d.owned.empty() && d.text.data() == d.owned.data()) {
+        edited[i] = 1;
+        edited_bytes.append(d.owned);
+      }
+      edited_off.push_back(static_cast<int64_t>(edited_bytes.size()));
+    }
+    py::dict out;
+    for (auto& [name, v] : cols_) out[py::str(name)] = py::array_t<int64_t>(v.size(), v.data());
+    out["fallback"] = py::array_t<uint8_t>(fallback.size(), fallback.data());
+    out["edited"] = py::array_t<uint8_t>(edited.size(), edited.data());
+    out["edited_offsets"] = py::array_t<int64_t>(edited_off.size(), edited_off.data());
+    out["edited_bytes"] = py::bytes(edited_bytes);
+    py::list ex;
+    for (auto& s : excerpts_) ex.append(py::str(s.data(), s.size()));
+    out["excerpts"] = ex;
+    out["cache_misses"] = cache_.misses();
+    return out;
+  }
+
+ private:
+  void set(const RuleSpec& r, const char* name, int64_t v) {
+    auto& c = cols_[r.prefix + name];
+    if (c.empty()) c.assign(doc_count_, -1);
+    c[row_] = v;
+  }
+
+  // Characters that the kernel leaves to Python, anywhere in the document.
+  static void check_characters(std::string_view s) {
+    // U+0130 is C4 B0, U+212A is E2 84 AA.
+    if (s.find("\xC4\xB0") != std::string_view::npos) throw Fallback();
+    if (s.find("\xE2\x84\xAA") != std::string_view::npos) throw Fallback();
+  }
+
+  // Words and sentences follow the English rules only where segment.script_language sees
+  // no script written without spaces in the first 2,000 characters.
+  void check_script(DocState& d) {
+    if (d.script_checked) return;
+    d.script_checked = true;
+    size_t i = 0;
+    int k = 0;
+    while (i < d.text.size() && k < 2000) {
+      const uint32_t cp = next_cp(d.text, i);
+      if (cp >= 0x80 && t_.no_space.has(cp)) throw Fallback();
+      ++k;
+    }
+  }
+
+  const std::vector<Token>& words(DocState& d) {
+    if (d.words_ready) return d.words;
+    check_script(d);
+    d.words.clear();
+    for_each_chunk(t_, d.text, [&](std::string_view chunk) {
+      const ChunkCache::Entry* e = cache_.get(chunk);
+      if (e == nullptr) throw std::runtime_error("quality kernel: chunk tokens do not cover it");
+      if (e->merged) throw Fallback();
+      size_t off = 0;
+      for (uint32_t k = 0; k < e->count; ++k) {
+        const auto& tk = cache_.tok(e->first + k);
+        d.words.push_back(Token{chunk.substr(off, tk.bytes), tk.cps, tk.flags, tk.hash});
+        off += tk.bytes;
+      }
+    });
+    d.words_ready = true;
+    return d.words;
+  }
+
+  // spacy_en.count_sentences of one line: 1 + the "PW"s in the joined classes of its
+  // chunks and whitespace runs (a single " " has none, any other run is "W").
+  int64_t sentences(std::string_view line) {
+    if (line.empty()) return 0;
+    char prev = 0;
+    int64_t pw = 0;
+    auto feed = [&](std::string_view cls) {
+      for (char c : cls) {
+        if (prev == 'P' && c == 'W') ++pw;
+        prev = c;
+      }
+    };
+    size_t i = 0;
+    while (i < line.size()) {
+      const size_t at = i;
+      const bool sp = is_space(t_, next_cp(line, i));
+      size_t j = i;
+      while (j < line.size()) {
+        size_t k = j;
+        if (is_space(t_, next_cp(line, k)) != sp) break;
+        j = k;
+      }
+      const std::string_view piece = line.substr(at, j - at);
+      if (sp) {
+        if (piece != " ") feed("W");
+      } else {
+        const ChunkCache::Entry* e = cache_.get(piece);
+        if (e == nullptr || e->merged) throw Fallback();
+        const std::string cls = e->classes;  // copied: a later miss may clear the cache
+        feed(cls);
+      }
+      i = j;
+    }
+    return 1 + pw;
+  }
+
+  void apply(const RuleSpec& r, DocState& d) {
+    switch (r.kind) {
+      case Kind::kCharRepetition: return char_repetition(r, d);
+      case Kind::kLength: return length(r, d);
+      case Kind::kGopherQuality: return gopher_quality(r, d);
+      case Kind::kGopherRepetition: return gopher_repetition(r, d);
+      case Kind::kC4: return c4(r, d);
+      case Kind::kFineWeb: return fineweb(r, d);
+    }
+  }
+
+  void char_repetition(const RuleSpec& r, DocState& d) {
+    const std::string_view s = d.text;
+    std::vector<uint32_t> cps;
+    cps.reserve(s.size());
+    for (size_t i = 0; i < s.size();) cps.push_back(next_cp(s, i));
+    // The first run of one non-space character longer than max_run (simple._long_run).
+    int64_t run_len = 0, run_cp = 0;
+    if (r.max_run >= 0) {
+      size_t i = 0;
+      while (i < cps.size()) {
+        size_t j = i + 1;
+        while (j < cps.size() && cps[j] == cps[i]) ++j;
+        if (static_cast<int64_t>(j - i) > r.max_run && !is_space(t_, cps[i])) {
+          run_len = static_cast<int64_t>(j - i);
+          run_cp = cps[i];
+          break;
+        }
+        i = j;
+      }
+    }
+    set(r, "run_len", run_len);
+    set(r, "run_cp", run_cp);
+    int64_t n_chars = 0;
+    for (uint32_t c : cps) n_chars += !is_space(t_, c);
+    set(r, "n_chars", n_chars);
+    // simple._most_common_char: candidates from two strided samples, the four most common
+    // (ties in order of first appearance), each counted exactly.
+    const size_t len = cps.size();
+    const size_t k = len / 256 + 1;
+    std::vector<std::pair<uint32_t, int64_t>> sample;  // in order of first appearance
+    auto add = [&](uint32_t c) {
+      for (auto& p : sample) {
+        if (p.first == c) {
+          ++p.second;
+          return;
+        }
+      }
+      sample.emplace_back(c, 1);
+    };
+    for (size_t i = 0; i < len; i += k) add(cps[i]);
+    if (k > 1) {
+      for (size_t i = k / 2; i < len; i += k + 1) add(cps[i]);
+    }
+    std::stable_sort(sample.begin(), sample.end(),
+                     [](const auto& a, const auto& b) { return a.second > b.second; });
+    int64_t best_count = 0;
+    uint32_t best = 0;
+    for (size_t q = 0; q < sample.size() && q < 4; ++q) {
+      const uint32_t c = sample[q].first;
+      if (is_space(t_, c)) continue;
+      int64_t count = 0;
+      for (uint32_t x : cps) count += x == c;
+      if (count > best_count) {
+        best_count = count;
+        best = c;
+      }
+    }
+    set(r, "top_count", best_count);
+    set(r, "top_cp", best);
+  }
+
+  void length(const RuleSpec& r, DocState& d) {
+    set(r, "chars", cp_len(strip(t_, d.text)));
+    if (r.count_words) {
+      int64_t n = 0;
+      for_each_chunk(t_, d.text, [&](std::string_view) { ++n; });
+      set(r, "words", n);
+    }
+  }
+
+  void gopher_quality(const RuleSpec& r, DocState& d) {
+    const auto& w = words(d);
+    int64_t content = 0, content_len = 0, alpha = 0;
+    uint64_t stops = 0;
+    for (const auto& tk : w) {
+      if (tk.flags & kContent) {
+        ++content;
+        content_len += tk.cps;
+      }
+      alpha += (tk.flags & kHasAlpha) != 0;
+      for (size_t q = 0; q < r.stop_words.size() && q < 64; ++q) {
+        if (tk.text == r.stop_words[q]) stops |= uint64_t{1} << q;
+      }
+    }
+    set(r, "words", static_cast<int64_t>(w.size()));
+    set(r, "content", content);
+    set(r, "content_len", content_len);
+    set(r, "alpha", alpha);
+    set(r, "stop", __builtin_popcountll(stops));
+    set(r, "hashes", count_sub(d.text, "#"));
+    set(r, "ellipses", count_sub(d.text, "...") + count_sub(d.text, "\xE2\x80\xA6"));
+    int64_t lines = 0, bullets = 0, ellipsis_lines = 0;
+    for_each_line(d.text, [&](std::string_view line) {
+      ++lines;
+      const auto l = lstrip(t_, line);
+      bullets += starts_with(l, "\xE2\x80\xA2") || starts_with(l, "-");
+      const auto rs = rstrip(t_, line);
+      ellipsis_lines += ends_with(rs, "...") || ends_with(rs, "\xE2\x80\xA6");
+    });
+    set(r, "lines", lines);
+    set(r, "bullet_lines", bullets);
+    set(r, "ellipsis_lines", ellipsis_lines);
+  }
+
+  void gopher_repetition(const RuleSpec& r, DocState& d) {
+    const std::string_view text = d.text;
+    set(r, "size", cp_len(text));
+    if (text.empty()) return;
+    // Paragraphs: re.split(r"\n{2,}", text.strip()); lines: re.split(r"\n+", text).
+    auto split_newlines = [](std::string_view s, size_t min_run) {
+      std::vector<std::string_view> out;
+      size_t start = 0, i = 0;
+      while (i < s.size()) {
+        if (s[i] != '\n') {
+          ++i;
+          continue;
+        }
+        size_t j = i;
+        while (j < s.size() && s[j] == '\n') ++j;
+        if (j - i >= min_run) {
+          out.push_back(s.substr(start, i - start));
+          start = j;
+        }
+        i = j;
+      }
+      out.push_back(s.substr(start));
+      return out;
+    };
+    const auto paras = split_newlines(strip(t_, text), 2);
+    auto [pd, pc] = dup_count_and_chars(paras);
+    set(r, "paras", static_cast<int64_t>(paras.size()));
+    set(r, "para_dups", pd);
+    set(r, "para_dup_chars", pc);
+    const auto lines = split_newlines(text, 1);
+    auto [ld, lc] = dup_count_and_chars(lines);
+    set(r, "lines", static_cast<int64_t>(lines.size()));
+    set(r, "line_dups", ld);
+    set(r, "line_dup_chars", lc);
+
+    const auto& w = words(d);
+    const size_t nw = w.size();
+    std::vector<int64_t> cum(nw + 1, 0);
+    for (size_t i = 0; i < nw; ++i) cum[i + 1] = cum[i] + w[i].cps;
+    int64_t max_n = 1;
+    for (auto n : r.top_n) max_n = std::max(max_n, n);
+    for (auto n : r.dup_n) max_n = std::max(max_n, n);
+    // hashes[n] over positions 0 .. nw - n, built from the (n-1)-gram hashes.
+    std::vector<std::vector<uint64_t>> hashes(max_n + 1);
+    hashes[1].resize(nw);
+    for (size_t i = 0; i < nw; ++i) hashes[1][i] = w[i].hash;
+    for (int64_t n = 2; n <= max_n; ++n) {
+      if (static_cast<int64_t>(nw) < n) break;
+      const size_t m = nw - n + 1;
+      hashes[n].resize(m);
+      for (size_t i = 0; i < m; ++i) {
+        hashes[n][i] = mix64(hashes[n - 1][i] * 0x9E3779B97F4A7C15ULL ^ w[i + n - 1].hash);
+      }
+    }
+    for (auto n : r.top_n) {
+      const std::string name = "top" + std::to_string(n);
+      const auto& h = hashes[n];
+      if (h.empty()) continue;
+      table_.reset(h.size());
+      for (size_t i = 0; i < h.size(); ++i) {
+        bool fresh;
+        const size_t s = table_.slot(h[i], fresh);
+        if (fresh) {
+          table_.counts_[s] = 1;
+          table_.firsts_[s] = static_cast<int64_t>(i);
+        } else {
+          ++table_.counts_[s];
+        }
+      }
+      // Counter.most_common(1): the most frequent, the first seen among equals.
+      int64_t top = 0, first = 0;
+      for (size_t s = 0; s < table_.keys_.size(); ++s) {
+        if (table_.keys_[s] == 0) continue;
+        const int64_t c = table_.counts_[s], f = table_.firsts_[s];
+        if (c > top || (c == top && f < first)) {
+          top = c;
+          first = f;
+        }
+      }
+      set(r, (name + "_count").c_str(), top);
+      set(r, (name + "_len").c_str(), cum[first + n] - cum[first] + n - 1);
+    }
+    for (auto n : r.dup_n) {
+      const std::string name = "dup" + std::to_string(n) + "_chars";
+      const auto& h = hashes[n];
+      // gopher._greedy_dup_chars: a repeat adds its characters and the scan jumps past it.
+      int64_t repeated = 0;
+      if (!h.empty()) {
+        table_.reset(h.size());
+        size_t i = 0;
+        while (i < h.size()) {
+          bool fresh;
+          table_.slot(h[i], fresh);
+          if (!fresh) {
+            repeated += cum[i + n] - cum[i];
+            i += n;
+          } else {
+            ++i;
+          }
+        }
+      }
+      set(r, name.c_str(), repeated);
+    }
+  }
+
+  // re.sub(r"\[\d*]|\[edit]|\[citation needed]", "", line)
+  std::string remove_citations(std::string_view line) const {
+    std::string out;
+    size_t i = 0, copied = 0;
+    while (i < line.size()) {
+      if (line[i] != '[') {
+        ++i;
+        continue;
+      }
+      size_t j = i + 1;
+      while (j < line.size()) {
+        size_t k = j;
+        const uint32_t cp = next_cp(line, k);
+        if (!(cp >= '0' && cp <= '9') && !(cp >= 0x80 && t_.decimal.has(cp))) break;
+        j = k;
+      }
+      size_t end = 0;
+      if (j < line.size() && line[j] == ']') {
+        end = j + 1;
+      } else if (starts_with(line.substr(i), "[edit]")) {
+        end = i + 6;
+      } else if (starts_with(line.substr(i), "[citation needed]")) {
+        end = i + 17;
+      }
+      if (end) {
+        out.append(line.substr(copied, i - copied));
+        copied = i = end;
+      } else {
+        ++i;
+      }
+    }
+    out.append(line.substr(copied));
+    return out;
+  }
+
+  void c4(const RuleSpec& r, DocState& d) {
+    int64_t verdict = 0, sentences_total = 0, kept_n = 0, lines_n = 0;
+    std::vector<std::string> kept;
+    // Lines are processed in order; C4 drops the page at the first 'lorem ipsum' or '{'.
+    std::vector<std::string_view> raw_lines;
+    for_each_line(d.text, [&](std::string_view l) { raw_lines.push_back(l); });
+    lines_n = static_cast<int64_t>(raw_lines.size());
+    for (auto raw : raw_lines) {
+      const std::string_view line = strip(t_, raw);
+      int64_t n_words = 0;
+      bool too_long = false;
+      const int64_t line_cps = r.max_word_length >= 0 ? cp_len(line) : 0;
+      for_each_chunk(t_, line, [&](std::string_view w) {
+        ++n_words;
+        if (r.max_word_length >= 0 && line_cps > r.max_word_length &&
+            cp_len(w) > r.max_word_length) {
+          too_long = true;
+        }
+      });
+      if (too_long) continue;
+      std::string cleaned;
+      std::string_view cur = line;
+      if (r.remove_citations && line.find('[') != std::string_view::npos) {
+        cleaned = remove_citations(line);
+        cur = cleaned;
+      }
+      if (r.filter_no_terminal_punct) {
+        const bool end_ok = !cur.empty() && std::strchr(".?!\"'", cur.back()) != nullptr;
+        if (!end_ok || ends_with(cur, "...")) continue;
+      }
+      if (n_words < r.min_words_per_line) continue;
+      std::string lower(cur);
+      for (auto& c : lower) {
+        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+      }
+      if (r.filter_lorem_ipsum && lower.find("lorem ipsum") != std::string::npos) {
+        verdict = 1;
+        excerpt(r, cur);
+        break;
+      }
+      if (r.filter_javascript && lower.find("javascript") != std::string::npos) continue;
+      if (r.filter_curly_bracket && cur.find('{') != std::string_view::npos) {
+        verdict = 2;
+        excerpt(r, cur);
+        break;
+      }
+      if (r.filter_policy) {
+        bool policy = false;
+        for (const char* p : kPolicy) policy = policy || lower.find(p) != std::string::npos;
+        if (policy) continue;
+      }
+      if (r.count_sentences) {
+        check_script(d);  // spaCy's sentencizer applies to English text only
+        sentences_total += sentences(cur);
+      }
+      kept.emplace_back(cur);
+      ++kept_n;
+    }
+    set(r, "verdict", verdict);
+    set(r, "sentences", sentences_total);
+    set(r, "kept_lines", kept_n);
+    set(r, "lines", lines_n);
+    if (verdict != 0) return;
+    std::string joined;
+    for (size_t q = 0; q < kept.size(); ++q) {
+      if (q) joined.push_back('\n');
+      joined.append(kept[q]);
+    }
+    const std::string_view cleaned = strip(t_, joined);
+    set(r, "empty", cleaned.empty() ? 1 : 0);
+    if (!cleaned.empty() && cleaned != d.text) {
+      d.owned = std::string(cleaned);
+      d.text = d.owned;
+      d.words_ready = false;
+      d.script_checked = false;
+    }
+  }
+
+  // The first 60 characters of a line, for C4's drop detail.
+  void excerpt(const RuleSpec& r, std::string_view line) {
+    size_t i = 0;
+    for (int k = 0; k < 60 && i < line.size(); ++k) next_cp(line, i);
+    excerpts_.emplace_back(line.substr(0, i));
+    set(r, "excerpt", static_cast<int64_t>(excerpts_.size() - 1));
+  }
+
+  void fineweb(const RuleSpec& r, DocState& d) {
+    const std::string_view text = d.text;
+    int64_t n = 0, punct = 0, shorts = 0, newlines = 0;
+    std::vector<std::string_view> lines;
+    size_t start = 0;
+    for (size_t i = 0; i <= text.size(); ++i) {
+      if (i < text.size() && text[i] != '\n') continue;
+      if (i < text.size()) ++newlines;
+      const std::string_view line = text.substr(start, i - start);
+      start = i + 1;
+      if (strip(t_, line).empty()) continue;
+      lines.push_back(line);
+      ++n;
+      size_t e = line.size();
+      if (t_.terminal.has(prev_cp(line, e))) ++punct;
+      if (cp_len(line) <= r.short_line_length) ++shorts;
+    }
+    set(r, "lines", n);
+    set(r, "punct", punct);
+    set(r, "short", shorts);
+    set(r, "newlines", newlines);
+    set(r, "dup_chars", dup_count_and_chars(lines).second);
+    set(r, "chars", cp_len(text));
+    if (r.new_line_ratio >= 0 && newlines && n) {
+      // Chunks first: each holds at least one word, so when newlines per chunk stay under
+      // the limit so do newlines per word, and the words need not be split.
+      int64_t chunks = 0;
+      for_each_chunk(t_, text, [&](std::string_view) { ++chunks; });
+      if (static_cast<double>(newlines) / static_cast<double>(chunks) > r.new_line_ratio) {
+        set(r, "words", static_cast<int64_t>(words(d).size()));
+      } else {
+        set(r, "words", chunks);
+      }
+    }
+  }
+
+  Tables t_;
+  ChunkCache cache_;
+  std::vector<RuleSpec> rules_;
+  NGramTable table_;
+  Columns cols_;
+  std::vector<std::string> excerpts_;
+  int64_t doc_count_ = 0, row_ = 0;
+};
+
+RuleSpec parse_rule(const py::tuple& spec) {
+  RuleSpec r;
+  const auto name = spec[0].cast<std::string>();
+  const auto p = spec[1].cast<py::dict>();
+  r.prefix = spec[2].cast<std::string>();
+  auto get_int = [&](const char* k, int64_t none) {
+    return p.contains(k) && !p[k].is_none() ? p[k].cast<int64_t>() : none;
+  };
+  auto get_bool = [&](const char* k) { return p[k].cast<bool>(); };
+  if (name == "char_repetition") {
+    r.kind = Kind::kCharRepetition;
+    r.max_run = get_int("max_run", -1);
+  } else if (name == "length") {
+    r.kind = Kind::kLength;
+    r.count_words = p.contains("min_words") && !p["min_words"].is_none();
+  } else if (name == "gopher_quality") {
+    r.kind = Kind::kGopherQuality;
+    r.stop_words = p["stop_words"].cast<std::vector<std::string>>();
+    if (r.stop_words.size() > 64) throw std::invalid_argument("gopher_quality: > 64 stop words");
+  } else if (name == "gopher_repetition") {
+    r.kind = Kind::kGopherRepetition;
+    for (auto item : p["top_n_grams"]) r.top_n.push_back(item.cast<py::tuple>()[0].cast<int64_t>());
+    for (auto item : p["dup_n_grams"]) r.dup_n.push_back(item.cast<py::tuple>()[0].cast<int64_t>());
+  } else if (name == "c4") {
+    r.kind = Kind::kC4;
+    r.remove_citations = get_bool("remove_citations");
+    r.filter_no_terminal_punct = get_bool("filter_no_terminal_punct");
+    r.filter_lorem_ipsum = get_bool("filter_lorem_ipsum");
+    r.filter_javascript = get_bool("filter_javascript");
+    r.filter_curly_bracket = get_bool("filter_curly_bracket");
+    r.filter_policy = get_bool("filter_policy");
+    r.count_sentences = !p["min_num_sentences"].is_none();
+    r.min_words_per_line = get_int("min_words_per_line", 0);
+    r.max_word_length = get_int("max_word_length", -1);
+  } else if (name == "fineweb") {
+    r.kind = Kind::kFineWeb;
+    r.short_line_length = get_int("short_line_length", 30);
+    r.new_line_ratio = p["new_line_ratio"].is_none() ? -1.0 : p["new_line_ratio"].cast<double>();
+  } else {
+    throw std::invalid_argument("quality kernel: no native rule " + name);
+  }
+  return r;
+}
+
+}  // namespace
+
+void register_quality(py::module_& m) {
+  py::class_<Chain>(m, "QualityChain")
+      .def(py::init([](const py::dict& tables, py::function resolver, const py::list& rules,
+                       size_t cache_max) {
+             Tables t{CodePointSet(tables["space"].cast<std::vector<uint32_t>>()),
+                      CodePointSet(tables["decimal"].cast<std::vector<uint32_t>>()),
+                      CodePointSet(tables["terminal"].cast<std::vector<uint32_t>>()),
+                      CodePointSet(tables["no_space"].cast<std::vector<uint32_t>>())};
+             std::vector<RuleSpec> specs;
+             for (auto r : rules) specs.push_back(parse_rule(r.cast<py::tuple>()));
+             return new Chain(std::move(t), std::move(resolver), std::move(specs), cache_max);
+           }),
+           py::arg("tables"), py::arg("resolver"), py::arg("rules"), py::arg("cache_max"))
+      .def("run", &Chain::run, py::arg("column"),
+           "Counters of every rule for every document of a text column (see quality.cpp).");
+}
 
 }  // namespace ballast

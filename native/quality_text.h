@@ -1,0 +1,266 @@
+// UTF-8 text as Python's str methods see it, for the quality kernel (native/quality.cpp):
+// code points, Python's whitespace (str.isspace, strip, split), splitlines, and the
+// spaCy-English word split through a cache of whitespace-free chunks whose tokens the
+// Python reference (dataprep/quality/spacy_en.py) computes once per distinct chunk.
+//
+// Every Unicode property comes from Python at setup (CodePointSet, filled from the
+// tables dataprep/quality/native_chain.py builds with unicodedata and str methods), so
+// the native answers follow the same Unicode version as the reference they are tested
+// against.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace ballast {
+
+namespace py = pybind11;
+
+// A set of code points as a bitmap over the whole Unicode range (136 KiB).
+class CodePointSet {
+ public:
+  CodePointSet() : bits_((0x110000 + 63) / 64, 0) {}
+  explicit CodePointSet(const std::vector<uint32_t>& cps) : CodePointSet() {
+    for (uint32_t c : cps) {
+      if (c < 0x110000) bits_[c >> 6] |= uint64_t{1} << (c & 63);
+    }
+  }
+  bool has(uint32_t c) const { return c < 0x110000 && (bits_[c >> 6] >> (c & 63)) & 1; }
+
+ private:
+  std::vector<uint64_t> bits_;
+};
+
+// The code point starting at s[i] (valid UTF-8, as Arrow strings from Python are); i moves
+// past it.
+inline uint32_t next_cp(std::string_view s, size_t& i) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  if (b0 < 0x80) {
+    ++i;
+    return b0;
+  }
+  auto b = [&](size_t k) { return static_cast<uint32_t>(static_cast<unsigned char>(s[i + k]) & 0x3F); };
+  uint32_t cp;
+  if (b0 < 0xE0) {
+    cp = ((b0 & 0x1Fu) << 6) | b(1);
+    i += 2;
+  } else if (b0 < 0xF0) {
+    cp = ((b0 & 0x0Fu) << 12) | (b(1) << 6) | b(2);
+    i += 3;
+  } else {
+    cp = ((b0 & 0x07u) << 18) | (b(1) << 12) | (b(2) << 6) | b(3);
+    i += 4;
+  }
+  return cp;
+}
+
+// The code point ending just before s[end]; end moves to its first byte.
+inline uint32_t prev_cp(std::string_view s, size_t& end) {
+  size_t j = end - 1;
+  while (j > 0 && (static_cast<unsigned char>(s[j]) & 0xC0) == 0x80) --j;
+  size_t k = j;
+  const uint32_t cp = next_cp(s, k);
+  end = j;
+  return cp;
+}
+
+// len(str): code points are the bytes that are not UTF-8 continuation bytes.
+inline int64_t cp_len(std::string_view s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+struct Tables {
+  CodePointSet space;     // str.isspace()
+  CodePointSet decimal;   // re's \d (Unicode decimal digits)
+  CodePointSet terminal;  // FineWeb's TERMINAL_PUNCTUATION
+  CodePointSet no_space;  // scripts written without spaces (segment._SCRIPTS)
+};
+
+inline bool is_space(const Tables& t, uint32_t cp) {
+  if (cp < 0x80) return cp == ' ' || (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x1F);
+  return t.space.has(cp);
+}
+
+// str.strip()
+inline std::string_view strip(const Tables& t, std::string_view s) {
+  size_t a = 0;
+  while (a < s.size()) {
+    size_t k = a;
+    if (!is_space(t, next_cp(s, k))) break;
+    a = k;
+  }
+  size_t b = s.size();
+  while (b > a) {
+    size_t k = b;
+    if (!is_space(t, prev_cp(s, k))) break;
+    b = k;
+  }
+  return s.substr(a, b - a);
+}
+
+inline std::string_view lstrip(const Tables& t, std::string_view s) {
+  size_t a = 0;
+  while (a < s.size()) {
+    size_t k = a;
+    if (!is_space(t, next_cp(s, k))) break;
+    a = k;
+  }
+  return s.substr(a);
+}
+
+inline std::string_view rstrip(const Tables& t, std::string_view s) {
+  size_t b = s.size();
+  while (b > 0) {
+    size_t k = b;
+    if (!is_space(t, prev_cp(s, k))) break;
+    b = k;
+  }
+  return s.substr(0, b);
+}
+
+// str.split(): the maximal runs of non-whitespace.
+template <class F>
+inline void for_each_chunk(const Tables& t, std::string_view s, F&& f) {
+  size_t i = 0, start = 0;
+  bool in_chunk = false;
+  while (i < s.size()) {
+    const size_t at = i;
+    const bool sp = is_space(t, next_cp(s, i));
+    if (sp && in_chunk) {
+      f(s.substr(start, at - start));
+      in_chunk = false;
+    } else if (!sp && !in_chunk) {
+      start = at;
+      in_chunk = true;
+    }
+  }
+  if (in_chunk) f(s.substr(start));
+}
+
+// str.splitlines(): \n, \r, \r\n, \v, \f, \x1c-\x1e, \x85, U+2028, U+2029 end a line; a
+// final line break does not start an empty line.
+template <class F>
+inline void for_each_line(std::string_view s, F&& f) {
+  size_t i = 0, start = 0;
+  while (i < s.size()) {
+    const size_t at = i;
+    const uint32_t cp = next_cp(s, i);
+    bool brk = false;
+    if (cp == '\r') {
+      brk = true;
+      if (i < s.size() && s[i] == '\n') ++i;
+    } else if (cp == '\n' || cp == 0x0B || cp == 0x0C || cp == 0x1C || cp == 0x1D ||
+               cp == 0x1E || cp == 0x85 || cp == 0x2028 || cp == 0x2029) {
+      brk = true;
+    }
+    if (brk) {
+      f(s.substr(start, at - start));
+      start = i;
+    }
+  }
+  if (start < s.size()) f(s.substr(start));
+}
+
+// A token's properties, computed by the Python reference when its chunk is first seen.
+enum TokenFlag : uint8_t {
+  kAlpha = 1,    // str.isalpha()
+  kContent = 2,  // isalpha() or strip(SYMBOLS) leaves something: a word, not a symbol
+  kHasAlpha = 4, // HAS_ALPHA: holds a letter
+};
+
+struct Token {
+  std::string_view text;
+  uint32_t cps;
+  uint8_t flags;
+  uint64_t hash;
+};
+
+// chunk -> its spaCy tokens (as byte lengths, code point lengths and flags) and its
+// sentencizer classes ("W", "P", "WP", ...). Filled through the Python resolver on a miss;
+// a chunk whose tokens depend on its neighbours (spacy_en._MERGED) is remembered as
+// such, and a document holding one goes to the Python path.
+class ChunkCache {
+ public:
+  struct Entry {
+    uint32_t first = 0;  // index of its first token in toks_
+    uint32_t count = 0;
+    std::string classes;
+    bool merged = false;
+  };
+  struct Tok {
+    uint32_t bytes;
+    uint32_t cps;
+    uint8_t flags;
+    uint64_t hash;
+  };
+
+  explicit ChunkCache(py::function resolver, size_t max_entries)
+      : resolver_(std::move(resolver)), max_entries_(max_entries) {}
+
+  // The entry of `chunk`, resolved through Python when new. nullptr when the resolver
+  // failed to account for the chunk's bytes (a bug the caller reports).
+  const Entry* get(std::string_view chunk) {
+    auto it = map_.find(chunk);
+    if (it != map_.end()) return &entries_[it->second];
+    if (map_.size() >= max_entries_) clear();
+    return resolve(chunk);
+  }
+
+  const Tok& tok(uint32_t i) const { return toks_[i]; }
+  size_t misses() const { return misses_; }
+
+ private:
+  void clear() {
+    map_.clear();
+    keys_.clear();
+    entries_.clear();
+    toks_.clear();
+  }
+
+  const Entry* resolve(std::string_view chunk) {
+    ++misses_;
+    py::object r = resolver_(py::str(chunk.data(), chunk.size()));
+    Entry e;
+    e.first = static_cast<uint32_t>(toks_.size());
+    if (r.is_none()) {
+      e.merged = true;
+    } else {
+      auto t = r.cast<py::tuple>();
+      auto lens = t[0].cast<std::vector<uint32_t>>();
+      auto cps = t[1].cast<std::vector<uint32_t>>();
+      auto flags = t[2].cast<std::vector<uint8_t>>();
+      e.classes = t[3].cast<std::string>();
+      size_t off = 0;
+      for (size_t k = 0; k < lens.size(); ++k) {
+        const std::string_view piece = chunk.substr(off, lens[k]);
+        toks_.push_back(Tok{lens[k], cps[k], flags[k], std::hash<std::string_view>{}(piece)});
+        off += lens[k];
+      }
+      if (off != chunk.size()) return nullptr;
+      e.count = static_cast<uint32_t>(lens.size());
+    }
+    keys_.emplace_back(chunk);
+    const std::string_view key = keys_.back();
+    entries_.push_back(std::move(e));
+    map_.emplace(key, static_cast<uint32_t>(entries_.size() - 1));
+    return &entries_.back();
+  }
+
+  py::function resolver_;
+  size_t max_entries_;
+  size_t misses_ = 0;
+  std::deque<std::string> keys_;  // stable storage for the map's string_view keys
+  std::deque<Entry> entries_;
+  std::vector<Tok> toks_;
+  std::unordered_map<std::string_view, uint32_t> map_;
+};
+
+}  // namespace ballast
