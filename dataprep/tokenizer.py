@@ -15,6 +15,13 @@ Conventions that hold for every kind:
   become U+FFFD instead of raising.
 
 HF `tokenizers` is imported lazily: the bytes tokenizer needs nothing beyond numpy.
+
+`encode_column` encodes a whole Arrow text column (the tokenize stage's path). For a
+byte-level BPE that native/bpe.cpp can encode exactly (checked once per tokenizer by
+`_native_bpe_plan`, see there), it runs the native encoder; otherwise, and whenever the
+native module is missing or BALLAST_NATIVE=0, it runs HF. HF stays the reference: both give
+the same ids, which tests/unit/dataprep/test_bpe_native.py checks on the shared corpora and
+on random text.
 """
 
 from __future__ import annotations
@@ -24,13 +31,14 @@ import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from itertools import islice
+from itertools import islice, pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     import tokenizers
 
     from dataprep.config import TokenizerConfig
@@ -59,6 +67,9 @@ class Tokenizer:
     # Serialised once at construction: sha256() is called per shard/manifest, and for HF
     # tokenizers the JSON is large enough (hundreds of KB) that re-serialising adds up.
     _json: str = field(default="", repr=False)
+    # The native BPE encoder's inputs when the tokenizer passed the check, else the reason
+    # it did not (a str); decided once, when the tokenizer is built or loaded.
+    _native: _NativeBpe | str = field(default="not a BPE tokenizer", repr=False)
 
     def encode_batch(self, texts: list[str]) -> list[np.ndarray]:
         """One int32 array per text, without any special tokens."""
@@ -67,6 +78,106 @@ class Tokenizer:
         # encode_batch_fast (newer tokenizers) skips offset tracking, which we never use.
         enc = getattr(self._hf, "encode_batch_fast", self._hf.encode_batch)
         return [np.asarray(e.ids, dtype=np.int32) for e in enc(texts, add_special_tokens=False)]
+
+    def encode_column(
+        self, texts: pa.Array | pa.ChunkedArray, append_id: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Every text of an Arrow string column, flat: (ids int32, offsets int64 of length
+        len(texts) + 1), document i's ids being ids[offsets[i]:offsets[i+1]], each followed
+        by `append_id` when given. The same ids as `encode_batch`, by the native encoder
+        when `native_status()` is "native"."""
+        import pyarrow as pa
+
+        chunks = texts.chunks if isinstance(texts, pa.ChunkedArray) else [texts]
+        parts = [self._encode_chunk(c, append_id) for c in chunks if len(c)]
+        if not parts:
+            return np.zeros(0, np.int32), np.zeros(1, np.int64)
+        if len(parts) == 1:
+            return parts[0]
+        starts = np.cumsum([0] + [len(v) for v, _ in parts[:-1]])
+        offsets = np.concatenate(
+            [np.zeros(1, np.int64)] + [o[1:] + s for (_, o), s in zip(parts, starts, strict=True)]
+        )
+        return np.concatenate([v for v, _ in parts]), offsets
+
+    def native_status(self) -> str:
+        """ "native" when `encode_column` runs native/bpe.cpp in this process, else why not."""
+        from dataprep import native
+
+        if isinstance(self._native, str):
+            return self._native
+        if native.module() is None:
+            return "native module not built or BALLAST_NATIVE=0"
+        return self._native.status(self._hf)
+
+    def _encode_chunk(self, arr: pa.Array, append_id: int | None) -> tuple[np.ndarray, np.ndarray]:
+        from dataprep import native
+
+        mod = native.module()
+        encoder = None
+        # A null text has no str for HF; the HF path raises on it, as it always did.
+        if mod is not None and not isinstance(self._native, str) and not arr.null_count:
+            encoder = self._native.encoder(mod, self._hf)
+        if encoder is None:
+            return self._encode_with_batches(arr, append_id)
+        values, offsets, declined = encoder.encode(
+            native.text_column(arr), -1 if append_id is None else append_id
+        )
+        if len(declined):
+            values, offsets = self._splice(arr, values, offsets, declined, append_id)
+        return values, offsets
+
+    def _encode_with_batches(
+        self, arr: pa.Array, append_id: int | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The reference path: `encode_batch` over slices of the column."""
+        extra = 0 if append_id is None else 1
+        chunks: list[np.ndarray] = []
+        lengths: list[np.ndarray] = []
+        for start in range(0, len(arr), ENCODE_BATCH):
+            enc = self.encode_batch(arr.slice(start, ENCODE_BATCH).to_pylist())
+            n = np.fromiter((len(e) + extra for e in enc), dtype=np.int64, count=len(enc))
+            flat = np.empty(int(n.sum()), dtype=np.int32)
+            ends = np.cumsum(n)
+            for e, end, k in zip(enc, ends.tolist(), n.tolist(), strict=True):
+                flat[end - k : end - extra] = e
+            if append_id is not None:
+                flat[ends - 1] = append_id
+            chunks.append(flat)
+            lengths.append(n)
+        offsets = np.zeros(len(arr) + 1, dtype=np.int64)
+        if lengths:
+            np.cumsum(np.concatenate(lengths), out=offsets[1:])
+        return (np.concatenate(chunks) if chunks else np.zeros(0, np.int32)), offsets
+
+    def _splice(
+        self,
+        arr: pa.Array,
+        values: np.ndarray,
+        offsets: np.ndarray,
+        declined: np.ndarray,
+        append_id: int | None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Put HF's ids for the documents the native encoder declined (empty in its
+        output) into their places."""
+        import pyarrow as pa
+
+        tail = [] if append_id is None else [append_id]
+        hf_ids = [
+            np.concatenate([e, np.asarray(tail, np.int32)])
+            for e in self.encode_batch(arr.take(pa.array(declined)).to_pylist())
+        ]
+        lengths = np.diff(offsets)
+        lengths[declined] = [len(e) for e in hf_ids]
+        pieces: list[np.ndarray] = []
+        prev = 0
+        for d, ids in zip(declined.tolist(), hf_ids, strict=True):
+            pieces += [values[offsets[prev] : offsets[d]], ids]
+            prev = d + 1
+        pieces.append(values[offsets[prev] :])
+        new_offsets = np.zeros(len(offsets), np.int64)
+        np.cumsum(lengths, out=new_offsets[1:])
+        return np.concatenate(pieces).astype(np.int32, copy=False), new_offsets
 
     def decode(self, ids: Sequence[int]) -> str:
         if self._hf is None:
@@ -88,6 +199,11 @@ class Tokenizer:
         # pickle state, so runtime settings that are not part of tokenizer.json
         # (encode_special_tokens) are set again on the other side.
         return (_unpickle, (self.kind, self._json))
+
+
+# Documents per HF encode_batch call: HF Encoding objects carry strings and offsets per
+# token (tens of bytes each), so a whole shard at once would cost GBs.
+ENCODE_BATCH = 1000
 
 
 def _unpickle(kind: str, text: str) -> Tokenizer:
@@ -189,7 +305,8 @@ def _wrap_hf(hf: tokenizers.Tokenizer, kind: str, source: str) -> Tokenizer:
     # pretty=True matches `Tokenizer.save`'s default, so the file we write next to the
     # dataset looks like any other HF tokenizer.json.
     text = hf.to_str(pretty=True)
-    return Tokenizer(kind, vocab_size, eos_id, pad_id, hf, text)
+    plan = _native_bpe_plan(json.loads(text))
+    return Tokenizer(kind, vocab_size, eos_id, pad_id, hf, text, plan)
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
@@ -236,6 +353,171 @@ def _as_str_iter(texts: Iterable[str]) -> Iterable[str]:
         if not isinstance(t, str):
             raise ValueError(f"bpe training texts must be str, got {type(t).__name__}")
         yield t
+
+
+# ---------------------------------------------------------------------------------------
+# the native BPE encoder (native/bpe.cpp)
+
+# What the native encoder implements, as tokenizer.json spells it: the byte-level
+# pre-tokenizer with its built-in GPT-2 regex and no prefix space (trim_offsets only moves
+# offsets), and a plain BPE model. Keys not listed here are options this code does not
+# know, so a tokenizer.json that has them is left to HF.
+_PRE_TOKENIZER = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
+_PRE_TOKENIZER_FREE = {"trim_offsets"}
+_MODEL = {
+    "type": "BPE",
+    "dropout": None,
+    "continuing_subword_prefix": None,
+    "end_of_word_suffix": None,
+    "byte_fallback": False,
+    "ignore_merges": False,
+}
+# unk_token / fuse_unk only matter for a character missing from the vocabulary, and the
+# check requires all 256 byte symbols, so no character is ever missing.
+_MODEL_FREE = {"unk_token", "fuse_unk", "vocab", "merges"}
+_TOP_LEVEL = {
+    "version",
+    "truncation",
+    "padding",
+    "added_tokens",
+    "normalizer",
+    "pre_tokenizer",
+    "post_processor",
+    "decoder",
+    "model",
+}
+# Text that exercises every branch of the split regex, checked against HF once per process
+# before the native encoder is trusted (a last guard against a tokenizers release whose
+# splitting changed).
+_CANARY = [
+    "",
+    " ",
+    "Hello, world! It's they're we've I'm you'll he'd 'sam' 'S  ",
+    "  two   spaces\tand\ttabs\r\n\r\nCRLF \n\n  \u00a0nbsp\u2028ls\u3000ideo  ",
+    "digits 123 4567.89 \u0661\u0662 \u00bd x2 2x",
+    "日本語のテキスト，한국어 emoji 👩\u200d👩\u200d👧 🇩🇪 e\u0301 \ufffd",
+    "a <|endoftext|> b<|pad|>c <|endoftext|>",
+    "trailing whitespace \t \n",
+]
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """The GPT-2 byte alphabet: byte value -> the character byte-level BPE writes for it."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
+    keep += range(ord("®"), ord("ÿ") + 1)
+    out = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in out:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
+
+
+class _NativeBpe:
+    """What native/bpe.cpp needs for a tokenizer that passed `_native_bpe_plan`: the id of
+    every byte and the merges as (left, right, merged) ids in rank order. The encoder itself
+    is built on first use in each process (a worker gets the tokenizer by pickling) and
+    checked against HF on _CANARY before it is used."""
+
+    def __init__(self, byte_ids: np.ndarray, merges: np.ndarray) -> None:
+        self.byte_ids = byte_ids
+        self.merges = merges
+        self._encoder: Any = None
+        self._failed = ""
+
+    def encoder(self, mod: Any, hf: Any) -> Any:
+        """The native encoder, or None when it disagreed with HF on the canary."""
+        if self._encoder is None and not self._failed:
+            import pyarrow as pa
+
+            from dataprep import native
+
+            enc = mod.BpeEncoder(self.byte_ids, self.merges)
+            values, offsets, declined = enc.encode(native.text_column(pa.array(_CANARY)), -1)
+            fast = getattr(hf, "encode_batch_fast", hf.encode_batch)
+            want = [e.ids for e in fast(_CANARY, add_special_tokens=False)]
+            got = [values[a:b].tolist() for a, b in pairwise(offsets)]
+            if len(declined) or got != want:
+                self._failed = "native encoder disagrees with HF on the canary texts"
+            else:
+                self._encoder = enc
+        return self._encoder
+
+    def status(self, hf: Any) -> str:
+        from dataprep import native
+
+        mod = native.module()
+        if mod is None:
+            return "native module not built or BALLAST_NATIVE=0"
+        return "native" if self.encoder(mod, hf) is not None else self._failed
+
+
+def _native_bpe_plan(body: dict[str, Any]) -> _NativeBpe | str:
+    """Whether native/bpe.cpp encodes this tokenizer.json exactly as HF does: the inputs it
+    needs when it does, else the reason (a str), in which case HF encodes.
+
+    It does when the pipeline is only the byte-level pre-tokenizer (GPT-2 regex, no prefix
+    space) and a plain BPE model: no normalizer, truncation or padding, no post-processor
+    beyond ByteLevel (which only moves offsets), no added tokens but special ones (which
+    `encode_special_tokens` keeps out of the way), and a model without dropout, subword
+    prefix/suffix, byte fallback or ignore_merges. Its vocabulary must map tokens to
+    distinct ids and hold all 256 byte symbols; every merge's two parts and result must be
+    tokens, each part a byte symbol or the result of an earlier merge (ranks consistent
+    with merge order), and no pair merged twice.
+    """
+    extra = set(body) - _TOP_LEVEL
+    if extra:
+        return f"unknown tokenizer.json fields {sorted(extra)}"
+    for key in ("normalizer", "truncation", "padding"):
+        if body.get(key) is not None:
+            return f"has a {key}"
+    pre = body.get("pre_tokenizer")
+    if not isinstance(pre, dict) or set(pre) - _PRE_TOKENIZER_FREE != set(_PRE_TOKENIZER):
+        return f"pre-tokenizer is not ByteLevel alone: {json.dumps(pre)[:200]}"
+    if any(pre[k] != v for k, v in _PRE_TOKENIZER.items()):
+        return f"pre-tokenizer options differ from the GPT-2 byte level: {json.dumps(pre)}"
+    post = body.get("post_processor")
+    if post is not None and (not isinstance(post, dict) or post.get("type") != "ByteLevel"):
+        return "has a post-processor other than ByteLevel"
+    for t in body.get("added_tokens") or []:
+        if not t.get("special"):
+            return f"has a non-special added token {t.get('content')!r}"
+    model = body.get("model")
+    if not isinstance(model, dict) or set(model) - _MODEL_FREE != set(_MODEL):
+        return "model is not a BPE with the options this encoder knows"
+    for k, v in _MODEL.items():
+        if model[k] != v:
+            return f"BPE option {k}={model[k]!r} changes the algorithm"
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict) or not all(
+        isinstance(i, int) and 0 <= i < 2**31 for i in vocab.values()
+    ):
+        return "vocabulary is not a map of tokens to ids"
+    if len(set(vocab.values())) != len(vocab):
+        return "vocabulary gives two tokens the same id"
+    alphabet = _bytes_to_unicode()
+    if any(c not in vocab for c in alphabet.values()):
+        return "vocabulary lacks some of the 256 byte symbols"
+    byte_ids = np.array([vocab[alphabet[b]] for b in range(256)], dtype=np.int32)
+    made = set(alphabet.values())
+    merges = np.empty((len(model.get("merges") or []), 3), dtype=np.int32)
+    seen: set[tuple[str, str]] = set()
+    for rank, m in enumerate(model.get("merges") or []):
+        parts = m.split(" ") if isinstance(m, str) else m
+        if not isinstance(parts, list) or len(parts) != 2:
+            return f"merge {rank} is not a pair: {m!r}"
+        a, b = parts
+        if a not in made or b not in made:
+            return f"merge {rank} ({a!r}, {b!r}) uses a token no earlier merge made"
+        if (a, b) in seen:
+            return f"merge {rank} ({a!r}, {b!r}) repeats an earlier one"
+        if a + b not in vocab:
+            return f"merge {rank} makes {a + b!r}, which is not in the vocabulary"
+        seen.add((a, b))
+        made.add(a + b)
+        merges[rank] = (vocab[a], vocab[b], vocab[a + b])
+    return _NativeBpe(byte_ids, merges)
 
 
 # ---------------------------------------------------------------------------------------

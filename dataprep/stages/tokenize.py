@@ -88,29 +88,11 @@ def load_run_tokenizer(cfg: PrepConfig) -> Tokenizer:
     return _tokenizer(output_store(cfg).get(TOKENIZER_KEY).decode())
 
 
-# Documents encoded per call: HF Encoding objects carry strings and offsets per token
-# (tens of bytes each), so a whole shard at once would cost GBs; ids are kept as int32.
-ENCODE_BATCH = 1000
-
-
 def _encode_column(tok: Tokenizer, texts: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids of every text with EOS after each, flat, and the document offsets."""
-    chunks: list[np.ndarray] = []
-    lengths: list[np.ndarray] = []
-    for start in range(0, len(texts), ENCODE_BATCH):
-        enc = tok.encode_batch(texts.slice(start, ENCODE_BATCH).to_pylist())
-        n = np.fromiter((len(e) + 1 for e in enc), dtype=np.int64, count=len(enc))
-        flat = np.empty(int(n.sum()), dtype=np.int32)
-        ends = np.cumsum(n)
-        for e, end, k in zip(enc, ends.tolist(), n.tolist(), strict=True):
-            flat[end - k : end - 1] = e
-        flat[ends - 1] = tok.eos_id
-        chunks.append(flat)
-        lengths.append(n)
-    offsets = np.zeros(len(texts) + 1, dtype=np.int64)
-    if lengths:
-        np.cumsum(np.concatenate(lengths), out=offsets[1:])
-    return (np.concatenate(chunks) if chunks else np.zeros(0, np.int32)), offsets
+    """Token ids of every text with EOS after each, flat, and the document offsets: native
+    BPE when the tokenizer allows it (Tokenizer.encode_column), HF otherwise, the same
+    ids either way."""
+    return tok.encode_column(texts, append_id=tok.eos_id)
 
 
 def tokenize_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
