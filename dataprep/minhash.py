@@ -6,11 +6,20 @@ bands x rows and the exact-Jaccard confirmation of candidates.
 Why not datasketch's MinHash per document: it hashes every shingle with SHA-1 in a
 Python loop (~60 us for a 1 KB document); here one batch of documents is one byte array
 and every step is a numpy operation over it (benchmarks/dedup.py measures both).
+
+The shingles, signatures and band keys also have a compiled kernel (native/minhash.cpp)
+that reads the Arrow text column in place and gives the same bits; `shingle_hashes`,
+`signatures` and `band_keys` use it when dataprep.native has it, and the *_python
+functions, the reference, otherwise (tests/unit/dataprep/test_minhash_native.py compares
+them; benchmarks/kernel_minhash.py times them).
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+
+from dataprep import native
 
 U64 = np.uint64
 _MASK32 = U64(0xFFFFFFFF)
@@ -54,9 +63,10 @@ def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
     return _pow_cache["p"][:n], _pow_cache["q"][:n]
 
 
-def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def word_hashes_python(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """64-bit hashes of every word of every text, and word offsets per text
-    (words of text i are hashes[offsets[i]:offsets[i+1]])."""
+    (words of text i are hashes[offsets[i]:offsets[i+1]]). The reference for the native
+    kernel (native/minhash.cpp)."""
     encoded = [t.lower().encode("utf-8") for t in texts]
     # A space after each text: no word runs across two texts.
     buf = np.frombuffer(b" ".join(encoded) + b" ", dtype=np.uint8)
@@ -83,14 +93,14 @@ def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 _NGRAM_MULT = _splitmix64(np.arange(1, 33, dtype=U64)) | U64(1)
 
 
-def shingle_hashes(texts: list[str], ngram: int) -> tuple[np.ndarray, np.ndarray]:
+def shingle_hashes_python(texts: list[str], ngram: int) -> tuple[np.ndarray, np.ndarray]:
     """Sorted, unique 32-bit hashes of the word n-grams of each text, and offsets.
 
     A text shorter than `ngram` words is one shingle of all its words (otherwise every
     short text would have an empty set and they would all look identical); a text with
     no words at all has an empty set and never becomes a near-duplicate.
     """
-    wh, woff = word_hashes(texts)
+    wh, woff = word_hashes_python(texts)
     n_words = np.diff(woff)
     n_sh = np.where(n_words >= ngram, n_words - ngram + 1, np.minimum(n_words, 1))
     with np.errstate(over="ignore"):
@@ -133,7 +143,7 @@ def permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def signatures(
+def signatures_python(
     shingles: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray, chunk: int = 4096
 ) -> np.ndarray:
     """MinHash signatures (n_docs, num_perm) uint32. h_p(x) = ((a_p*x + b_p) mod 2**64) >> 32
@@ -167,7 +177,7 @@ def signatures(
     return sig
 
 
-def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
+def band_keys_python(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
     """(n_docs, bands) uint64: one hash per band of `rows` signature values."""
     n = sig.shape[0]
     out = np.empty((n, bands), dtype=U64)
@@ -178,6 +188,125 @@ def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
                 acc = _splitmix64(acc ^ sig[:, j * rows + k].astype(U64))
             out[:, j] = acc
     return out
+
+
+# ---- the native kernels: the same results as the *_python functions above -------------
+#
+# str.lower() is the full Unicode case mapping (KELVIN SIGN -> 'k', 'İ' -> 'i' + COMBINING
+# DOT ABOVE), applied one code point at a time except for GREEK CAPITAL LETTER SIGMA,
+# whose lower case depends on its neighbours. So the kernel gets the mapping of every code
+# point lower() changes, from this interpreter (_lower_table), and Python lower-cases the
+# documents holding a capital sigma itself and hands their bytes over as replacements.
+
+_SIGMA = 0x3A3
+_lower_cache: dict[int, object] = {}  # id(module) -> its MinhashLowerTable
+
+
+def _lower_changes() -> tuple[np.ndarray, list[str]]:
+    """The non-ASCII code points (but capital sigma) whose str.lower() differs, and their
+    lower case. Whole blocks are lowered at once and compared as UTF-32 (one code point
+    per element when the lengths match; a block where lower() lengthens one is checked
+    code point by code point): milliseconds instead of a Python loop over 1.1M."""
+    cps: list[np.ndarray] = []
+    low: list[str] = []
+    block = 4096
+    for lo in range(0x80, 0x110000, block):
+        c = np.arange(lo, min(lo + block, 0x110000), dtype=np.uint32)
+        c = c[((c < 0xD800) | (c >= 0xE000)) & (c != _SIGMA)]  # no surrogates: not str-able
+        text = c.tobytes().decode("utf-32-le")
+        lowered = text.lower()
+        if len(lowered) == len(text):
+            mapped = np.frombuffer(lowered.encode("utf-32-le"), dtype=np.uint32)
+            diff = np.flatnonzero(mapped != c)
+            cps.append(c[diff])
+            low += [lowered[i] for i in diff.tolist()]
+        else:
+            one = [(int(cp), chr(cp).lower()) for cp in c.tolist() if chr(cp).lower() != chr(cp)]
+            cps.append(np.array([cp for cp, _ in one], dtype=np.uint32))
+            low += [m for _, m in one]
+    return np.concatenate(cps), low
+
+
+def _lower_table() -> object:
+    """The kernel's MinhashLowerTable, made once per process."""
+    mod = native.module()
+    assert mod is not None
+    table = _lower_cache.get(id(mod))
+    if table is None:
+        cps, low = _lower_changes()
+        table = _lower_cache[id(mod)] = mod.MinhashLowerTable(cps, [m.encode() for m in low])
+    return table
+
+
+def _lowered(texts: list[str], max_chars: int | None) -> list[bytes]:
+    return [(t if max_chars is None else t[:max_chars]).lower().encode("utf-8") for t in texts]
+
+
+def _native_texts(texts: list[str]) -> tuple[tuple, np.ndarray, list[bytes]]:
+    """`texts` as the kernel reads them: an Arrow column, and the indices and lower-cased
+    UTF-8 of those Python lower-cases (a capital sigma)."""
+    idx = [i for i, t in enumerate(texts) if "\u03a3" in t]
+    col = native.text_column(pa.array(texts, type=pa.large_string()))
+    return col, np.array(idx, dtype=np.int64), _lowered([texts[i] for i in idx], None)
+
+
+def word_hashes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """word_hashes_python's result, from the native kernel when there is one."""
+    mod = native.module()
+    if mod is None:
+        return word_hashes_python(texts)
+    col, idx, repl = _native_texts(texts)
+    return mod.minhash_word_hashes(col, -1, _lower_table(), idx, repl)
+
+
+def shingle_hashes(texts: list[str], ngram: int) -> tuple[np.ndarray, np.ndarray]:
+    """shingle_hashes_python's result, from the native kernel when there is one."""
+    mod = native.module()
+    if mod is None:
+        return shingle_hashes_python(texts, ngram)
+    col, idx, repl = _native_texts(texts)
+    return mod.minhash_shingle_hashes(col, ngram, -1, _lower_table(), idx, repl)
+
+
+def shingle_hashes_column(
+    column: pa.Array | pa.ChunkedArray, ngram: int, max_chars: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """shingle_hashes of an Arrow string column's texts, each cut to its first `max_chars`
+    characters. The native kernel reads the column's buffers in place: only the documents
+    holding a capital sigma become Python strings (to be lower-cased by str.lower())."""
+    mod = native.module()
+    text_type = pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+    if mod is None or not text_type or column.null_count:  # nulls: Python fails, as before
+        texts = column.to_pylist()
+        return shingle_hashes_python(
+            texts if max_chars is None else [t[:max_chars] for t in texts], ngram
+        )
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    col = native.text_column(column)
+    limit = -1 if max_chars is None else max_chars
+    idx = mod.minhash_needs_python(col)
+    repl = _lowered(column.take(pa.array(idx)).to_pylist(), max_chars) if len(idx) else []
+    return mod.minhash_shingle_hashes(col, ngram, limit, _lower_table(), idx, repl)
+
+
+def signatures(
+    shingles: np.ndarray, offsets: np.ndarray, a: np.ndarray, b: np.ndarray, chunk: int = 4096
+) -> np.ndarray:
+    """signatures_python's result (`chunk` is its memory bound), from the native kernel when
+    there is one and the shingles are 32-bit as shingle_hashes makes them."""
+    mod = native.module()
+    if mod is None or shingles.dtype != np.uint32 or a.dtype != U64 or b.dtype != U64:
+        return signatures_python(shingles, offsets, a, b, chunk)
+    return mod.minhash_signatures(shingles, offsets.astype(np.int64, copy=False), a, b)
+
+
+def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """band_keys_python's result, from the native kernel when there is one."""
+    mod = native.module()
+    if mod is None or sig.dtype != np.uint32:
+        return band_keys_python(sig, bands, rows)
+    return mod.minhash_band_keys(sig, bands, rows)
 
 
 def candidate_probability(j: float, bands: int, rows: int) -> float:

@@ -73,14 +73,21 @@ def signature_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
     near = cfg.dedup.near
     assert near is not None
     store = output_store(cfg)
-    texts = read_docs(store, input_stage, shard).column("text").to_pylist()
+    column = read_docs(store, input_stage, shard).column("text")
     bands, rows = bands_rows(near)
     a, b = minhash.permutations(near.num_perm, cfg.seed)
     sh_parts, off_parts, key_parts = [], [np.zeros(1, dtype=np.int64)], []
     base = 0
-    for i in range(0, len(texts), BATCH_DOCS):
-        batch = [t[:MAX_CHARS] for t in texts[i : i + BATCH_DOCS]]
-        sh, off = minhash.shingle_hashes(batch, near.ngram)
+    # Batches of the Arrow column (slices, no copy): the native kernel reads the text in
+    # place; without it, shingle_hashes_column makes the batch's Python strings. Every
+    # result is per document, so where the batches fall changes no output.
+    batches = (
+        chunk.slice(i, BATCH_DOCS)
+        for chunk in column.chunks
+        for i in range(0, len(chunk), BATCH_DOCS)
+    )
+    for batch in batches:
+        sh, off = minhash.shingle_hashes_column(batch, near.ngram, MAX_CHARS)
         sig = minhash.signatures(sh, off, a, b)
         key_parts.append(minhash.band_keys(sig, bands, rows))
         sh_parts.append(sh)
@@ -98,7 +105,7 @@ def signature_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
             empty=empty, **{_band_name(b): np.ascontiguousarray(keys[:, b]) for b in range(bands)}
         ),
     )
-    return len(texts)
+    return len(column)
 
 
 def band_groups(cfg: PrepConfig, per_task: int = 5) -> list[list[int]]:
