@@ -149,8 +149,13 @@ struct DocState {
 
 class Chain {
  public:
-  Chain(Tables tables, py::function resolver, std::vector<RuleSpec> rules, size_t cache_max)
-      : t_(std::move(tables)), cache_(std::move(resolver), cache_max), rules_(std::move(rules)) {}
+  Chain(Tables tables, py::function resolver, py::function doc_words, py::function line_sentences,
+        std::vector<std::string> special, std::vector<RuleSpec> rules, size_t cache_max)
+      : t_(std::move(tables)),
+        cache_(std::move(resolver), std::move(special), cache_max),
+        doc_words_(std::move(doc_words)),
+        line_sentences_(std::move(line_sentences)),
+        rules_(std::move(rules)) {}
 
   py::dict run(const py::tuple& column) {
     const TextColumn col(column);
@@ -188,6 +193,7 @@ class Chain {
     for (auto& s : excerpts_) ex.append(py::str(s.data(), s.size()));
     out["excerpts"] = ex;
     out["cache_misses"] = cache_.misses();
+    out["doc_resolves"] = doc_resolves_;
     return out;
   }
 
@@ -223,10 +229,15 @@ class Chain {
     if (d.words_ready) return d.words;
     check_script(d);
     d.words.clear();
+    bool merged = false;
     for_each_chunk(t_, d.text, [&](std::string_view chunk) {
+      if (merged) return;
       const ChunkCache::Entry* e = cache_.get(chunk);
       if (e == nullptr) throw std::runtime_error("quality kernel: chunk tokens do not cover it");
-      if (e->merged) throw Fallback();
+      if (e->merged) {
+        merged = true;
+        return;
+      }
       size_t off = 0;
       for (uint32_t k = 0; k < e->count; ++k) {
         const auto& tk = cache_.tok(e->first + k);
@@ -234,8 +245,32 @@ class Chain {
         off += tk.bytes;
       }
     });
+    if (merged) whole_text_words(d);
     d.words_ready = true;
     return d.words;
+  }
+
+  // A chunk whose tokens depend on its neighbours: the whole text's tokens come from the
+  // reference (spacy_en.tokenize), as byte lengths in order; whitespace lies between them.
+  void whole_text_words(DocState& d) {
+    ++doc_resolves_;
+    d.words.clear();
+    py::tuple r = doc_words_(py::str(d.text.data(), d.text.size()));
+    const auto lens = r[0].cast<std::vector<uint32_t>>();
+    const auto cps = r[1].cast<std::vector<uint32_t>>();
+    const auto flags = r[2].cast<std::vector<uint8_t>>();
+    size_t i = 0;
+    for (size_t k = 0; k < lens.size(); ++k) {
+      while (i < d.text.size()) {
+        size_t j = i;
+        if (!is_space(t_, next_cp(d.text, j))) break;
+        i = j;
+      }
+      if (i + lens[k] > d.text.size()) throw std::runtime_error("quality kernel: tokens overrun");
+      const std::string_view piece = d.text.substr(i, lens[k]);
+      d.words.push_back(Token{piece, cps[k], flags[k], hash_bytes(piece)});
+      i += lens[k];
+    }
   }
 
   // spacy_en.count_sentences of one line: 1 + the "PW"s in the joined classes of its
@@ -265,8 +300,13 @@ class Chain {
         if (piece != " ") feed("W");
       } else {
         const ChunkCache::Entry* e = cache_.get(piece);
-        if (e == nullptr || e->merged) throw Fallback();
-        const std::string cls = e->classes;  // copied: a later miss may clear the cache
+        if (e == nullptr) throw std::runtime_error("quality kernel: chunk tokens do not cover it");
+        if (e->merged) {
+          // spaCy matches special cases across the line: the reference counts it.
+          ++doc_resolves_;
+          return line_sentences_(py::str(line.data(), line.size())).cast<int64_t>();
+        }
+        const std::string cls(cache_.classes(*e));  // copied: a later miss may move it
         feed(cls);
       }
       i = j;
@@ -426,71 +466,101 @@ class Chain {
 
     const auto& w = words(d);
     const size_t nw = w.size();
-    std::vector<int64_t> cum(nw + 1, 0);
+    auto& cum = cum_;
+    cum.assign(nw + 1, 0);
     for (size_t i = 0; i < nw; ++i) cum[i + 1] = cum[i] + w[i].cps;
-    int64_t max_n = 1;
+    int64_t max_n = 0;
     for (auto n : r.top_n) max_n = std::max(max_n, n);
     for (auto n : r.dup_n) max_n = std::max(max_n, n);
-    // hashes[n] over positions 0 .. nw - n, built from the (n-1)-gram hashes.
-    std::vector<std::vector<uint64_t>> hashes(max_n + 1);
-    hashes[1].resize(nw);
-    for (size_t i = 0; i < nw; ++i) hashes[1][i] = w[i].hash;
-    for (int64_t n = 2; n <= max_n; ++n) {
-      if (static_cast<int64_t>(nw) < n) break;
-      const size_t m = nw - n + 1;
-      hashes[n].resize(m);
-      for (size_t i = 0; i < m; ++i) {
-        hashes[n][i] = mix64(hashes[n - 1][i] * 0x9E3779B97F4A7C15ULL ^ w[i + n - 1].hash);
-      }
+    // Only n-grams that occur more than once matter (the most frequent one when any
+    // repeats, and the repeats the greedy count adds), and a repeated n-gram starts with a
+    // repeated (n-1)-gram: so each n hashes and counts only the positions where the
+    // (n-1)-gram repeats, a few percent of a typical document after the first n.
+    auto& pos = pos_;  // candidate start positions, ascending
+    auto& hv = hv_;    // the n-gram hash at each
+    pos.resize(nw);
+    hv.resize(nw);
+    for (size_t i = 0; i < nw; ++i) {
+      pos[i] = static_cast<uint32_t>(i);
+      hv[i] = w[i].hash;
     }
-    for (auto n : r.top_n) {
-      const std::string name = "top" + std::to_string(n);
-      const auto& h = hashes[n];
-      if (h.empty()) continue;
-      table_.reset(h.size());
-      for (size_t i = 0; i < h.size(); ++i) {
+    for (int64_t n = 1; n <= max_n && static_cast<int64_t>(nw) >= n; ++n) {
+      if (n > 1) {
+        // Extend the repeated (n-1)-grams that have a word after them.
+        size_t k = 0;
+        for (size_t q = 0; q < pos.size(); ++q) {
+          if (pos[q] + n > nw) continue;
+          pos[k] = pos[q];
+          hv[k] = mix64(hv[q] * 0x9E3779B97F4A7C15ULL ^ w[pos[q] + n - 1].hash);
+          ++k;
+        }
+        pos.resize(k);
+        hv.resize(k);
+      }
+      table_.reset(pos.size());
+      slot_of_.resize(pos.size());
+      for (size_t q = 0; q < pos.size(); ++q) {
         bool fresh;
-        const size_t s = table_.slot(h[i], fresh);
+        const size_t sl = table_.slot(hv[q], fresh);
         if (fresh) {
-          table_.counts_[s] = 1;
-          table_.firsts_[s] = static_cast<int64_t>(i);
-        } else {
-          ++table_.counts_[s];
+          table_.counts_[sl] = 0;
+          table_.firsts_[sl] = pos[q];
         }
+        ++table_.counts_[sl];
+        slot_of_[q] = sl;
       }
-      // Counter.most_common(1): the most frequent, the first seen among equals.
-      int64_t top = 0, first = 0;
-      for (size_t s = 0; s < table_.keys_.size(); ++s) {
-        if (table_.keys_[s] == 0) continue;
-        const int64_t c = table_.counts_[s], f = table_.firsts_[s];
-        if (c > top || (c == top && f < first)) {
-          top = c;
-          first = f;
-        }
-      }
-      set(r, (name + "_count").c_str(), top);
-      set(r, (name + "_len").c_str(), cum[first + n] - cum[first] + n - 1);
-    }
-    for (auto n : r.dup_n) {
-      const std::string name = "dup" + std::to_string(n) + "_chars";
-      const auto& h = hashes[n];
-      // gopher._greedy_dup_chars: a repeat adds its characters and the scan jumps past it.
-      int64_t repeated = 0;
-      if (!h.empty()) {
-        table_.reset(h.size());
-        size_t i = 0;
-        while (i < h.size()) {
-          bool fresh;
-          table_.slot(h[i], fresh);
-          if (!fresh) {
-            repeated += cum[i + n] - cum[i];
-            i += n;
-          } else {
-            ++i;
+      const bool want_top = std::find(r.top_n.begin(), r.top_n.end(), n) != r.top_n.end();
+      const bool want_dup = std::find(r.dup_n.begin(), r.dup_n.end(), n) != r.dup_n.end();
+      if (want_top) {
+        // Counter.most_common(1): the most frequent, the first seen among equals; with no
+        // repeat, every n-gram counts 1 and the first is at position 0.
+        int64_t top = 1, first = 0;
+        for (size_t q = 0; q < pos.size(); ++q) {
+          const int64_t c = table_.counts_[slot_of_[q]];
+          const int64_t f = table_.firsts_[slot_of_[q]];
+          if (c > top || (c == top && c > 1 && f < first)) {
+            top = c;
+            first = f;
           }
         }
+        const std::string name = "top" + std::to_string(n);
+        set(r, (name + "_count").c_str(), top);
+        set(r, (name + "_len").c_str(), cum[first + n] - cum[first] + n - 1);
       }
-      set(r, name.c_str(), repeated);
+      // Keep the repeated ones (count >= 2) as the next n's candidates.
+      size_t k = 0;
+      for (size_t q = 0; q < pos.size(); ++q) {
+        if (table_.counts_[slot_of_[q]] < 2) continue;
+        pos[k] = pos[q];
+        hv[k] = hv[q];
+        ++k;
+      }
+      pos.resize(k);
+      hv.resize(k);
+      if (want_dup) {
+        // gopher._greedy_dup_chars: scanning left to right, an n-gram seen before adds its
+        // characters and the scan jumps past it. An n-gram that occurs once is never "seen
+        // before", so only the repeated positions need visiting.
+        int64_t repeated = 0;
+        seen_.reset(pos.size());
+        size_t next = 0;  // the scan's position
+        for (size_t q = 0; q < pos.size(); ++q) {
+          if (pos[q] < next) continue;
+          bool fresh;
+          seen_.slot(hv[q], fresh);
+          if (fresh) {
+            next = pos[q] + 1;
+          } else {
+            repeated += cum[pos[q] + n] - cum[pos[q]];
+            next = pos[q] + n;
+          }
+        }
+        set(r, ("dup" + std::to_string(n) + "_chars").c_str(), repeated);
+      }
+    }
+    // An n longer than the text: no n-gram, so no top statistic and no repeats.
+    for (auto n : r.dup_n) {
+      if (static_cast<int64_t>(nw) < n) set(r, ("dup" + std::to_string(n) + "_chars").c_str(), 0);
     }
   }
 
@@ -653,8 +723,14 @@ class Chain {
 
   Tables t_;
   ChunkCache cache_;
+  py::function doc_words_, line_sentences_;
+  size_t doc_resolves_ = 0;
   std::vector<RuleSpec> rules_;
-  NGramTable table_;
+  NGramTable table_, seen_;
+  std::vector<int64_t> cum_;
+  std::vector<uint32_t> pos_;
+  std::vector<uint64_t> hv_;
+  std::vector<size_t> slot_of_;
   Columns cols_;
   std::vector<std::string> excerpts_;
   int64_t doc_count_ = 0, row_ = 0;
@@ -708,17 +784,22 @@ RuleSpec parse_rule(const py::tuple& spec) {
 
 void register_quality(py::module_& m) {
   py::class_<Chain>(m, "QualityChain")
-      .def(py::init([](const py::dict& tables, py::function resolver, const py::list& rules,
-                       size_t cache_max) {
+      .def(py::init([](const py::dict& tables, py::function resolver, py::function doc_words,
+                       py::function line_sentences, std::vector<std::string> special,
+                       const py::list& rules, size_t cache_max) {
              Tables t{CodePointSet(tables["space"].cast<std::vector<uint32_t>>()),
                       CodePointSet(tables["decimal"].cast<std::vector<uint32_t>>()),
                       CodePointSet(tables["terminal"].cast<std::vector<uint32_t>>()),
                       CodePointSet(tables["no_space"].cast<std::vector<uint32_t>>())};
              std::vector<RuleSpec> specs;
              for (auto r : rules) specs.push_back(parse_rule(r.cast<py::tuple>()));
-             return new Chain(std::move(t), std::move(resolver), std::move(specs), cache_max);
+             return new Chain(std::move(t), std::move(resolver), std::move(doc_words),
+                              std::move(line_sentences), std::move(special), std::move(specs),
+                              cache_max);
            }),
-           py::arg("tables"), py::arg("resolver"), py::arg("rules"), py::arg("cache_max"))
+           py::arg("tables"), py::arg("resolver"), py::arg("doc_words"),
+           py::arg("line_sentences"), py::arg("special"), py::arg("rules"),
+           py::arg("cache_max"))
       .def("run", &Chain::run, py::arg("column"),
            "Counters of every rule for every document of a text column (see quality.cpp).");
 }

@@ -12,10 +12,12 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace ballast {
@@ -169,6 +171,25 @@ inline void for_each_line(std::string_view s, F&& f) {
   if (start < s.size()) f(s.substr(start));
 }
 
+// A fast 64-bit hash of short byte strings (chunks and tokens are a few bytes): 8 bytes
+// at a time, mixed by multiplication, finished by splitmix64's finaliser.
+inline uint64_t hash_bytes(std::string_view s) {
+  uint64_t h = 0x9E3779B97F4A7C15ULL ^ (s.size() * 0xC2B2AE3D27D4EB4FULL);
+  size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    h = (h ^ w) * 0xBF58476D1CE4E5B9ULL;
+    h ^= h >> 29;
+  }
+  uint64_t w = 0;
+  std::memcpy(&w, s.data() + i, s.size() - i);
+  h = (h ^ w) * 0x94D049BB133111EBULL;
+  h ^= h >> 32;
+  h *= 0xBF58476D1CE4E5B9ULL;
+  return h ^ (h >> 29);
+}
+
 // A token's properties, computed by the Python reference when its chunk is first seen.
 enum TokenFlag : uint8_t {
   kAlpha = 1,    // str.isalpha()
@@ -186,13 +207,18 @@ struct Token {
 // chunk -> its spaCy tokens (as byte lengths, code point lengths and flags) and its
 // sentencizer classes ("W", "P", "WP", ...). Filled through the Python resolver on a miss;
 // a chunk whose tokens depend on its neighbours (spacy_en._MERGED) is remembered as
-// such, and a document holding one goes to the Python path.
+// such. An open-addressing table over one key arena: a lookup is one hash, one probe
+// sequence and one memcmp, with no allocation.
 class ChunkCache {
  public:
   struct Entry {
+    uint64_t hash = 0;
+    uint64_t key_off = 0;  // the chunk's bytes in keys_
+    uint32_t key_len = 0;
     uint32_t first = 0;  // index of its first token in toks_
     uint32_t count = 0;
-    std::string classes;
+    uint32_t cls_off = 0;  // its sentencizer classes in classes_
+    uint32_t cls_len = 0;
     bool merged = false;
   };
   struct Tok {
@@ -202,34 +228,79 @@ class ChunkCache {
     uint64_t hash;
   };
 
-  explicit ChunkCache(py::function resolver, size_t max_entries)
-      : resolver_(std::move(resolver)), max_entries_(max_entries) {}
+  ChunkCache(py::function resolver, std::vector<std::string> special, size_t max_entries)
+      : resolver_(std::move(resolver)), max_entries_(max_entries) {
+    for (auto& s : special) special_.insert(std::move(s));
+    clear();
+  }
 
   // The entry of `chunk`, resolved through Python when new. nullptr when the resolver
   // failed to account for the chunk's bytes (a bug the caller reports).
   const Entry* get(std::string_view chunk) {
-    auto it = map_.find(chunk);
-    if (it != map_.end()) return &entries_[it->second];
-    if (map_.size() >= max_entries_) clear();
-    return resolve(chunk);
+    const uint64_t h = hash_bytes(chunk);
+    size_t i = h & mask_;
+    while (slots_[i] != kEmpty) {
+      const Entry& e = entries_[slots_[i]];
+      if (e.hash == h && e.key_len == chunk.size() &&
+          std::memcmp(keys_.data() + e.key_off, chunk.data(), chunk.size()) == 0) {
+        return &e;
+      }
+      i = (i + 1) & mask_;
+    }
+    if (entries_.size() >= max_entries_) clear();
+    return resolve(chunk, h);
   }
 
   const Tok& tok(uint32_t i) const { return toks_[i]; }
+  // Valid until the next get().
+  std::string_view classes(const Entry& e) const { return {classes_.data() + e.cls_off, e.cls_len}; }
   size_t misses() const { return misses_; }
 
  private:
+  static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
+
   void clear() {
-    map_.clear();
-    keys_.clear();
     entries_.clear();
     toks_.clear();
+    keys_.clear();
+    classes_.clear();
+    slots_.assign(1 << 16, kEmpty);
+    mask_ = slots_.size() - 1;
   }
 
-  const Entry* resolve(std::string_view chunk) {
-    ++misses_;
-    py::object r = resolver_(py::str(chunk.data(), chunk.size()));
+  void grow() {
+    slots_.assign(slots_.size() * 2, kEmpty);
+    mask_ = slots_.size() - 1;
+    for (uint32_t k = 0; k < entries_.size(); ++k) place(k);
+  }
+
+  void place(uint32_t k) {
+    size_t i = entries_[k].hash & mask_;
+    while (slots_[i] != kEmpty) i = (i + 1) & mask_;
+    slots_[i] = k;
+  }
+
+  // ASCII letters only and no special case: one word token, as spacy_en._tokens_of's own
+  // shortcut for letters-only chunks decides without the affix rules.
+  bool plain_word(std::string_view chunk) const {
+    for (char c : chunk) {
+      if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) return false;
+    }
+    return special_.find(std::string(chunk)) == special_.end();
+  }
+
+  const Entry* resolve(std::string_view chunk, uint64_t h) {
     Entry e;
     e.first = static_cast<uint32_t>(toks_.size());
+    if (plain_word(chunk)) {
+      const auto n = static_cast<uint32_t>(chunk.size());
+      toks_.push_back(Tok{n, n, kAlpha | kContent | kHasAlpha, hash_bytes(chunk)});
+      e.count = 1;
+      return remember(chunk, h, e, "W");
+    }
+    ++misses_;
+    std::string classes;
+    py::object r = resolver_(py::str(chunk.data(), chunk.size()));
     if (r.is_none()) {
       e.merged = true;
     } else {
@@ -237,30 +308,46 @@ class ChunkCache {
       auto lens = t[0].cast<std::vector<uint32_t>>();
       auto cps = t[1].cast<std::vector<uint32_t>>();
       auto flags = t[2].cast<std::vector<uint8_t>>();
-      e.classes = t[3].cast<std::string>();
+      classes = t[3].cast<std::string>();
       size_t off = 0;
       for (size_t k = 0; k < lens.size(); ++k) {
-        const std::string_view piece = chunk.substr(off, lens[k]);
-        toks_.push_back(Tok{lens[k], cps[k], flags[k], std::hash<std::string_view>{}(piece)});
+        toks_.push_back(Tok{lens[k], cps[k], flags[k], hash_bytes(chunk.substr(off, lens[k]))});
         off += lens[k];
       }
       if (off != chunk.size()) return nullptr;
       e.count = static_cast<uint32_t>(lens.size());
     }
-    keys_.emplace_back(chunk);
-    const std::string_view key = keys_.back();
-    entries_.push_back(std::move(e));
-    map_.emplace(key, static_cast<uint32_t>(entries_.size() - 1));
-    return &entries_.back();
+    return remember(chunk, h, e, classes);
+  }
+
+  const Entry* remember(std::string_view chunk, uint64_t h, Entry e, std::string_view classes) {
+    e.hash = h;
+    e.cls_off = static_cast<uint32_t>(classes_.size());
+    e.cls_len = static_cast<uint32_t>(classes.size());
+    classes_.append(classes);
+    e.key_off = keys_.size();
+    e.key_len = static_cast<uint32_t>(chunk.size());
+    keys_.append(chunk);
+    entries_.push_back(e);
+    const auto k = static_cast<uint32_t>(entries_.size() - 1);
+    if (entries_.size() * 2 > slots_.size()) {
+      grow();
+    } else {
+      place(k);
+    }
+    return &entries_[k];
   }
 
   py::function resolver_;
+  std::unordered_set<std::string> special_;  // spacy_en.SPECIAL's chunks
   size_t max_entries_;
   size_t misses_ = 0;
-  std::deque<std::string> keys_;  // stable storage for the map's string_view keys
-  std::deque<Entry> entries_;
+  std::string keys_;  // every cached chunk's bytes, one after another
+  std::string classes_;  // every cached chunk's classes, one after another
+  std::vector<Entry> entries_;
   std::vector<Tok> toks_;
-  std::unordered_map<std::string_view, uint32_t> map_;
+  std::vector<uint32_t> slots_;
+  size_t mask_ = 0;
 };
 
 }  // namespace ballast

@@ -13,6 +13,7 @@ the same outcome on every shared corpus and on random text.
 
 from __future__ import annotations
 
+import json
 import sys
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -82,6 +83,17 @@ def _resolve(chunk: str) -> tuple[list[int], list[int], list[int], str] | None:
     )
 
 
+def _doc_words(chunk_text: str) -> tuple[list[int], list[int], list[int]]:
+    """A whole text's spaCy tokens (for a text holding a chunk whose tokens depend on its
+    neighbours), as the kernel reads them."""
+    tokens = spacy_en.tokenize(chunk_text)
+    return (
+        [len(t.encode("utf-8")) for t in tokens],
+        [len(t) for t in tokens],
+        [_flags(t) for t in tokens],
+    )
+
+
 def supported(rules: Sequence[Rule[Any]]) -> bool:
     """Whether the kernel can run this chain (every rule ported, spaCy English words)."""
     return (
@@ -102,7 +114,8 @@ class Outcomes:
     detail: list[str]
     edited: dict[int, str]  # row -> C4's cleaned text, for kept documents it changed
     stats: dict[str, np.ndarray]  # float64, NaN where the chain did not measure it
-    cache_misses: int
+    cache_misses: int  # chunks the Python reference tokenised for the kernel
+    doc_resolves: int  # texts or lines it tokenised whole (special cases across chunks)
 
     @property
     def kept(self) -> np.ndarray:
@@ -121,7 +134,15 @@ class NativeChain:
             raise ValueError("native quality chain: unsupported rules or no native module")
         self.rules = list(rules)
         specs = [(r.name, r.params.model_dump(), f"{i}.") for i, r in enumerate(self.rules)]
-        self._chain = m.QualityChain(_tables(), _resolve, specs, CACHE_MAX)
+        self._chain = m.QualityChain(
+            _tables(),
+            _resolve,
+            _doc_words,
+            spacy_en.count_sentences,
+            sorted(spacy_en.SPECIAL),
+            specs,
+            CACHE_MAX,
+        )
 
     def run(self, column: pa.Array | pa.ChunkedArray) -> Outcomes:
         out = self._chain.run(native.text_column(column))
@@ -142,7 +163,25 @@ class NativeChain:
             edited=edited,
             stats={k: v for k, v in j.stats.items() if not np.isnan(v[j.alive]).all()},
             cache_misses=int(out["cache_misses"]),
+            doc_resolves=int(out["doc_resolves"]),
         )
+
+
+_CHAINS: dict[str, NativeChain] = {}
+
+
+def chain_for(rules: Sequence[Rule[Any]]) -> NativeChain | None:
+    """The process's native chain for these rules (built once: its chunk cache is what
+    makes it fast), or None when the kernel cannot run them."""
+    if not supported(rules):
+        return None
+    key = json.dumps([(r.name, r.params.model_dump(mode="json")) for r in rules], sort_keys=True)
+    chain = _CHAINS.get(key)
+    if chain is None:
+        if len(_CHAINS) >= 8:  # a process sees a handful of chains; bound it anyway
+            _CHAINS.clear()
+        chain = _CHAINS[key] = NativeChain(rules)
+    return chain
 
 
 class _Judge:
@@ -359,11 +398,13 @@ def _judge_c4(j: _Judge, rule: Any, c: dict, out: dict) -> None:
     p, name = rule.params, rule.name
     verdict = c["verdict"]
     excerpts = out["excerpts"]
-    ex = c.get("excerpt")
-    j.drop(
-        f"{name}:lorem_ipsum", verdict == 1, lambda i: f"'lorem ipsum' in line {excerpts[ex[i]]!r}"
-    )  # type: ignore[index]
-    j.drop(f"{name}:curly_bracket", verdict == 2, lambda i: f"'{{' in line {excerpts[ex[i]]!r}")  # type: ignore[index]
+    ex = c.get("excerpt", np.full(j.n, -1))
+
+    def line(i: int) -> str:
+        return repr(excerpts[ex[i]])
+
+    j.drop(f"{name}:lorem_ipsum", verdict == 1, lambda i: f"'lorem ipsum' in line {line(i)}")
+    j.drop(f"{name}:curly_bracket", verdict == 2, lambda i: f"'{{' in line {line(i)}")
     sentences, kept = c["sentences"], c["kept_lines"]
     if p.min_num_sentences is not None:
         j.drop(

@@ -20,7 +20,14 @@ from dataprep.layout import (
     read_docs,
     write_shard,
 )
-from dataprep.quality import FilterResult, batched, filter_document, filter_documents, parse_rules
+from dataprep.quality import (
+    FilterResult,
+    batched,
+    filter_document,
+    filter_documents,
+    native_chain,
+    parse_rules,
+)
 from dataprep.records import DOC_SCHEMA, table_to_parquet_bytes
 
 STAGE = "quality"
@@ -29,19 +36,45 @@ STAGE = "quality"
 def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
     store = output_store(cfg)
     docs = read_docs(store, input_stage, shard)
+    n = docs.num_rows
     nbytes = pc.binary_length(docs["text"]).to_pylist()
-    ids, texts, sources, metas = (docs[c].to_pylist() for c in ("id", "text", "source", "meta"))
+    ids, sources, metas = (docs[c].to_pylist() for c in ("id", "source", "meta"))
+    rules = {src: parse_rules(cfg.rules_for(src)) for src in set(sources)}
+    # The native kernel first, for each source whose whole chain it runs; the documents
+    # it leaves (and the other sources') go through the Python rules, which need them as
+    # Python strings. Either way each document gets the same outcome.
+    native, python_rows = native_outcomes(rules, docs["text"], sources)
+    texts: list[str | None] = [None] * n
+    dropped_native = [r for r, (o, k) in native.items() if o.reason[k] is not None]
+    for rows in (python_rows, dropped_native):
+        for r, t in zip(rows, docs["text"].take(pa.array(rows, pa.int64())).to_pylist(), strict=True):
+            texts[r] = t
     stats = ShardStats()
     dropped = DroppedRows()
-    kept: dict[str, list[str]] = {"id": [], "text": [], "source": [], "meta": []}
+    kept_rows: list[int] = []
+    new_text: list[str | None] = []  # per kept row: C4's (or a redacting rule's) new text
+    new_meta: list[str | None] = []  # per kept row: meta with the rules' annotations
     prov = ProvenanceRows()
-    rules = {src: parse_rules(cfg.rules_for(src)) for src in set(sources)}
-    scored = batch_outcomes(rules, texts, sources, metas)
-    for row, text in enumerate(texts):
+    scored = batch_outcomes(rules, texts, sources, metas)  # type: ignore[arg-type]
+    for row in range(n):
         src = sources[row]
         st = stats[src]
         st.add_in(nbytes[row])
-        out = scored.get(row) or filter_document(rules[src], text, metas[row])  # `url`: meta
+        at = native.get(row)
+        if at is not None:
+            o, k = at
+            out = FilterResult(
+                None if o.reason[k] is not None else o.edited.get(k, ""),
+                o.reason[k],
+                o.detail[k],
+                stats=o.stats_of(k) if o.reason[k] is None else {},
+            )
+            changed = out.text if k in o.edited else None
+        else:
+            text = texts[row]
+            assert text is not None
+            out = scored.get(row) or filter_document(rules[src], text, metas[row])  # `url`: meta
+            changed = out.text if out.text is not text else None
         if out.text is None:
             st.add_dropped(out.reason or "quality", nbytes[row])
             dropped.add(
@@ -50,23 +83,50 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
                 out.reason or "quality",
                 out.detail,
                 doc_location(metas[row], shard, row),
-                text,
+                texts[row] or "",
             )
             continue
         # Line-level rules (C4) may shorten the text; kept bytes count what stays.
-        st.add_kept(nbytes[row] if out.text is text else len(out.text.encode("utf-8")))
+        st.add_kept(nbytes[row] if changed is None else len(changed.encode("utf-8")))
         st.add_redacted(out.redacted)  # `pii`'s replacements, counted in the report
-        kept["id"].append(ids[row])
-        kept["text"].append(out.text)
-        kept["source"].append(src)
+        kept_rows.append(row)
+        new_text.append(changed)
         # Only rules that annotate (`language`) change meta: other runs keep its bytes.
-        kept["meta"].append(
-            with_annotations(metas[row], out.annotations) if out.annotations else metas[row]
-        )
+        new_meta.append(with_annotations(metas[row], out.annotations) if out.annotations else None)
         prov.add(ids[row], src, doc_location(metas[row], shard, row), out)
     # The kept documents' provenance, aligned with their rows (written before the marker).
     store.put(provenance_key(shard), table_to_parquet_bytes(prov.table()))
-    return write_shard(store, STAGE, shard, pa.table(kept, schema=DOC_SCHEMA), dropped, stats)
+    kept = docs.select(DOC_SCHEMA.names).take(pa.array(kept_rows, pa.int64()))
+    kept = _replaced(_replaced(kept, "text", new_text), "meta", new_meta)
+    return write_shard(store, STAGE, shard, kept.combine_chunks(), dropped, stats)
+
+
+def _replaced(table: pa.Table, column: str, values: list[str | None]) -> pa.Table:
+    """`table` with the non-None `values` in place of its column's cells."""
+    if all(v is None for v in values):
+        return table
+    col = pc.coalesce(pa.array(values, pa.string()), table[column])
+    return table.set_column(table.schema.get_field_index(column), column, col)
+
+
+def native_outcomes(
+    rules: Mapping[str, list], column: pa.ChunkedArray, sources: list[str]
+) -> tuple[dict[int, tuple[native_chain.Outcomes, int]], list[int]]:
+    """The native kernel's outcomes by row (each as (outcomes, index in them)) for the
+    sources whose chain it runs, and the rows left to the Python rules, ascending."""
+    out: dict[int, tuple[native_chain.Outcomes, int]] = {}
+    by_source: dict[str, list[int]] = {}
+    for r, s in enumerate(sources):
+        by_source.setdefault(s, []).append(r)
+    for src, rows in by_source.items():
+        chain = native_chain.chain_for(rules[src])
+        if chain is None:
+            continue
+        o = chain.run(column.take(pa.array(rows, pa.int64())) if len(rows) != len(sources) else column)
+        for k, r in enumerate(rows):
+            if not o.fallback[k]:
+                out[r] = (o, k)
+    return out, [r for r in range(len(sources)) if r not in out]
 
 
 # Documents a model-scoring rule sees at once: bounds the memory of the documents held
