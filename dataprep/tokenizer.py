@@ -364,13 +364,15 @@ def _as_str_iter(texts: Iterable[str]) -> Iterable[str]:
 # know, so a tokenizer.json that has them is left to HF.
 _PRE_TOKENIZER = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
 _PRE_TOKENIZER_FREE = {"trim_offsets"}
-_MODEL = {
-    "type": "BPE",
-    "dropout": None,
-    "continuing_subword_prefix": None,
-    "end_of_word_suffix": None,
-    "byte_fallback": False,
-    "ignore_merges": False,
+# Each option's accepted values. An empty prefix/suffix (GPT-2's own tokenizer.json) adds
+# nothing to any token, so it is the same algorithm as none.
+_MODEL: dict[str, tuple[Any, ...]] = {
+    "type": ("BPE",),
+    "dropout": (None,),
+    "continuing_subword_prefix": (None, ""),
+    "end_of_word_suffix": (None, ""),
+    "byte_fallback": (False,),
+    "ignore_merges": (False,),
 }
 # unk_token / fuse_unk only matter for a character missing from the vocabulary, and the
 # check requires all 256 byte symbols, so no character is ever missing.
@@ -486,8 +488,8 @@ def _native_bpe_plan(body: dict[str, Any]) -> _NativeBpe | str:
     model = body.get("model")
     if not isinstance(model, dict) or set(model) - _MODEL_FREE != set(_MODEL):
         return "model is not a BPE with the options this encoder knows"
-    for k, v in _MODEL.items():
-        if model[k] != v:
+    for k, accepted in _MODEL.items():
+        if model[k] not in accepted:
             return f"BPE option {k}={model[k]!r} changes the algorithm"
     vocab = model.get("vocab")
     if not isinstance(vocab, dict) or not all(
