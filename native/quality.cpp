@@ -626,7 +626,10 @@ class Chain {
         cur = cleaned;
       }
       if (r.filter_no_terminal_punct) {
-        const bool end_ok = !cur.empty() && std::strchr(".?!\"'", cur.back()) != nullptr;
+        // (Not strchr: it would find a final NUL byte in the pattern's terminator.)
+        const char last = cur.empty() ? 0 : cur.back();
+        const bool end_ok =
+            last == '.' || last == '?' || last == '!' || last == '"' || last == '\'';
         if (!end_ok || ends_with(cur, "...")) continue;
       }
       if (n_words < r.min_words_per_line) continue;
