@@ -132,6 +132,23 @@ def test_kernel_lower_case_is_str_lower():
             assert mod.minhash_lowered(column, i, max_chars, table) == want, repr(t)
 
 
+def test_kernel_refuses_what_it_cannot_lower_exactly():
+    """A capital sigma (lower() looks at its neighbours) or invalid UTF-8 without Python's
+    replacement is an error, never a silently different hash."""
+    mod = _mod()
+    table = minhash._lower_table()
+    none = np.zeros(0, dtype=np.int64)
+    sigma = native.text_column(pa.array(["ok", "ΟΔΥΣΣΕΥΣ"]))
+    assert mod.minhash_needs_python(sigma).tolist() == [1]
+    with pytest.raises(ValueError, match="document 1"):
+        mod.minhash_shingle_hashes(sigma, 5, -1, table, none, [])
+    bad = pa.Array.from_buffers(
+        pa.string(), 1, [None, pa.py_buffer(np.array([0, 2], np.int32)), pa.py_buffer(b"\xc3(")]
+    )
+    with pytest.raises(ValueError, match="document 0"):
+        mod.minhash_shingle_hashes(native.text_column(bad), 5, -1, table, none, [])
+
+
 # ---- differential tests against the Python reference -----------------------------------
 def test_random_mixed_script_text_matches_reference():
     texts = _random_texts(100_000, 1)
