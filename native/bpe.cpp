@@ -287,9 +287,9 @@ class PieceCache {
   }
 
  private:
-  // ~1M entries of <= 64 bytes: tens of MB at most, and far more than the distinct
-  // words of a shard's worth of natural text.
-  static constexpr size_t kMaxSlots = size_t{1} << 21;
+  // At most 512k entries (half the slots) of <= 64 bytes: about 24 MB of slots plus the
+  // keys, per worker process; more than the distinct words of a shard of natural text.
+  static constexpr size_t kMaxSlots = size_t{1} << 20;
   struct Slot {
     uint64_t hash;
     uint32_t key_off, key_len, tok_off, tok_len;

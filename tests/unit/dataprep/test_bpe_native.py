@@ -188,6 +188,23 @@ def test_long_pretokens_take_the_heap_path(random_tok: Tokenizer) -> None:
     assert_same_ids(random_tok, texts)
 
 
+def test_sliced_chunked_and_empty_columns(random_tok: Tokenizer, random_texts: list[str]) -> None:
+    """Arrow slices (an offset into the buffers), several chunks, empty columns."""
+    texts = [*random_texts[:300], "x \U000116d0"]
+    want = [e.tolist() for e in random_tok.encode_batch(texts)]
+    whole = pa.array(texts)
+    chunked = pa.chunked_array([whole.slice(0, 7), whole.slice(7, 0), whole.slice(7)])
+    for column, expect in [
+        (whole.slice(5, 100), want[5:105]),
+        (chunked, want),
+        (pa.chunked_array([], pa.string()), []),
+        (pa.array([], pa.large_string()), []),
+    ]:
+        values, offsets = random_tok.encode_column(column)
+        assert len(offsets) == len(expect) + 1
+        assert [values[a:b].tolist() for a, b in itertools.pairwise(offsets)] == expect
+
+
 def test_unsure_code_points_are_declined_and_spliced(random_tok: Tokenizer) -> None:
     # U+1C89 and U+116D0 are assigned in Unicode 16 (HF's regex: a letter, a digit) and
     # unassigned in Python 3.11's Unicode 14: the native encoder hands them to HF.
