@@ -149,13 +149,29 @@ struct DocState {
 
 class Chain {
  public:
-  Chain(Tables tables, py::function resolver, py::function doc_words, py::function line_sentences,
-        std::vector<std::string> special, std::vector<RuleSpec> rules, size_t cache_max)
+  Chain(Tables tables, py::function resolver, py::function line_sentences,
+        std::vector<std::string> special, const py::list& matcher, size_t run_max,
+        std::vector<RuleSpec> rules, size_t cache_max)
       : t_(std::move(tables)),
         cache_(std::move(resolver), std::move(special), cache_max),
-        doc_words_(std::move(doc_words)),
         line_sentences_(std::move(line_sentences)),
-        rules_(std::move(rules)) {}
+        run_max_(run_max),
+        rules_(std::move(rules)) {
+    // spacy_en._MATCHER, flattened: each run's tokens, and the special case's own tokens.
+    for (auto item : matcher) {
+      auto t = item.cast<py::tuple>();
+      auto run = t[0].cast<std::vector<std::string>>();
+      auto lens = t[1].cast<std::vector<uint32_t>>();
+      auto cps = t[2].cast<std::vector<uint32_t>>();
+      auto flags = t[3].cast<std::vector<uint8_t>>();
+      const int m = static_cast<int>(runs_.size());
+      matcher_[run.at(0)].push_back(m);
+      std::vector<ChunkCache::Tok> sp;
+      for (size_t q = 0; q < lens.size(); ++q) sp.push_back({lens[q], cps[q], flags[q], 0});
+      runs_.push_back(std::move(run));
+      specials_.push_back(std::move(sp));
+    }
+  }
 
   py::dict run(const py::tuple& column) {
     const TextColumn col(column);
@@ -228,48 +244,101 @@ class Chain {
   const std::vector<Token>& words(DocState& d) {
     if (d.words_ready) return d.words;
     check_script(d);
-    d.words.clear();
-    bool merged = false;
+    // Each chunk's tokens (copied out of the cache at once: a later miss may empty it),
+    // and for each chunk where its tokens start, whether they are the tokens before
+    // special cases are merged (a _MERGED chunk) and whether a single " " precedes it.
+    auto& toks = d.words;
+    toks.clear();
+    refs_.clear();
+    bool any_merged = false;
+    const char* prev_end = d.text.data();
     for_each_chunk(t_, d.text, [&](std::string_view chunk) {
-      if (merged) return;
       const ChunkCache::Entry* e = cache_.get(chunk);
       if (e == nullptr) throw std::runtime_error("quality kernel: chunk tokens do not cover it");
-      if (e->merged) {
-        merged = true;
-        return;
-      }
+      const bool single_space = chunk.data() - prev_end == 1 && *prev_end == ' ';
+      prev_end = chunk.data() + chunk.size();
+      refs_.push_back(ChunkRef{static_cast<uint32_t>(toks.size()), e->count, e->merged, single_space});
+      any_merged = any_merged || e->merged;
       size_t off = 0;
       for (uint32_t k = 0; k < e->count; ++k) {
         const auto& tk = cache_.tok(e->first + k);
-        d.words.push_back(Token{chunk.substr(off, tk.bytes), tk.cps, tk.flags, tk.hash});
+        toks.push_back(Token{chunk.substr(off, tk.bytes), tk.cps, tk.flags, tk.hash});
         off += tk.bytes;
       }
     });
-    if (merged) whole_text_words(d);
+    if (any_merged) merge_in_context(d);
     d.words_ready = true;
     return d.words;
   }
 
-  // A chunk whose tokens depend on its neighbours: the whole text's tokens come from the
-  // reference (spacy_en.tokenize), as byte lengths in order; whitespace lies between them.
-  void whole_text_words(DocState& d) {
-    ++doc_resolves_;
-    d.words.clear();
-    py::tuple r = doc_words_(py::str(d.text.data(), d.text.size()));
-    const auto lens = r[0].cast<std::vector<uint32_t>>();
-    const auto cps = r[1].cast<std::vector<uint32_t>>();
-    const auto flags = r[2].cast<std::vector<uint8_t>>();
-    size_t i = 0;
-    for (size_t k = 0; k < lens.size(); ++k) {
-      while (i < d.text.size()) {
-        size_t j = i;
-        if (!is_space(t_, next_cp(d.text, j))) break;
-        i = j;
+  // spacy_en.tokenize for a text holding chunks whose tokens depend on their neighbours:
+  // each such chunk's tokens are what spaCy's special-case matching over the whole text
+  // makes of them, decided over a window of the chunks around it (spacy_en._in_context,
+  // whose docstring says why the window decides it as the whole text would).
+  void merge_in_context(DocState& d) {
+    const std::vector<Token> pre = d.words;  // every chunk's tokens before merging
+    auto& out = d.words;
+    out.clear();
+    const auto n = static_cast<int64_t>(refs_.size());
+    for (int64_t k = 0; k < n; ++k) {
+      const ChunkRef& c = refs_[k];
+      if (!c.merged) {
+        out.insert(out.end(), pre.begin() + c.begin, pre.begin() + c.begin + c.count);
+        continue;
       }
-      if (i + lens[k] > d.text.size()) throw std::runtime_error("quality kernel: tokens overrun");
-      const std::string_view piece = d.text.substr(i, lens[k]);
-      d.words.push_back(Token{piece, cps[k], flags[k], hash_bytes(piece)});
-      i += lens[k];
+      int64_t lo = k, hi = k;
+      size_t left = 0, right = 0;
+      while (lo > 0 && refs_[lo].single_space && left < run_max_ - 1) {
+        --lo;
+        left += refs_[lo].count;
+      }
+      while (hi + 1 < n && refs_[hi + 1].single_space && right < run_max_ - 1) {
+        ++hi;
+        right += refs_[hi].count;
+      }
+      const size_t w0 = refs_[lo].begin;
+      const size_t w1 = refs_[hi].begin + refs_[hi].count;
+      const size_t start = c.begin - w0, end = start + c.count;
+      // _find: every run of the window's tokens that spells a special case with affixes.
+      found_.clear();
+      for (size_t i = w0; i < w1; ++i) {
+        auto it = matcher_.find(std::string(pre[i].text));
+        if (it == matcher_.end()) continue;
+        for (int m : it->second) {
+          const auto& run = runs_[m];
+          if (i + run.size() > w1) continue;
+          bool same = true;
+          for (size_t q = 0; q < run.size() && same; ++q) same = pre[i + q].text == run[q];
+          if (same) found_.push_back({i - w0, i - w0 + run.size(), m});
+        }
+      }
+      // _select: longest first, then leftmost; kept when neither end token was in a
+      // match looked at before.
+      std::stable_sort(found_.begin(), found_.end(), [](const Found& x, const Found& y) {
+        const auto lx = x.b - x.a, ly = y.b - y.a;
+        return lx != ly ? lx > ly : x.a < y.a;
+      });
+      seen_tok_.assign(w1 - w0, 0);
+      kept_.clear();
+      for (const Found& f : found_) {
+        if (!seen_tok_[f.a] && !seen_tok_[f.b - 1]) kept_.push_back(f);
+        for (size_t q = f.a; q < f.b; ++q) seen_tok_[q] = 1;
+      }
+      std::sort(kept_.begin(), kept_.end(), [](const Found& x, const Found& y) { return x.a < y.a; });
+      size_t i = start;
+      for (const Found& f : kept_) {
+        if (f.a < start || f.b > end) continue;  // runs across a space spell no special case
+        out.insert(out.end(), pre.begin() + w0 + i, pre.begin() + w0 + f.a);
+        // The special case's own tokens spell the same bytes as the run they replace.
+        const char* p = pre[w0 + f.a].text.data();
+        for (const auto& st : specials_[f.m]) {
+          const std::string_view piece(p, st.bytes);
+          out.push_back(Token{piece, st.cps, st.flags, hash_bytes(piece)});
+          p += st.bytes;
+        }
+        i = f.b;
+      }
+      out.insert(out.end(), pre.begin() + w0 + i, pre.begin() + w0 + end);
     }
   }
 
@@ -724,10 +793,28 @@ class Chain {
     }
   }
 
+  struct ChunkRef {
+    uint32_t begin;  // its first token in DocState::words
+    uint32_t count;
+    bool merged;
+    bool single_space;  // exactly " " before it
+  };
+  struct Found {
+    size_t a, b;  // token range within the window
+    int m;        // which run
+  };
+
   Tables t_;
   ChunkCache cache_;
-  py::function doc_words_, line_sentences_;
+  py::function line_sentences_;
+  size_t run_max_;
   size_t doc_resolves_ = 0;
+  std::unordered_map<std::string, std::vector<int>> matcher_;  // first token -> runs
+  std::vector<std::vector<std::string>> runs_;
+  std::vector<std::vector<ChunkCache::Tok>> specials_;
+  std::vector<ChunkRef> refs_;
+  std::vector<Found> found_, kept_;
+  std::vector<uint8_t> seen_tok_;
   std::vector<RuleSpec> rules_;
   NGramTable table_, seen_;
   std::vector<int64_t> cum_;
@@ -787,21 +874,21 @@ RuleSpec parse_rule(const py::tuple& spec) {
 
 void register_quality(py::module_& m) {
   py::class_<Chain>(m, "QualityChain")
-      .def(py::init([](const py::dict& tables, py::function resolver, py::function doc_words,
+      .def(py::init([](const py::dict& tables, py::function resolver,
                        py::function line_sentences, std::vector<std::string> special,
-                       const py::list& rules, size_t cache_max) {
+                       const py::list& matcher, size_t run_max, const py::list& rules,
+                       size_t cache_max) {
              Tables t{CodePointSet(tables["space"].cast<std::vector<uint32_t>>()),
                       CodePointSet(tables["decimal"].cast<std::vector<uint32_t>>()),
                       CodePointSet(tables["terminal"].cast<std::vector<uint32_t>>()),
                       CodePointSet(tables["no_space"].cast<std::vector<uint32_t>>())};
              std::vector<RuleSpec> specs;
              for (auto r : rules) specs.push_back(parse_rule(r.cast<py::tuple>()));
-             return new Chain(std::move(t), std::move(resolver), std::move(doc_words),
-                              std::move(line_sentences), std::move(special), std::move(specs),
-                              cache_max);
+             return new Chain(std::move(t), std::move(resolver), std::move(line_sentences),
+                              std::move(special), matcher, run_max, std::move(specs), cache_max);
            }),
-           py::arg("tables"), py::arg("resolver"), py::arg("doc_words"),
-           py::arg("line_sentences"), py::arg("special"), py::arg("rules"),
+           py::arg("tables"), py::arg("resolver"), py::arg("line_sentences"),
+           py::arg("special"), py::arg("matcher"), py::arg("run_max"), py::arg("rules"),
            py::arg("cache_max"))
       .def("run", &Chain::run, py::arg("column"),
            "Counters of every rule for every document of a text column (see quality.cpp).");

@@ -301,10 +301,10 @@ class ChunkCache {
     ++misses_;
     std::string classes;
     py::object r = resolver_(py::str(chunk.data(), chunk.size()));
-    if (r.is_none()) {
-      e.merged = true;
-    } else {
+    {
       auto t = r.cast<py::tuple>();
+      // A _MERGED chunk comes with its tokens before special cases are merged back.
+      e.merged = t[4].cast<bool>();
       auto lens = t[0].cast<std::vector<uint32_t>>();
       auto cps = t[1].cast<std::vector<uint32_t>>();
       auto flags = t[2].cast<std::vector<uint8_t>>();

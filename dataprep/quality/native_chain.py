@@ -64,34 +64,44 @@ def _flags(token: str) -> int:
     return int(alpha) | int(content) << 1 | int(has_alpha) << 2
 
 
-def _resolve(chunk: str) -> tuple[list[int], list[int], list[int], str] | None:
-    """A chunk's spaCy tokens as the kernel caches them (UTF-8 lengths, lengths, flags,
-    sentencizer classes), or None when its tokens depend on its neighbours."""
+def _resolve(chunk: str) -> tuple[list[int], list[int], list[int], str, bool]:
+    """A chunk's spaCy tokens as the kernel caches them: UTF-8 lengths, lengths, flags,
+    sentencizer classes, and whether its tokens depend on its neighbours (spacy_en's
+    _MERGED chunks: then the tokens are those before special cases are merged back, which
+    the kernel merges in context, and the classes are unused)."""
     tokens = spacy_en._CACHE.get(chunk) or spacy_en._tokens_of(chunk)
+    merged = tokens is None
+    classes = ""
     if tokens is None:
-        return None
-    classes = spacy_en._CLASSES.get(chunk)
-    if classes is None:
-        classes = spacy_en._classes_of(chunk)
-        if classes is None:
-            return None
+        tokens = spacy_en._pre_tokens(chunk)
+    else:
+        cached = spacy_en._CLASSES.get(chunk)
+        classes = cached if cached is not None else spacy_en._classes_of(chunk) or ""
     return (
         [len(t.encode("utf-8")) for t in tokens],
         [len(t) for t in tokens],
         [_flags(t) for t in tokens],
         classes,
+        merged,
     )
 
 
-def _doc_words(chunk_text: str) -> tuple[list[int], list[int], list[int]]:
-    """A whole text's spaCy tokens (for a text holding a chunk whose tokens depend on its
-    neighbours), as the kernel reads them."""
-    tokens = spacy_en.tokenize(chunk_text)
-    return (
-        [len(t.encode("utf-8")) for t in tokens],
-        [len(t) for t in tokens],
-        [_flags(t) for t in tokens],
-    )
+def _matcher() -> list[tuple[list[str], list[int], list[int], list[int]]]:
+    """spacy_en._MATCHER flattened for the kernel: each run of tokens that spells a
+    special case, with the special case's own tokens (UTF-8 lengths, lengths, flags)."""
+    out = []
+    for runs in spacy_en._MATCHER.values():
+        for run, special in runs:
+            toks = spacy_en.SPECIAL[special]
+            out.append(
+                (
+                    list(run),
+                    [len(t.encode("utf-8")) for t in toks],
+                    [len(t) for t in toks],
+                    [_flags(t) for t in toks],
+                )
+            )
+    return out
 
 
 def supported(rules: Sequence[Rule[Any]]) -> bool:
@@ -115,7 +125,7 @@ class Outcomes:
     edited: dict[int, str]  # row -> C4's cleaned text, for kept documents it changed
     stats: dict[str, np.ndarray]  # float64, NaN where the chain did not measure it
     cache_misses: int  # chunks the Python reference tokenised for the kernel
-    doc_resolves: int  # texts or lines it tokenised whole (special cases across chunks)
+    doc_resolves: int  # lines whose sentences it counted (special cases across chunks)
 
     @property
     def kept(self) -> np.ndarray:
@@ -137,9 +147,10 @@ class NativeChain:
         self._chain = m.QualityChain(
             _tables(),
             _resolve,
-            _doc_words,
             spacy_en.count_sentences,
             sorted(spacy_en.SPECIAL),
+            _matcher(),
+            spacy_en._RUN_MAX,
             specs,
             CACHE_MAX,
         )
