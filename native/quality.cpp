@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -75,19 +76,45 @@ class NGramTable {
   size_t mask_ = 0;
 };
 
-// dup_count_and_chars: items that repeat an earlier one and their code points.
-std::pair<int64_t, int64_t> dup_count_and_chars(const std::vector<std::string_view>& items) {
-  std::unordered_set<std::string_view> seen;
-  seen.reserve(items.size() * 2);
-  int64_t n = 0, chars = 0;
-  for (auto s : items) {
-    if (!seen.insert(s).second) {
-      ++n;
-      chars += cp_len(s);
+// dup_count_and_chars: items that repeat an earlier one, and their code points. An
+// open-addressing set of (hash, item) reused across documents: no allocation per item.
+class DupCounter {
+ public:
+  std::pair<int64_t, int64_t> count(const std::vector<std::string_view>& items) {
+    size_t cap = 16;
+    while (cap < 2 * items.size() + 2) cap <<= 1;
+    hashes_.assign(cap, 0);
+    views_.resize(cap);
+    const size_t mask = cap - 1;
+    int64_t n = 0, chars = 0;
+    for (auto s : items) {
+      uint64_t h = hash_bytes(s);
+      if (h == 0) h = 1;  // 0 marks an empty slot
+      size_t i = h & mask;
+      bool dup = false;
+      while (hashes_[i] != 0) {
+        if (hashes_[i] == h && views_[i].size() == s.size() &&
+            same_bytes(views_[i].data(), s.data(), s.size())) {
+          dup = true;
+          break;
+        }
+        i = (i + 1) & mask;
+      }
+      if (dup) {
+        ++n;
+        chars += cp_len(s);
+      } else {
+        hashes_[i] = h;
+        views_[i] = s;
+      }
     }
+    return {n, chars};
   }
-  return {n, chars};
-}
+
+ private:
+  std::vector<uint64_t> hashes_;
+  std::vector<std::string_view> views_;
+};
 
 bool starts_with(std::string_view s, std::string_view p) {
   return s.size() >= p.size() && s.compare(0, p.size(), p) == 0;
@@ -118,6 +145,7 @@ struct RuleSpec {
   bool count_words = false;
   // gopher_quality
   std::vector<std::string> stop_words;
+  std::vector<uint64_t> stop_hashes;  // hash_bytes of each, compared before the bytes
   // gopher_repetition
   std::vector<int64_t> top_n, dup_n;
   // c4
@@ -128,6 +156,10 @@ struct RuleSpec {
   // fineweb
   int64_t short_line_length = 30;
   double new_line_ratio = -1;  // -1: off
+  // Counter names built from n ("top2_count"), made once so their addresses are stable.
+  std::map<std::string, std::string> names;
+  // Chain::set's cache: counter name address -> its column (for the current run).
+  mutable std::vector<std::pair<const char*, std::vector<int64_t>*>> cols;
 };
 
 const char* const kPolicy[] = {"terms of use", "privacy policy", "cookie policy",
@@ -177,6 +209,7 @@ class Chain {
     const TextColumn col(column);
     const int64_t n = col.size();
     cols_.clear();
+    for (const auto& r : rules_) r.cols.clear();
     std::vector<uint8_t> fallback(n, 0);
     std::vector<int64_t> edited_off{0};
     std::string edited_bytes;
@@ -187,6 +220,7 @@ class Chain {
       row_ = i;
       DocState d;
       d.text = col[i];
+      words_text_ = {};
       try {
         check_characters(d.text);
         for (size_t r = 0; r < rules_.size(); ++r) apply(rules_[r], d);
@@ -214,9 +248,18 @@ class Chain {
   }
 
  private:
+  // One counter of the current document. The column is found by the name's address (the
+  // names are literals or strings owned by the rule), so no string is built per call.
   void set(const RuleSpec& r, const char* name, int64_t v) {
+    for (auto& [n, col] : r.cols) {
+      if (n == name) {
+        (*col)[row_] = v;
+        return;
+      }
+    }
     auto& c = cols_[r.prefix + name];
     if (c.empty()) c.assign(doc_count_, -1);
+    r.cols.emplace_back(name, &c);
     c[row_] = v;
   }
 
@@ -250,22 +293,39 @@ class Chain {
     auto& toks = d.words;
     toks.clear();
     refs_.clear();
+    chunk_views_.clear();
+    chunk_hashes_.clear();
+    chunk_cls_.clear();
+    cls_buf_.clear();
+    words_text_ = d.text;
+    for_each_chunk(t_, d.text, [&](std::string_view chunk) {
+      chunk_views_.push_back(chunk);
+      chunk_hashes_.push_back(hash_bytes(chunk));
+    });
+    for (uint64_t h : chunk_hashes_) cache_.prefetch_slot(h);
+    for (uint64_t h : chunk_hashes_) cache_.prefetch_entry(h);
+    for (uint64_t h : chunk_hashes_) cache_.prefetch_data(h);
     bool any_merged = false;
     const char* prev_end = d.text.data();
-    for_each_chunk(t_, d.text, [&](std::string_view chunk) {
-      const ChunkCache::Entry* e = cache_.get(chunk);
+    for (size_t c = 0; c < chunk_views_.size(); ++c) {
+      const std::string_view chunk = chunk_views_[c];
+      const ChunkCache::Entry* e = cache_.get(chunk, chunk_hashes_[c]);
       if (e == nullptr) throw std::runtime_error("quality kernel: chunk tokens do not cover it");
       const bool single_space = chunk.data() - prev_end == 1 && *prev_end == ' ';
       prev_end = chunk.data() + chunk.size();
       refs_.push_back(ChunkRef{static_cast<uint32_t>(toks.size()), e->count, e->merged, single_space});
       any_merged = any_merged || e->merged;
+      // Its sentencizer classes, for C4's sentence counts over this text's lines.
+      const std::string_view cls = cache_.classes(*e);
+      chunk_cls_.push_back({static_cast<uint32_t>(cls_buf_.size()), static_cast<uint32_t>(cls.size())});
+      cls_buf_.append(cls);
       size_t off = 0;
       for (uint32_t k = 0; k < e->count; ++k) {
         const auto& tk = cache_.tok(e->first + k);
         toks.push_back(Token{chunk.substr(off, tk.bytes), tk.cps, tk.flags, tk.hash});
         off += tk.bytes;
       }
-    });
+    }
     if (any_merged) merge_in_context(d);
     d.words_ready = true;
     return d.words;
@@ -354,6 +414,28 @@ class Chain {
         prev = c;
       }
     };
+    // A stripped line of the text whose words are split already: its chunks are a run of
+    // that split's chunks, with their classes at hand (no lookup).
+    const char* text0 = words_text_.data();
+    if (!words_text_.empty() && line.data() >= text0 &&
+        line.data() + line.size() <= text0 + words_text_.size()) {
+      auto it = std::lower_bound(
+          chunk_views_.begin(), chunk_views_.end(), line.data(),
+          [](std::string_view c, const char* p) { return c.data() < p; });
+      size_t c = static_cast<size_t>(it - chunk_views_.begin());
+      const char* end = line.data() + line.size();
+      bool first = true;
+      for (; c < chunk_views_.size() && chunk_views_[c].data() < end; ++c) {
+        if (refs_[c].merged) {
+          ++doc_resolves_;
+          return line_sentences_(py::str(line.data(), line.size())).cast<int64_t>();
+        }
+        if (!first && !refs_[c].single_space) feed("W");
+        first = false;
+        feed(std::string_view(cls_buf_).substr(chunk_cls_[c].first, chunk_cls_[c].second));
+      }
+      return 1 + pw;
+    }
     size_t i = 0;
     while (i < line.size()) {
       const size_t at = i;
@@ -396,8 +478,8 @@ class Chain {
 
   void char_repetition(const RuleSpec& r, DocState& d) {
     const std::string_view s = d.text;
-    std::vector<uint32_t> cps;
-    cps.reserve(s.size());
+    auto& cps = cps_;
+    cps.clear();
     for (size_t i = 0; i < s.size();) cps.push_back(next_cp(s, i));
     // The first run of one non-space character longer than max_run (simple._long_run).
     int64_t run_len = 0, run_cp = 0;
@@ -475,7 +557,7 @@ class Chain {
       }
       alpha += (tk.flags & kHasAlpha) != 0;
       for (size_t q = 0; q < r.stop_words.size() && q < 64; ++q) {
-        if (tk.text == r.stop_words[q]) stops |= uint64_t{1} << q;
+        if (tk.hash == r.stop_hashes[q] && tk.text == r.stop_words[q]) stops |= uint64_t{1} << q;
       }
     }
     set(r, "words", static_cast<int64_t>(w.size()));
@@ -523,12 +605,12 @@ class Chain {
       return out;
     };
     const auto paras = split_newlines(strip(t_, text), 2);
-    auto [pd, pc] = dup_count_and_chars(paras);
+    auto [pd, pc] = dups_.count(paras);
     set(r, "paras", static_cast<int64_t>(paras.size()));
     set(r, "para_dups", pd);
     set(r, "para_dup_chars", pc);
     const auto lines = split_newlines(text, 1);
-    auto [ld, lc] = dup_count_and_chars(lines);
+    auto [ld, lc] = dups_.count(lines);
     set(r, "lines", static_cast<int64_t>(lines.size()));
     set(r, "line_dups", ld);
     set(r, "line_dup_chars", lc);
@@ -592,9 +674,9 @@ class Chain {
             first = f;
           }
         }
-        const std::string name = "top" + std::to_string(n);
-        set(r, (name + "_count").c_str(), top);
-        set(r, (name + "_len").c_str(), cum[first + n] - cum[first] + n - 1);
+        set(r, r.names.at("top" + std::to_string(n) + "_count").c_str(), top);
+        set(r, r.names.at("top" + std::to_string(n) + "_len").c_str(),
+            cum[first + n] - cum[first] + n - 1);
       }
       // Keep the repeated ones (count >= 2) as the next n's candidates.
       size_t k = 0;
@@ -624,12 +706,14 @@ class Chain {
             next = pos[q] + n;
           }
         }
-        set(r, ("dup" + std::to_string(n) + "_chars").c_str(), repeated);
+        set(r, r.names.at("dup" + std::to_string(n) + "_chars").c_str(), repeated);
       }
     }
     // An n longer than the text: no n-gram, so no top statistic and no repeats.
     for (auto n : r.dup_n) {
-      if (static_cast<int64_t>(nw) < n) set(r, ("dup" + std::to_string(n) + "_chars").c_str(), 0);
+      if (static_cast<int64_t>(nw) < n) {
+        set(r, r.names.at("dup" + std::to_string(n) + "_chars").c_str(), 0);
+      }
     }
   }
 
@@ -669,30 +753,22 @@ class Chain {
   }
 
   void c4(const RuleSpec& r, DocState& d) {
-    int64_t verdict = 0, sentences_total = 0, kept_n = 0, lines_n = 0;
-    std::vector<std::string> kept;
+    int64_t verdict = 0, sentences_total = 0, kept_n = 0;
+    // The kept lines: views of the text, or of citation-free copies in cleaned_.
+    kept_views_.clear();
+    cleaned_.clear();
+    raw_lines_.clear();
+    for_each_line(d.text, [&](std::string_view l) { raw_lines_.push_back(l); });
+    const auto lines_n = static_cast<int64_t>(raw_lines_.size());
     // Lines are processed in order; C4 drops the page at the first 'lorem ipsum' or '{'.
-    std::vector<std::string_view> raw_lines;
-    for_each_line(d.text, [&](std::string_view l) { raw_lines.push_back(l); });
-    lines_n = static_cast<int64_t>(raw_lines.size());
-    for (auto raw : raw_lines) {
+    // The tests that only skip a line run cheapest first: skipping has no other effect,
+    // so their order does not change the outcome.
+    for (auto raw : raw_lines_) {
       const std::string_view line = strip(t_, raw);
-      int64_t n_words = 0;
-      bool too_long = false;
-      const int64_t line_cps = r.max_word_length >= 0 ? cp_len(line) : 0;
-      for_each_chunk(t_, line, [&](std::string_view w) {
-        ++n_words;
-        if (r.max_word_length >= 0 && line_cps > r.max_word_length &&
-            cp_len(w) > r.max_word_length) {
-          too_long = true;
-        }
-      });
-      if (too_long) continue;
-      std::string cleaned;
       std::string_view cur = line;
       if (r.remove_citations && line.find('[') != std::string_view::npos) {
-        cleaned = remove_citations(line);
-        cur = cleaned;
+        cleaned_.push_back(remove_citations(line));
+        cur = cleaned_.back();
       }
       if (r.filter_no_terminal_punct) {
         // (Not strchr: it would find a final NUL byte in the pattern's terminator.)
@@ -701,17 +777,28 @@ class Chain {
             last == '.' || last == '?' || last == '!' || last == '"' || last == '\'';
         if (!end_ok || ends_with(cur, "...")) continue;
       }
-      if (n_words < r.min_words_per_line) continue;
-      std::string lower(cur);
-      for (auto& c : lower) {
+      // Words are counted before citation removal, as datatrove does. A line no longer
+      // than the limit (in bytes, so in characters too) cannot hold a longer word.
+      int64_t n_words = 0;
+      bool too_long = false;
+      const bool check_len = r.max_word_length >= 0 &&
+                             static_cast<int64_t>(line.size()) > r.max_word_length &&
+                             cp_len(line) > r.max_word_length;
+      for_each_chunk(t_, line, [&](std::string_view w) {
+        ++n_words;
+        if (check_len && cp_len(w) > r.max_word_length) too_long = true;
+      });
+      if (too_long || n_words < r.min_words_per_line) continue;
+      lower_.assign(cur);
+      for (auto& c : lower_) {
         if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
       }
-      if (r.filter_lorem_ipsum && lower.find("lorem ipsum") != std::string::npos) {
+      if (r.filter_lorem_ipsum && lower_.find("lorem ipsum") != std::string::npos) {
         verdict = 1;
         excerpt(r, cur);
         break;
       }
-      if (r.filter_javascript && lower.find("javascript") != std::string::npos) continue;
+      if (r.filter_javascript && lower_.find("javascript") != std::string::npos) continue;
       if (r.filter_curly_bracket && cur.find('{') != std::string_view::npos) {
         verdict = 2;
         excerpt(r, cur);
@@ -719,14 +806,14 @@ class Chain {
       }
       if (r.filter_policy) {
         bool policy = false;
-        for (const char* p : kPolicy) policy = policy || lower.find(p) != std::string::npos;
+        for (const char* p : kPolicy) policy = policy || lower_.find(p) != std::string::npos;
         if (policy) continue;
       }
       if (r.count_sentences) {
         check_script(d);  // spaCy's sentencizer applies to English text only
         sentences_total += sentences(cur);
       }
-      kept.emplace_back(cur);
+      kept_views_.push_back(cur);
       ++kept_n;
     }
     set(r, "verdict", verdict);
@@ -734,16 +821,17 @@ class Chain {
     set(r, "kept_lines", kept_n);
     set(r, "lines", lines_n);
     if (verdict != 0) return;
-    std::string joined;
-    for (size_t q = 0; q < kept.size(); ++q) {
-      if (q) joined.push_back('\n');
-      joined.append(kept[q]);
+    joined_.clear();
+    for (size_t q = 0; q < kept_views_.size(); ++q) {
+      if (q) joined_.push_back('\n');
+      joined_.append(kept_views_[q]);
     }
-    const std::string_view cleaned = strip(t_, joined);
+    const std::string_view cleaned = strip(t_, joined_);
     set(r, "empty", cleaned.empty() ? 1 : 0);
     if (!cleaned.empty() && cleaned != d.text) {
       d.owned = std::string(cleaned);
       d.text = d.owned;
+      words_text_ = {};
       d.words_ready = false;
       d.script_checked = false;
     }
@@ -778,7 +866,7 @@ class Chain {
     set(r, "punct", punct);
     set(r, "short", shorts);
     set(r, "newlines", newlines);
-    set(r, "dup_chars", dup_count_and_chars(lines).second);
+    set(r, "dup_chars", dups_.count(lines).second);
     set(r, "chars", cp_len(text));
     if (r.new_line_ratio >= 0 && newlines && n) {
       // Chunks first: each holds at least one word, so when newlines per chunk stay under
@@ -813,10 +901,20 @@ class Chain {
   std::vector<std::vector<std::string>> runs_;
   std::vector<std::vector<ChunkCache::Tok>> specials_;
   std::vector<ChunkRef> refs_;
+  std::vector<std::string_view> chunk_views_;
+  std::vector<uint64_t> chunk_hashes_;
+  std::vector<std::pair<uint32_t, uint32_t>> chunk_cls_;  // classes of each, in cls_buf_
+  std::string cls_buf_;
+  std::string_view words_text_;  // the text chunk_views_ split (empty: none)
   std::vector<Found> found_, kept_;
   std::vector<uint8_t> seen_tok_;
   std::vector<RuleSpec> rules_;
   NGramTable table_, seen_;
+  DupCounter dups_;
+  std::vector<uint32_t> cps_;
+  std::vector<std::string_view> raw_lines_, kept_views_;
+  std::deque<std::string> cleaned_;  // a deque: its strings stay put as it grows
+  std::string lower_, joined_;
   std::vector<int64_t> cum_;
   std::vector<uint32_t> pos_;
   std::vector<uint64_t> hv_;
@@ -845,10 +943,21 @@ RuleSpec parse_rule(const py::tuple& spec) {
     r.kind = Kind::kGopherQuality;
     r.stop_words = p["stop_words"].cast<std::vector<std::string>>();
     if (r.stop_words.size() > 64) throw std::invalid_argument("gopher_quality: > 64 stop words");
+    for (const auto& w : r.stop_words) r.stop_hashes.push_back(hash_bytes(w));
   } else if (name == "gopher_repetition") {
     r.kind = Kind::kGopherRepetition;
     for (auto item : p["top_n_grams"]) r.top_n.push_back(item.cast<py::tuple>()[0].cast<int64_t>());
     for (auto item : p["dup_n_grams"]) r.dup_n.push_back(item.cast<py::tuple>()[0].cast<int64_t>());
+    for (auto n : r.top_n) {
+      for (const char* part : {"_count", "_len"}) {
+        const std::string name = "top" + std::to_string(n) + part;
+        r.names[name] = name;
+      }
+    }
+    for (auto n : r.dup_n) {
+      const std::string name = "dup" + std::to_string(n) + "_chars";
+      r.names[name] = name;
+    }
   } else if (name == "c4") {
     r.kind = Kind::kC4;
     r.remove_citations = get_bool("remove_citations");

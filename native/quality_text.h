@@ -86,9 +86,38 @@ struct Tables {
   CodePointSet no_space;  // scripts written without spaces (segment._SCRIPTS)
 };
 
+inline bool ascii_space(unsigned char c) {
+  return c == ' ' || (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x1F);
+}
+
 inline bool is_space(const Tables& t, uint32_t cp) {
-  if (cp < 0x80) return cp == ' ' || (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x1F);
+  if (cp < 0x80) return ascii_space(static_cast<unsigned char>(cp));
   return t.space.has(cp);
+}
+
+// Whether the character at s[i] is whitespace; i moves past it. ASCII without decoding.
+inline bool space_at(const Tables& t, std::string_view s, size_t& i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) {
+    ++i;
+    return ascii_space(c);
+  }
+  return t.space.has(next_cp(s, i));
+}
+
+// memcmp for the short strings compared here (chunks, tokens), without a call.
+inline bool same_bytes(const char* a, const char* b, size_t n) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t x, y;
+    std::memcpy(&x, a + i, 8);
+    std::memcpy(&y, b + i, 8);
+    if (x != y) return false;
+  }
+  for (; i < n; ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
 }
 
 // str.strip()
@@ -135,7 +164,7 @@ inline void for_each_chunk(const Tables& t, std::string_view s, F&& f) {
   bool in_chunk = false;
   while (i < s.size()) {
     const size_t at = i;
-    const bool sp = is_space(t, next_cp(s, i));
+    const bool sp = space_at(t, s, i);
     if (sp && in_chunk) {
       f(s.substr(start, at - start));
       in_chunk = false;
@@ -236,13 +265,30 @@ class ChunkCache {
 
   // The entry of `chunk`, resolved through Python when new. nullptr when the resolver
   // failed to account for the chunk's bytes (a bug the caller reports).
-  const Entry* get(std::string_view chunk) {
-    const uint64_t h = hash_bytes(chunk);
+  const Entry* get(std::string_view chunk) { return get(chunk, hash_bytes(chunk)); }
+
+  // A lookup is a chain of dependent loads (slot, entry, key bytes, tokens), each a likely
+  // cache miss in a table of millions of chunks. A document's chunks are independent, so
+  // the caller issues these prefetches for all of them, stage by stage, before the gets.
+  void prefetch_slot(uint64_t h) const { __builtin_prefetch(&slots_[h & mask_]); }
+  void prefetch_entry(uint64_t h) const {
+    const uint32_t k = slots_[h & mask_];
+    if (k != kEmpty) __builtin_prefetch(&entries_[k]);
+  }
+  void prefetch_data(uint64_t h) const {
+    const uint32_t k = slots_[h & mask_];
+    if (k == kEmpty) return;
+    const Entry& e = entries_[k];
+    __builtin_prefetch(keys_.data() + e.key_off);
+    if (e.count) __builtin_prefetch(&toks_[e.first]);
+  }
+
+  const Entry* get(std::string_view chunk, uint64_t h) {
     size_t i = h & mask_;
     while (slots_[i] != kEmpty) {
       const Entry& e = entries_[slots_[i]];
       if (e.hash == h && e.key_len == chunk.size() &&
-          std::memcmp(keys_.data() + e.key_off, chunk.data(), chunk.size()) == 0) {
+          same_bytes(keys_.data() + e.key_off, chunk.data(), chunk.size())) {
         return &e;
       }
       i = (i + 1) & mask_;
