@@ -7,6 +7,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -47,14 +48,15 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
     texts: list[str | None] = [None] * n
     dropped_native = [r for r, (o, k) in native.items() if o.reason[k] is not None]
     for rows in (python_rows, dropped_native):
-        for r, t in zip(rows, docs["text"].take(pa.array(rows, pa.int64())).to_pylist(), strict=True):
+        taken = docs["text"].take(pa.array(rows, pa.int64())).to_pylist()
+        for r, t in zip(rows, taken, strict=True):
             texts[r] = t
     stats = ShardStats()
     dropped = DroppedRows()
     kept_rows: list[int] = []
     new_text: list[str | None] = []  # per kept row: C4's (or a redacting rule's) new text
     new_meta: list[str | None] = []  # per kept row: meta with the rules' annotations
-    prov = ProvenanceRows()
+    python_kept: dict[int, FilterResult] = {}  # the Python rules' kept outcomes, by row
     scored = batch_outcomes(rules, texts, sources, metas)  # type: ignore[arg-type]
     for row in range(n):
         src = sources[row]
@@ -63,18 +65,27 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
         at = native.get(row)
         if at is not None:
             o, k = at
-            out = FilterResult(
-                None if o.reason[k] is not None else o.edited.get(k, ""),
-                o.reason[k],
-                o.detail[k],
-                stats=o.stats_of(k) if o.reason[k] is None else {},
-            )
-            changed = out.text if k in o.edited else None
-        else:
-            text = texts[row]
-            assert text is not None
-            out = scored.get(row) or filter_document(rules[src], text, metas[row])  # `url`: meta
-            changed = out.text if out.text is not text else None
+            reason = o.reason[k]
+            if reason is not None:
+                st.add_dropped(reason, nbytes[row])
+                dropped.add(
+                    ids[row],
+                    src,
+                    reason,
+                    o.detail[k],
+                    doc_location(metas[row], shard, row),
+                    texts[row] or "",
+                )
+                continue
+            changed = o.edited.get(k)
+            st.add_kept(nbytes[row] if changed is None else len(changed.encode("utf-8")))
+            kept_rows.append(row)
+            new_text.append(changed)
+            new_meta.append(None)
+            continue
+        text = texts[row]
+        assert text is not None
+        out = scored.get(row) or filter_document(rules[src], text, metas[row])  # `url`: meta
         if out.text is None:
             st.add_dropped(out.reason or "quality", nbytes[row])
             dropped.add(
@@ -83,9 +94,10 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
                 out.reason or "quality",
                 out.detail,
                 doc_location(metas[row], shard, row),
-                texts[row] or "",
+                text,
             )
             continue
+        changed = out.text if out.text is not text else None
         # Line-level rules (C4) may shorten the text; kept bytes count what stays.
         st.add_kept(nbytes[row] if changed is None else len(changed.encode("utf-8")))
         st.add_redacted(out.redacted)  # `pii`'s replacements, counted in the report
@@ -93,9 +105,11 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
         new_text.append(changed)
         # Only rules that annotate (`language`) change meta: other runs keep its bytes.
         new_meta.append(with_annotations(metas[row], out.annotations) if out.annotations else None)
-        prov.add(ids[row], src, doc_location(metas[row], shard, row), out)
+        python_kept[row] = out
     # The kept documents' provenance, aligned with their rows (written before the marker).
-    store.put(provenance_key(shard), table_to_parquet_bytes(prov.table()))
+    locations = [doc_location(metas[r], shard, r) for r in kept_rows]
+    prov = provenance_table(kept_rows, native, python_kept, ids, sources, locations)
+    store.put(provenance_key(shard), table_to_parquet_bytes(prov))
     kept = docs.select(DOC_SCHEMA.names).take(pa.array(kept_rows, pa.int64()))
     kept = _replaced(_replaced(kept, "text", new_text), "meta", new_meta)
     return write_shard(store, STAGE, shard, kept.combine_chunks(), dropped, stats)
@@ -122,7 +136,8 @@ def native_outcomes(
         chain = native_chain.chain_for(rules[src])
         if chain is None:
             continue
-        o = chain.run(column.take(pa.array(rows, pa.int64())) if len(rows) != len(sources) else column)
+        part = column if len(rows) == len(sources) else column.take(pa.array(rows, pa.int64()))
+        o = chain.run(part)
         for k, r in enumerate(rows):
             if not o.fallback[k]:
                 out[r] = (o, k)
@@ -159,42 +174,59 @@ def with_annotations(meta: str | None, annotations: Mapping[str, Any]) -> str:
     return json.dumps(fields, sort_keys=True, ensure_ascii=False, default=str, allow_nan=False)
 
 
-class ProvenanceRows:
+def provenance_table(
+    kept_rows: list[int],
+    native: Mapping[int, tuple[native_chain.Outcomes, int]],
+    python_kept: Mapping[int, FilterResult],
+    ids: list[str],
+    sources: list[str],
+    locations: list[str],
+) -> pa.Table:
     """The kept documents' provenance table (core/provenance.py's document columns): id,
     source, location and one float64 column per statistic the rules measured, in sorted
     name order, null where a document's chain did not measure it. Numeric annotations
-    (`language_score`, `perplexity`) count as statistics too."""
+    (`language_score`, `perplexity`) count as statistics too. Statistics of natively
+    decided documents come as the kernel's columns, the Python rules' per document."""
+    m = len(kept_rows)
+    values: dict[str, np.ndarray] = {}
 
-    def __init__(self) -> None:
-        self.base: dict[str, list[str]] = {"id": [], "source": [], "location": []}
-        self.stats: dict[str, list[float | None]] = {}
+    def column(key: str) -> np.ndarray:
+        col = values.get(key)
+        if col is None:
+            col = values[key] = np.full(m, np.nan)
+        return col
 
-    def add(self, id: str, source: str, location: str, out: FilterResult) -> None:
-        n = len(self.base["id"])
-        self.base["id"].append(id)
-        self.base["source"].append(source)
-        self.base["location"].append(location)
-        values = dict(out.stats)
-        for k, v in out.annotations.items():
+    groups: dict[int, tuple[native_chain.Outcomes, list[int], list[int]]] = {}
+    for pos, row in enumerate(kept_rows):
+        at = native.get(row)
+        if at is not None:
+            o, k = at
+            _, positions, ks = groups.setdefault(id(o), (o, [], []))
+            positions.append(pos)
+            ks.append(k)
+            continue
+        out = python_kept[row]
+        for key, v in out.stats.items():
+            column(key)[pos] = float(v)
+        for key, v in out.annotations.items():
             if isinstance(v, int | float) and not isinstance(v, bool):
-                values[k] = v
-        for k, v in values.items():
-            col = self.stats.get(k)
-            if col is None:
-                col = self.stats[k] = [None] * n
-            col.append(float(v))
-        for col in self.stats.values():
-            if len(col) == n:
-                col.append(None)
-
-    def table(self) -> pa.Table:
-        cols: dict[str, Any] = dict(self.base)
-        fields = [
-            pa.field("id", pa.string()),
-            pa.field("source", pa.string()),
-            pa.field("location", pa.string()),
-        ]
-        for k in sorted(self.stats):
-            cols[k] = self.stats[k]
-            fields.append(pa.field(k, pa.float64()))
-        return pa.table(cols, schema=pa.schema(fields))
+                column(key)[pos] = float(v)
+    for o, positions, ks in groups.values():
+        for key, arr in o.stats.items():
+            picked = arr[np.asarray(ks, dtype=np.int64)]
+            if not np.isnan(picked).all():
+                column(key)[np.asarray(positions, dtype=np.int64)] = picked
+    cols: dict[str, Any] = {
+        "id": [ids[r] for r in kept_rows],
+        "source": [sources[r] for r in kept_rows],
+        "location": locations,
+    }
+    fields = [pa.field(k, pa.string()) for k in cols]
+    for key in sorted(values):
+        col = values[key]
+        missing = np.isnan(col)
+        if missing.all():
+            continue
+        cols[key] = pa.array(col, pa.float64(), mask=missing)
+        fields.append(pa.field(key, pa.float64()))
+    return pa.table(cols, schema=pa.schema(fields))
