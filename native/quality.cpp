@@ -18,6 +18,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <climits>
+#include <array>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -479,15 +481,22 @@ class Chain {
   void char_repetition(const RuleSpec& r, DocState& d) {
     const std::string_view s = d.text;
     auto& cps = cps_;
-    cps.clear();
-    for (size_t i = 0; i < s.size();) cps.push_back(next_cp(s, i));
+    cps.resize(s.size());
+    size_t len = 0;
+    int64_t n_chars = 0;
+    for (size_t i = 0; i < s.size();) {
+      const uint32_t c = next_cp(s, i);
+      cps[len++] = c;
+      n_chars += !is_space(t_, c);
+    }
+    cps.resize(len);
     // The first run of one non-space character longer than max_run (simple._long_run).
     int64_t run_len = 0, run_cp = 0;
     if (r.max_run >= 0) {
       size_t i = 0;
-      while (i < cps.size()) {
+      while (i < len) {
         size_t j = i + 1;
-        while (j < cps.size() && cps[j] == cps[i]) ++j;
+        while (j < len && cps[j] == cps[i]) ++j;
         if (static_cast<int64_t>(j - i) > r.max_run && !is_space(t_, cps[i])) {
           run_len = static_cast<int64_t>(j - i);
           run_cp = cps[i];
@@ -498,39 +507,51 @@ class Chain {
     }
     set(r, "run_len", run_len);
     set(r, "run_cp", run_cp);
-    int64_t n_chars = 0;
-    for (uint32_t c : cps) n_chars += !is_space(t_, c);
     set(r, "n_chars", n_chars);
     // simple._most_common_char: candidates from two strided samples, the four most common
-    // (ties in order of first appearance), each counted exactly.
-    const size_t len = cps.size();
+    // (ties in order of first appearance: Counter.most_common), each counted exactly.
     const size_t k = len / 256 + 1;
-    std::vector<std::pair<uint32_t, int64_t>> sample;  // in order of first appearance
+    sample_.clear();  // (character, count) in order of first appearance
+    ascii_slot_.fill(-1);
     auto add = [&](uint32_t c) {
-      for (auto& p : sample) {
+      if (c < 128) {
+        int32_t& at = ascii_slot_[c];
+        if (at < 0) {
+          at = static_cast<int32_t>(sample_.size());
+          sample_.emplace_back(c, 0);
+        }
+        ++sample_[at].second;
+        return;
+      }
+      for (auto& p : sample_) {
         if (p.first == c) {
           ++p.second;
           return;
         }
       }
-      sample.emplace_back(c, 1);
+      sample_.emplace_back(c, 1);
     };
     for (size_t i = 0; i < len; i += k) add(cps[i]);
     if (k > 1) {
       for (size_t i = k / 2; i < len; i += k + 1) add(cps[i]);
     }
-    std::stable_sort(sample.begin(), sample.end(),
+    std::stable_sort(sample_.begin(), sample_.end(),
                      [](const auto& a, const auto& b) { return a.second > b.second; });
+    uint32_t cand[4];
+    int64_t counts[4] = {0, 0, 0, 0};
+    size_t nc = 0;
+    for (size_t q = 0; q < sample_.size() && q < 4; ++q) {
+      if (!is_space(t_, sample_[q].first)) cand[nc++] = sample_[q].first;
+    }
+    for (size_t i = 0; i < len; ++i) {
+      for (size_t q = 0; q < nc; ++q) counts[q] += cps[i] == cand[q];
+    }
     int64_t best_count = 0;
     uint32_t best = 0;
-    for (size_t q = 0; q < sample.size() && q < 4; ++q) {
-      const uint32_t c = sample[q].first;
-      if (is_space(t_, c)) continue;
-      int64_t count = 0;
-      for (uint32_t x : cps) count += x == c;
-      if (count > best_count) {
-        best_count = count;
-        best = c;
+    for (size_t q = 0; q < nc; ++q) {
+      if (counts[q] > best_count) {
+        best_count = counts[q];
+        best = cand[q];
       }
     }
     set(r, "top_count", best_count);
@@ -620,9 +641,9 @@ class Chain {
     auto& cum = cum_;
     cum.assign(nw + 1, 0);
     for (size_t i = 0; i < nw; ++i) cum[i + 1] = cum[i] + w[i].cps;
-    int64_t max_n = 0;
-    for (auto n : r.top_n) max_n = std::max(max_n, n);
-    for (auto n : r.dup_n) max_n = std::max(max_n, n);
+    int64_t max_n = 0, min_n = INT64_MAX;
+    for (auto n : r.top_n) max_n = std::max(max_n, n), min_n = std::min(min_n, n);
+    for (auto n : r.dup_n) max_n = std::max(max_n, n), min_n = std::min(min_n, n);
     // Only n-grams that occur more than once matter (the most frequent one when any
     // repeats, and the repeats the greedy count adds), and a repeated n-gram starts with a
     // repeated (n-1)-gram: so each n hashes and counts only the positions where the
@@ -648,6 +669,8 @@ class Chain {
         pos.resize(k);
         hv.resize(k);
       }
+      // Below the smallest n asked for, every position is kept: nothing filters yet.
+      if (n < min_n) continue;
       table_.reset(pos.size());
       slot_of_.resize(pos.size());
       for (size_t q = 0; q < pos.size(); ++q) {
@@ -912,6 +935,8 @@ class Chain {
   NGramTable table_, seen_;
   DupCounter dups_;
   std::vector<uint32_t> cps_;
+  std::vector<std::pair<uint32_t, int64_t>> sample_;
+  std::array<int32_t, 128> ascii_slot_;
   std::vector<std::string_view> raw_lines_, kept_views_;
   std::deque<std::string> cleaned_;  // a deque: its strings stay put as it grows
   std::string lower_, joined_;

@@ -180,24 +180,33 @@ inline void for_each_chunk(const Tables& t, std::string_view s, F&& f) {
 // final line break does not start an empty line.
 template <class F>
 inline void for_each_line(std::string_view s, F&& f) {
+  // Byte by byte: the ASCII breaks directly, U+0085 as C2 85, U+2028/9 as E2 80 A8/A9.
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
   size_t i = 0, start = 0;
-  while (i < s.size()) {
-    const size_t at = i;
-    const uint32_t cp = next_cp(s, i);
-    bool brk = false;
-    if (cp == '\r') {
-      brk = true;
-      if (i < s.size() && s[i] == '\n') ++i;
-    } else if (cp == '\n' || cp == 0x0B || cp == 0x0C || cp == 0x1C || cp == 0x1D ||
-               cp == 0x1E || cp == 0x85 || cp == 0x2028 || cp == 0x2029) {
-      brk = true;
+  while (i < n) {
+    const unsigned char c = p[i];
+    size_t brk = 0;  // bytes of the line break at i
+    if (c < 0x20) {
+      if (c == '\r') {
+        brk = (i + 1 < n && p[i + 1] == '\n') ? 2 : 1;
+      } else if (c == '\n' || c == 0x0B || c == 0x0C || c == 0x1C || c == 0x1D || c == 0x1E) {
+        brk = 1;
+      }
+    } else if (c == 0xC2) {
+      if (i + 1 < n && p[i + 1] == 0x85) brk = 2;
+    } else if (c == 0xE2) {
+      if (i + 2 < n && p[i + 1] == 0x80 && (p[i + 2] == 0xA8 || p[i + 2] == 0xA9)) brk = 3;
     }
     if (brk) {
-      f(s.substr(start, at - start));
+      f(s.substr(start, i - start));
+      i += brk;
       start = i;
+    } else {
+      ++i;
     }
   }
-  if (start < s.size()) f(s.substr(start));
+  if (start < n) f(s.substr(start));
 }
 
 // A fast 64-bit hash of short byte strings (chunks and tokens are a few bytes): 8 bytes
