@@ -148,6 +148,7 @@ struct RuleSpec {
   // gopher_quality
   std::vector<std::string> stop_words;
   std::vector<uint64_t> stop_hashes;  // hash_bytes of each, compared before the bytes
+  uint64_t stop_filter = 0;           // bit (hash & 63) set for each stop word's hash
   // gopher_repetition
   std::vector<int64_t> top_n, dup_n;
   // c4
@@ -577,8 +578,10 @@ class Chain {
         content_len += tk.cps;
       }
       alpha += (tk.flags & kHasAlpha) != 0;
-      for (size_t q = 0; q < r.stop_words.size() && q < 64; ++q) {
-        if (tk.hash == r.stop_hashes[q] && tk.text == r.stop_words[q]) stops |= uint64_t{1} << q;
+      if ((r.stop_filter >> (tk.hash & 63)) & 1) {  // most words are no stop word
+        for (size_t q = 0; q < r.stop_words.size(); ++q) {
+          if (tk.hash == r.stop_hashes[q] && tk.text == r.stop_words[q]) stops |= uint64_t{1} << q;
+        }
       }
     }
     set(r, "words", static_cast<int64_t>(w.size()));
@@ -968,7 +971,10 @@ RuleSpec parse_rule(const py::tuple& spec) {
     r.kind = Kind::kGopherQuality;
     r.stop_words = p["stop_words"].cast<std::vector<std::string>>();
     if (r.stop_words.size() > 64) throw std::invalid_argument("gopher_quality: > 64 stop words");
-    for (const auto& w : r.stop_words) r.stop_hashes.push_back(hash_bytes(w));
+    for (const auto& w : r.stop_words) {
+      r.stop_hashes.push_back(hash_bytes(w));
+      r.stop_filter |= uint64_t{1} << (r.stop_hashes.back() & 63);
+    }
   } else if (name == "gopher_repetition") {
     r.kind = Kind::kGopherRepetition;
     for (auto item : p["top_n_grams"]) r.top_n.push_back(item.cast<py::tuple>()[0].cast<int64_t>());
