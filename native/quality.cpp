@@ -9,9 +9,12 @@
 // same decisions, drop reasons, details and statistics as the Python rules, with the same
 // integer-over-integer divisions, so the thresholds are compared in one place only.
 //
-// A document the kernel cannot measure exactly is marked for the Python path: a chunk
-// whose spaCy tokens depend on its neighbours (spacy_en._MERGED), text in a script
-// written without spaces (words come from ICU there), and the two characters whose
+// English words are spaCy's (dataprep/quality/spacy_en.py): a whitespace-free chunk's
+// tokens come from a cache the Python reference fills once per distinct chunk, and the
+// few chunks whose tokens depend on their neighbours (special cases spelt across affix
+// splits, spacy_en._MERGED) are merged in context here, as the reference does. A
+// document the kernel cannot measure exactly is marked for the Python path: text in a
+// script written without spaces (words come from ICU there) and the two characters whose
 // lower case holds ASCII letters (U+0130, U+212A; C4 matches lower-cased phrases).
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -184,12 +187,10 @@ struct DocState {
 
 class Chain {
  public:
-  Chain(Tables tables, py::function resolver, py::function line_sentences,
-        std::vector<std::string> special, const py::list& matcher, size_t run_max,
+  Chain(Tables tables, py::function resolver, std::vector<std::string> special, const py::list& matcher, size_t run_max,
         std::vector<RuleSpec> rules, size_t cache_max)
       : t_(std::move(tables)),
         cache_(std::move(resolver), std::move(special), cache_max),
-        line_sentences_(std::move(line_sentences)),
         run_max_(run_max),
         rules_(std::move(rules)) {
     // spacy_en._MATCHER, flattened: each run's tokens, and the special case's own tokens.
@@ -429,10 +430,7 @@ class Chain {
       const char* end = line.data() + line.size();
       bool first = true;
       for (; c < chunk_views_.size() && chunk_views_[c].data() < end; ++c) {
-        if (refs_[c].merged) {
-          ++doc_resolves_;
-          return line_sentences_(py::str(line.data(), line.size())).cast<int64_t>();
-        }
+        if (refs_[c].merged) return sentences_in_context(line);
         if (!first && !refs_[c].single_space) feed("W");
         first = false;
         feed(std::string_view(cls_buf_).substr(chunk_cls_[c].first, chunk_cls_[c].second));
@@ -455,17 +453,95 @@ class Chain {
       } else {
         const ChunkCache::Entry* e = cache_.get(piece);
         if (e == nullptr) throw std::runtime_error("quality kernel: chunk tokens do not cover it");
-        if (e->merged) {
-          // spaCy matches special cases across the line: the reference counts it.
-          ++doc_resolves_;
-          return line_sentences_(py::str(line.data(), line.size())).cast<int64_t>();
-        }
+        if (e->merged) return sentences_in_context(line);
         const std::string cls(cache_.classes(*e));  // copied: a later miss may move it
         feed(cls);
       }
       i = j;
     }
     return 1 + pw;
+  }
+
+  // spacy_en.count_sentences of a line holding a chunk whose tokens depend on its
+  // neighbours: sentencize(doc_tokens(line)). The line's tokens with its whitespace
+  // tokens (a run less the one " " that belongs to the token before it), special cases
+  // matched over all of them and applied within one chunk, then 1 + each sentence-final
+  // token followed, past punctuation, by another token.
+  int64_t sentences_in_context(std::string_view line) {
+    ++doc_resolves_;
+    line_toks_.clear();
+    int chunk = 0;
+    size_t i = 0;
+    while (i < line.size()) {
+      const size_t at = i;
+      const bool sp = is_space(t_, next_cp(line, i));
+      size_t j = i;
+      while (j < line.size()) {
+        size_t k = j;
+        if (is_space(t_, next_cp(line, k)) != sp) break;
+        j = k;
+      }
+      std::string_view piece = line.substr(at, j - at);
+      i = j;
+      if (sp) {
+        if (chunk > 0 && piece[0] == ' ') piece.remove_prefix(1);
+        if (!piece.empty()) line_toks_.push_back({piece, 0, -1});  // whitespace: a word
+        continue;
+      }
+      const ChunkCache::Entry* e = cache_.get(piece);
+      if (e == nullptr) throw std::runtime_error("quality kernel: chunk tokens do not cover it");
+      size_t off = 0;
+      for (uint32_t k = 0; k < e->count; ++k) {
+        const auto& tk = cache_.tok(e->first + k);
+        line_toks_.push_back({piece.substr(off, tk.bytes), tk.flags, chunk});
+        off += tk.bytes;
+      }
+      ++chunk;
+    }
+    const size_t n = line_toks_.size();
+    found_.clear();
+    for (size_t a = 0; a < n; ++a) {
+      auto it = matcher_.find(std::string(line_toks_[a].text));
+      if (it == matcher_.end()) continue;
+      for (int m : it->second) {
+        const auto& run = runs_[m];
+        if (a + run.size() > n) continue;
+        bool same = true;
+        for (size_t q = 0; q < run.size() && same; ++q) same = line_toks_[a + q].text == run[q];
+        if (same) found_.push_back({a, a + run.size(), m});
+      }
+    }
+    std::stable_sort(found_.begin(), found_.end(), [](const Found& x, const Found& y) {
+      const auto lx = x.b - x.a, ly = y.b - y.a;
+      return lx != ly ? lx > ly : x.a < y.a;
+    });
+    seen_tok_.assign(n, 0);
+    kept_.clear();
+    for (const Found& f : found_) {
+      if (!seen_tok_[f.a] && !seen_tok_[f.b - 1]) kept_.push_back(f);
+      for (size_t q = f.a; q < f.b; ++q) seen_tok_[q] = 1;
+    }
+    std::sort(kept_.begin(), kept_.end(), [](const Found& x, const Found& y) { return x.a < y.a; });
+    int64_t sentences = n ? 1 : 0;
+    bool seen_end = false;
+    auto feed = [&](uint8_t flags) {
+      if (flags & kFinal) {
+        seen_end = true;
+      } else if (seen_end && !(flags & kPunctOnly)) {
+        ++sentences;
+        seen_end = false;
+      }
+    };
+    size_t a = 0;
+    for (const Found& f : kept_) {
+      const int owner = line_toks_[f.a].owner;
+      if (owner < 0 || owner != line_toks_[f.b - 1].owner) continue;  // across whitespace
+      for (; a < f.a; ++a) feed(line_toks_[a].flags);
+      for (const auto& st : specials_[f.m]) feed(st.flags);
+      a = f.b;
+    }
+    for (; a < n; ++a) feed(line_toks_[a].flags);
+    return sentences;
   }
 
   void apply(const RuleSpec& r, DocState& d) {
@@ -920,7 +996,6 @@ class Chain {
 
   Tables t_;
   ChunkCache cache_;
-  py::function line_sentences_;
   size_t run_max_;
   size_t doc_resolves_ = 0;
   std::unordered_map<std::string, std::vector<int>> matcher_;  // first token -> runs
@@ -933,6 +1008,12 @@ class Chain {
   std::string cls_buf_;
   std::string_view words_text_;  // the text chunk_views_ split (empty: none)
   std::vector<Found> found_, kept_;
+  struct LineTok {
+    std::string_view text;
+    uint8_t flags;
+    int owner;  // its chunk in the line; -1 for whitespace
+  };
+  std::vector<LineTok> line_toks_;
   std::vector<uint8_t> seen_tok_;
   std::vector<RuleSpec> rules_;
   NGramTable table_, seen_;
@@ -1015,7 +1096,7 @@ RuleSpec parse_rule(const py::tuple& spec) {
 void register_quality(py::module_& m) {
   py::class_<Chain>(m, "QualityChain")
       .def(py::init([](const py::dict& tables, py::function resolver,
-                       py::function line_sentences, std::vector<std::string> special,
+                       std::vector<std::string> special,
                        const py::list& matcher, size_t run_max, const py::list& rules,
                        size_t cache_max) {
              Tables t{CodePointSet(tables["space"].cast<std::vector<uint32_t>>()),
@@ -1024,11 +1105,10 @@ void register_quality(py::module_& m) {
                       CodePointSet(tables["no_space"].cast<std::vector<uint32_t>>())};
              std::vector<RuleSpec> specs;
              for (auto r : rules) specs.push_back(parse_rule(r.cast<py::tuple>()));
-             return new Chain(std::move(t), std::move(resolver), std::move(line_sentences),
-                              std::move(special), matcher, run_max, std::move(specs), cache_max);
+             return new Chain(std::move(t), std::move(resolver), std::move(special), matcher,
+                              run_max, std::move(specs), cache_max);
            }),
-           py::arg("tables"), py::arg("resolver"), py::arg("line_sentences"),
-           py::arg("special"), py::arg("matcher"), py::arg("run_max"), py::arg("rules"),
+           py::arg("tables"), py::arg("resolver"), py::arg("special"), py::arg("matcher"), py::arg("run_max"), py::arg("rules"),
            py::arg("cache_max"))
       .def("run", &Chain::run, py::arg("column"),
            "Counters of every rule for every document of a text column (see quality.cpp).");

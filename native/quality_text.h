@@ -241,6 +241,8 @@ enum TokenFlag : uint8_t {
   kAlpha = 1,    // str.isalpha()
   kContent = 2,  // isalpha() or strip(SYMBOLS) leaves something: a word, not a symbol
   kHasAlpha = 4, // HAS_ALPHA: holds a letter
+  kFinal = 8,       // in spacy_en.SENTENCE_PUNCT: ends a sentence
+  kPunctOnly = 16,  // only punctuation: neither ends nor starts a sentence
 };
 
 struct Token {

@@ -58,10 +58,21 @@ def _tables() -> dict[str, list[int]]:
 
 
 def _flags(token: str) -> int:
+    """A token's properties as the kernel's TokenFlag bits (native/quality_text.h)."""
     alpha = token.isalpha()
     content = alpha or bool(token.strip(text.SYMBOLS))
     has_alpha = alpha or text.HAS_ALPHA.search(token) is not None
-    return int(alpha) | int(content) << 1 | int(has_alpha) << 2
+    # The sentencizer's view (spacy_en.sentencize): a sentence-final token, or one made
+    # only of punctuation.
+    final = token in spacy_en.SENTENCE_PUNCT
+    punct_only = not token.strip(spacy_en._PUNCT)
+    return (
+        int(alpha)
+        | int(content) << 1
+        | int(has_alpha) << 2
+        | int(final) << 3
+        | int(punct_only) << 4
+    )
 
 
 def _resolve(chunk: str) -> tuple[list[int], list[int], list[int], str, bool]:
@@ -125,7 +136,7 @@ class Outcomes:
     edited: dict[int, str]  # row -> C4's cleaned text, for kept documents it changed
     stats: dict[str, np.ndarray]  # float64, NaN where the chain did not measure it
     cache_misses: int  # chunks the Python reference tokenised for the kernel
-    doc_resolves: int  # lines whose sentences it counted (special cases across chunks)
+    doc_resolves: int  # lines whose sentences it counted over their whole token run
 
     @property
     def kept(self) -> np.ndarray:
@@ -147,7 +158,6 @@ class NativeChain:
         self._chain = m.QualityChain(
             _tables(),
             _resolve,
-            spacy_en.count_sentences,
             sorted(spacy_en.SPECIAL),
             _matcher(),
             spacy_en._RUN_MAX,
