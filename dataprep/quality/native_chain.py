@@ -41,8 +41,9 @@ NATIVE_RULES: dict[str, type] = {
     "c4": C4,
     "fineweb": FineWeb,
 }
-# Distinct chunks the kernel remembers per process (~100 bytes each).
-CACHE_MAX = 2_000_000
+# Distinct chunks the kernel remembers per process (~120 bytes each with their tokens and
+# table slots: ~120 MB per worker at most); a full cache starts over.
+CACHE_MAX = 1_000_000
 
 
 @cache
