@@ -2,7 +2,10 @@
 markers, and writing kept/dropped shards.
 
 Layout under the run's output URI:
-    docs/<stage>/<shard>.parquet      documents that survive <stage>
+    docs/<stage>/<shard>.parquet      documents that survive <stage>; for the stages that
+                                      only drop (exact, near) a view: their id, source,
+                                      meta and row in the file that has the text (see
+                                      TEXT_FROM; read_docs reads either kind)
     dropped/<stage>/<shard>.parquet   documents <stage> dropped, with reason and detail
     _done/<stage>/<shard>.json        accounting for that shard; written last, so its
                                       presence means the shard is complete
@@ -27,7 +30,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from core.store import NotFound, Store, open_store
 from dataprep.config import PrepConfig
@@ -169,6 +175,19 @@ class SourceStats:
         for kind, n in counts.items():
             self.redacted[kind] = self.redacted.get(kind, 0) + n
 
+    def add_rows(self, nbytes: np.ndarray, dropped: np.ndarray, reason: str) -> None:
+        """Account many documents at once: `nbytes` each, `dropped` (bool) with `reason`
+        (the same as add_in, then add_kept or add_dropped, per document)."""
+        n, nd = len(nbytes), int(np.count_nonzero(dropped))
+        bytes_dropped = int(nbytes[dropped].sum())
+        self.docs_in += n
+        self.bytes_in += int(nbytes.sum())
+        self.kept += n - nd
+        self.bytes_kept += int(nbytes.sum()) - bytes_dropped
+        if nd:
+            self.dropped[reason] = self.dropped.get(reason, 0) + nd
+            self.bytes_dropped += bytes_dropped
+
     @property
     def n_dropped(self) -> int:
         return sum(self.dropped.values())
@@ -212,6 +231,25 @@ class ShardStats(defaultdict[str, SourceStats]):
         for src, s in d.items():
             out[src] = SourceStats.from_json(s)
         return out
+
+    def add_rows(
+        self,
+        sources: pa.ChunkedArray | pa.Array,
+        nbytes: np.ndarray,
+        dropped: np.ndarray,
+        reason: str,
+    ) -> None:
+        """Account a shard's documents by source, vectorised: the same totals as add_in and
+        add_kept / add_dropped row by row (every source present gets its entry)."""
+        if isinstance(sources, pa.ChunkedArray):
+            sources = sources.combine_chunks()
+        enc = pc.dictionary_encode(sources)
+        inv = enc.indices.to_numpy(zero_copy_only=False)
+        nbytes = np.asarray(nbytes, dtype=np.int64)
+        names = enc.dictionary.to_pylist()
+        for k, name in enumerate(names):
+            rows = inv == k if len(names) > 1 else slice(None)
+            self[name].add_rows(nbytes[rows], dropped[rows], reason)
 
 
 class DroppedRows:
@@ -264,8 +302,108 @@ def write_shard(
     return marker
 
 
+# A stage that only drops documents (exact and near dedup) does not copy their text: its
+# docs/<stage>/<shard>.parquet is a view, the kept documents' id, source and meta and, in
+# `row`, each one's row in the same shard of the stage that holds the text, named in the
+# file's schema metadata under TEXT_FROM. That stage's file always has the text itself (a
+# view of a view points at the text directly), so a view is one read away from it.
+# read_docs turns a view into the very table the stage would otherwise have written.
+TEXT_FROM = b"ballast.text_from"
+VIEW_SCHEMA = pa.schema(
+    [("id", pa.string()), ("source", pa.string()), ("meta", pa.string()), ("row", pa.int64())]
+)
+# Rows per chunk of a view's materialised text: as a read of a written table gives them
+# (table_to_parquet_bytes' row groups).
+VIEW_CHUNK = 10_000
+
+
+@dataclass
+class DocView:
+    """A stage's kept documents as stored: `table` has id, source and meta (and text
+    when `text_stage` is the stage itself); document i's text is row rows[i] of
+    `text_stage`'s shard."""
+
+    table: pa.Table
+    text_stage: str
+    rows: np.ndarray
+
+    @property
+    def is_view(self) -> bool:
+        return "text" not in self.table.column_names
+
+
+def read_view(store: Store, stage: str, shard: str) -> DocView:
+    table = parquet_bytes_to_table(store.get(docs_key(stage, shard)))
+    meta = table.schema.metadata or {}
+    if TEXT_FROM in meta:
+        rows = table.column("row").to_numpy()
+        return DocView(table.drop_columns(["row"]), meta[TEXT_FROM].decode(), rows)
+    return DocView(table, stage, np.arange(table.num_rows, dtype=np.int64))
+
+
+def text_source(store: Store, view: DocView, shard: str) -> pa.ChunkedArray:
+    """The whole text column of the shard `view`'s texts are rows of."""
+    if not view.is_view:
+        return view.table.column("text")
+    data = store.get(docs_key(view.text_stage, shard))
+    return pq.read_table(pa.BufferReader(data), columns=["text"]).column("text")
+
+
+def take_rows(col: pa.ChunkedArray, rows: np.ndarray) -> pa.ChunkedArray:
+    """col[rows], in chunks of at most VIEW_CHUNK rows, each taken from one chunk of
+    `col` (never one array for the whole column: a string array holds at most 2 GiB)."""
+    if len(rows) > 1 and not bool(np.all(rows[1:] >= rows[:-1])):
+        return col.take(pa.array(rows, pa.int64()))  # not in order: never from a view
+    bounds = np.cumsum([0, *(len(c) for c in col.chunks)])
+    out: list[pa.Array] = []
+    for a in range(0, len(rows), VIEW_CHUNK):
+        r = rows[a : a + VIEW_CHUNK]
+        ci = np.searchsorted(bounds, r, side="right") - 1
+        cut = np.flatnonzero(np.diff(ci)) + 1
+        out += [
+            col.chunk(int(c[0])).take(pa.array(rr - bounds[c[0]], pa.int64()))
+            for rr, c in zip(np.split(r, cut), np.split(ci, cut), strict=True)
+        ]
+    return pa.chunked_array(out, type=col.type)
+
+
+def view_text(store: Store, view: DocView, shard: str) -> pa.ChunkedArray:
+    """The text of `view`'s documents, in their order."""
+    if not view.is_view:
+        return view.table.column("text")
+    return take_rows(text_source(store, view, shard), view.rows)
+
+
 def read_docs(store: Store, stage: str, shard: str) -> pa.Table:
-    return parquet_bytes_to_table(store.get(docs_key(stage, shard)))
+    """A stage's kept documents (id, text, source, meta), whether stored whole or as a
+    view."""
+    view = read_view(store, stage, shard)
+    if not view.is_view:
+        return view.table
+    t = view.table
+    text = view_text(store, view, shard)
+    return pa.table([t["id"], text, t["source"], t["meta"]], schema=DOC_SCHEMA)
+
+
+def write_view(
+    store: Store,
+    stage: str,
+    shard: str,
+    view: DocView,
+    keep: np.ndarray,
+    dropped: DroppedRows,
+    stats: ShardStats,
+) -> dict[str, Any]:
+    """write_shard for a stage that only drops: the rows of `view` where `keep`, stored as
+    a view onto the text `view` already points at (no text is copied)."""
+    t = view.table
+    mask = pa.array(keep)
+    kept = pa.table(
+        [*(t[c].filter(mask) for c in ("id", "source", "meta")), pa.array(view.rows[keep])],
+        schema=VIEW_SCHEMA.with_metadata({TEXT_FROM: view.text_stage.encode()}),
+    )
+    store.put(docs_key(stage, shard), table_to_parquet_bytes(kept))
+    return write_shard(store, stage, shard, None, dropped, stats)
 
 
 def doc_location(meta: str, shard: str, row: int) -> str:

@@ -5,6 +5,7 @@ then lines), so the result does not depend on how the work was scheduled."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 
 import numpy as np
@@ -21,9 +22,12 @@ from dataprep.layout import (
     doc_location,
     docs_key,
     output_store,
-    read_docs,
+    read_view,
+    take_rows,
+    text_source,
     version_store,
-    write_shard,
+    view_text,
+    write_view,
 )
 from dataprep.records import parquet_bytes_to_table, table_to_parquet_bytes
 
@@ -37,14 +41,29 @@ def hashes_key(shard: str) -> str:
 
 def hash_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
     store = output_store(cfg)
-    texts = read_docs(store, input_stage, shard).column("text").to_pylist()
-    h = np.frombuffer(
-        b"".join(xxhash.xxh3_128_digest(t.encode("utf-8")) for t in texts), dtype=np.uint64
-    ).reshape(-1, 2)
+    view = read_view(store, input_stage, shard)
+    h = np.frombuffer(text_hashes(view_text(store, view, shard)), np.uint64)
     buf = io.BytesIO()
-    np.save(buf, h)
+    np.save(buf, h.reshape(-1, 2))
     store.put(hashes_key(shard), buf.getvalue())
-    return len(texts)
+    return len(view.rows)
+
+
+def text_hashes(column: pa.ChunkedArray) -> bytes:
+    """xxh3-128 digests of every text's UTF-8 bytes, concatenated, hashed straight from
+    the Arrow buffers: no Python string is made or encoded again."""
+    digest = xxhash.xxh3_128_digest
+    out: list[bytes] = []
+    for chunk in column.chunks:
+        if len(chunk) == 0:
+            continue
+        _, offsets, data = chunk.buffers()
+        width = np.int64 if pa.types.is_large_string(chunk.type) else np.int32
+        off = np.frombuffer(offsets, dtype=width)[chunk.offset : chunk.offset + len(chunk) + 1]
+        mv = memoryview(data if data is not None else b"")
+        bounds = off.tolist()
+        out += [digest(mv[a:b]) for a, b in itertools.pairwise(bounds)]
+    return b"".join(out)
 
 
 # Documents whose hashes one pass of `select` sorts at once (40 bytes each with the sort's
@@ -166,44 +185,52 @@ def write_dups(
 
 def load_dups(store: Store, prefix: str, shard: str) -> dict[int, str]:
     """Rows of `shard` that a dedup step removes, and the id of the document kept."""
+    rows, kept_ids = _load_dup_rows(store, prefix, shard)
+    return dict(zip(rows.tolist(), kept_ids, strict=True))
+
+
+def _load_dup_rows(store: Store, prefix: str, shard: str) -> tuple[np.ndarray, list[str]]:
     key = dups_key(prefix, shard)
     if not store.exists(key):
-        return {}
+        return np.zeros(0, np.int64), []
     t = parquet_bytes_to_table(store.get(key))
-    return dict(zip(t["row"].to_pylist(), t["kept_id"].to_pylist(), strict=True))
+    return t["row"].to_numpy(), t["kept_id"].to_pylist()
 
 
 def apply_dups(
     cfg: PrepConfig, input_stage: str, stage: str, shard: str, prefix: str, reason: str
 ) -> dict:
-    """Split a shard into kept documents and duplicates dropped with `reason`."""
+    """Split a shard into kept documents and duplicates dropped with `reason`. The kept
+    ones are written as a view (layout.write_view): their text is not copied; only the
+    duplicates' text is read out, for the dropped table."""
     store = output_store(cfg)
-    docs = read_docs(store, input_stage, shard)
-    dups = load_dups(store, prefix, shard)
-    nbytes = pc.binary_length(docs["text"]).to_pylist()
-    ids, sources, texts = (docs[c].to_pylist() for c in ("id", "source", "text"))
-    metas = docs["meta"].to_pylist()
+    view = read_view(store, input_stage, shard)
+    text = text_source(store, view, shard)
+    nbytes = pc.binary_length(text).to_numpy()[view.rows] if len(view.rows) else view.rows
+    dup_rows, kept_ids = _load_dup_rows(store, prefix, shard)
+    keep = np.ones(len(view.rows), dtype=bool)
+    keep[dup_rows] = False
     stats = ShardStats()
+    stats.add_rows(view.table["source"], nbytes, ~keep, reason)
     dropped = DroppedRows()
-    keep = np.ones(len(ids), dtype=bool)
-    for row in range(len(ids)):
-        st = stats[sources[row]]
-        st.add_in(nbytes[row])
-        kept_id = dups.get(row)
-        if kept_id is None:
-            st.add_kept(nbytes[row])
-            continue
-        keep[row] = False
-        st.add_dropped(reason, nbytes[row])
-        dropped.add(
-            ids[row],
-            sources[row],
-            reason,
-            kept_id,
-            doc_location(metas[row], shard, row),
-            texts[row],
+    if len(dup_rows):
+        order = np.argsort(dup_rows, kind="stable")  # dropped rows in input order
+        rows = dup_rows[order]
+        idx = pa.array(rows, pa.int64())
+        ids, sources, metas = (
+            view.table[c].take(idx).to_pylist() for c in ("id", "source", "meta")
         )
-    return write_shard(store, stage, shard, docs.filter(pa.array(keep)), dropped, stats)
+        texts = take_rows(text, view.rows[rows]).to_pylist()
+        for k, row in enumerate(rows.tolist()):
+            dropped.add(
+                ids[k],
+                sources[k],
+                reason,
+                kept_ids[order[k]],
+                doc_location(metas[k], shard, row),
+                texts[k],
+            )
+    return write_view(store, stage, shard, view, keep, dropped, stats)
 
 
 def apply_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
