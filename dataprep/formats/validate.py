@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
@@ -26,6 +26,8 @@ class RawDoc:
     text: str
     meta: dict
     location: str
+    # The text's UTF-8 bytes, as validation measured them (-1: not measured).
+    nbytes: int = field(default=-1, compare=False)
 
 
 @dataclass(slots=True)
@@ -306,7 +308,7 @@ class Records:
                 doc_id,
                 size,
             )
-        return RawDoc(doc_id, text, meta, loc)
+        return RawDoc(doc_id, text, meta, loc, nbytes)
 
 
 def _non_finite_field(obj: dict, tf: str, e: NonFinite) -> str:

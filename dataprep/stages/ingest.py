@@ -107,10 +107,12 @@ def plan_units(cfg: PrepConfig, unit_bytes: int | None = None) -> list[Unit]:
     return units
 
 
-def _meta_json(meta: dict) -> str:
-    # allow_nan=False: never write NaN/Infinity (not JSON); the readers refuse them, so
-    # this raising would be a reader bug, not bad input.
-    return json.dumps(meta, sort_keys=True, ensure_ascii=False, default=str, allow_nan=False)
+# allow_nan=False: never write NaN/Infinity (not JSON); the readers refuse them, so
+# this raising would be a reader bug, not bad input. One encoder for every document:
+# json.dumps with these arguments builds the same one per call.
+_meta_json = json.JSONEncoder(
+    sort_keys=True, ensure_ascii=False, default=str, allow_nan=False
+).encode
 
 
 def _utf8(s: str) -> str:
@@ -161,11 +163,13 @@ def ingest_unit(cfg: PrepConfig, unit: Unit) -> dict:
                         rec.raw,
                     )
                     continue
-                nbytes = len(rec.text.encode("utf-8"))
+                text, nbytes = rec.text, rec.nbytes
+                if nbytes < 0:
+                    nbytes = len(text.encode("utf-8"))
                 st.add_in(nbytes)
                 st.add_kept(nbytes)
                 cols["id"].append(rec.id)
-                cols["text"].append(rec.text)
+                cols["text"].append(text)
                 cols["source"].append(src.name)
                 # The readers refuse a record with a LOCATION_KEY field: nothing is
                 # overwritten.
