@@ -10,6 +10,7 @@ namespace ballast {
 void register_minhash(py::module_& m);
 void register_bpe(py::module_& m);
 void register_quality(py::module_& m);
+void register_near_cluster(py::module_& m);
 }  // namespace ballast
 
 namespace {
@@ -31,4 +32,5 @@ PYBIND11_MODULE(_native, m) {
   ballast::register_minhash(m);
   ballast::register_bpe(m);
   ballast::register_quality(m);
+  ballast::register_near_cluster(m);
 }

@@ -23,7 +23,7 @@ from array import array
 import numpy as np
 
 from core.store import Store
-from dataprep import minhash
+from dataprep import minhash, native
 from dataprep.config import NearDedupConfig, PrepConfig
 from dataprep.layout import output_store, read_docs, version_store
 from dataprep.stages.exact import apply_dups, write_dups
@@ -260,6 +260,7 @@ class _ShingleScratch:
             pos += len(chunk)
         # array.array: its scalar reads return Python ints, several times faster than numpy's
         self.bounds = array("q", bounds.tobytes())
+        self.bounds_array = bounds  # for the compiled loop
 
     def get(self, r: int) -> np.ndarray:
         a, b = int(self.bounds[r]), int(self.bounds[r + 1])
@@ -292,49 +293,19 @@ def cluster(
     # order, so the smallest rank of a set is its first document.
     groups = [(np.searchsorted(docs, m), o) for m, o in groups]
     nc = len(docs)
-    parent = array("q", np.arange(nc, dtype=np.int64).tobytes())
-    queried = array("q")  # every pair confirmed (i * nc + j), to count distinct candidates
-    verified = 0
-
-    def find(i: int) -> int:
-        root = i
-        while parent[root] != root:
-            root = parent[root]
-        while parent[i] != root:  # path compression
-            parent[i], i = root, parent[i]
-        return root
-
     with tempfile.TemporaryDirectory(prefix="ballast-near-") as tmp:
         sets = (
             _ShingleScratch(store, shards, offsets, docs, os.path.join(tmp, "shingles"))
             if near.verify
             else None
         )
-        threshold = near.threshold
-        jaccard = minhash.jaccard
         try:
-            for band_members, band_offsets in groups:
-                ml, ol = band_members.tolist(), band_offsets.tolist()
-                for g in range(len(ol) - 1):
-                    grp = ml[ol[g] : ol[g + 1]]
-                    for i in range(1, len(grp)):
-                        m = grp[i]
-                        for other in grp[: min(i, max_checks)]:
-                            rm, ro = find(m), find(other)
-                            if rm == ro:
-                                break
-                            # A pair that confirms is merged, so only failed pairs are
-                            # asked again: recomputing those beats a memo of every pair.
-                            queried.append(other * nc + m)
-                            if sets is None or jaccard(sets.get(other), sets.get(m)) >= threshold:
-                                verified += 1
-                                parent[max(rm, ro)] = min(rm, ro)
-                                break
+            parent, queried, verified = _links(groups, nc, max_checks, near.threshold, sets)
         finally:
             if sets is not None:
                 sets.close()
-    roots = _roots(np.frombuffer(parent, dtype=np.int64))
-    candidates = len(np.unique(np.frombuffer(queried, dtype=np.int64)))
+    roots = _roots(parent)
+    candidates = len(np.unique(queried))
     del queried
     is_dup = roots != np.arange(nc)
     dup, kept_of = docs[is_dup], docs[roots[is_dup]]
@@ -357,6 +328,69 @@ def cluster(
     # The summary is written after the duplicates: its presence means clustering is done.
     version_store(cfg).put(CLUSTER_KEY, json.dumps(summary, sort_keys=True).encode())
     return summary
+
+
+def _links(
+    groups: list[tuple[np.ndarray, np.ndarray]],
+    nc: int,
+    max_checks: int,
+    threshold: float,
+    sets: _ShingleScratch | None,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The union-find over bucket groups: (parent, every pair queried as other * nc + m,
+    pairs confirmed). Each member is linked to an earlier member of its group whose exact
+    Jaccard reaches `threshold` (sets None: unverified). The compiled loop
+    (native/near_cluster.cpp) when built; it takes the same pairs in the same order."""
+    mod = native.module()
+    if mod is not None and hasattr(mod, "near_cluster_links"):  # not in an older build
+        fd, bounds = (-1, np.zeros(0, np.int64)) if sets is None else (sets.fd, sets.bounds_array)
+        parent_a, queried_a, verified_n = mod.near_cluster_links(
+            [
+                (np.ascontiguousarray(m, np.int64), np.ascontiguousarray(o, np.int64))
+                for m, o in groups
+            ],
+            nc,
+            max_checks,
+            threshold,
+            fd,
+            bounds,
+        )
+        return parent_a, queried_a, int(verified_n)
+    parent = array("q", np.arange(nc, dtype=np.int64).tobytes())
+    queried = array("q")  # every pair confirmed (i * nc + j), to count distinct candidates
+    verified = 0
+
+    def find(i: int) -> int:
+        root = i
+        while parent[root] != root:
+            root = parent[root]
+        while parent[i] != root:  # path compression
+            parent[i], i = root, parent[i]
+        return root
+
+    jaccard = minhash.jaccard
+    for band_members, band_offsets in groups:
+        ml, ol = band_members.tolist(), band_offsets.tolist()
+        for g in range(len(ol) - 1):
+            grp = ml[ol[g] : ol[g + 1]]
+            for i in range(1, len(grp)):
+                m = grp[i]
+                for other in grp[: min(i, max_checks)]:
+                    rm, ro = find(m), find(other)
+                    if rm == ro:
+                        break
+                    # A pair that confirms is merged, so only failed pairs are asked
+                    # again: recomputing those beats a memo of every pair.
+                    queried.append(other * nc + m)
+                    if sets is None or jaccard(sets.get(other), sets.get(m)) >= threshold:
+                        verified += 1
+                        parent[max(rm, ro)] = min(rm, ro)
+                        break
+    return (
+        np.frombuffer(parent, dtype=np.int64),
+        np.frombuffer(queried, dtype=np.int64),
+        verified,
+    )
 
 
 def read_summary(cfg: PrepConfig) -> dict:
