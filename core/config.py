@@ -4,8 +4,11 @@ formatted as one line per bad key path."""
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Callable
+import types
+import typing
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -37,27 +40,108 @@ def key_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models a field's type can hold: itself, or those inside Optional,
+    unions, Annotated, lists, tuples and dict values."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    if typing.get_origin(annotation) is None and not isinstance(annotation, types.UnionType):
+        return []
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def known_keys(model: type[BaseModel], loc: Iterable[Any]) -> list[str]:
+    """The keys the model(s) at `loc` (a pydantic error location, less its last part) take.
+    Parts that name no field (list indexes, dict keys, a union's tag) are stepped over."""
+    models = [model]
+    for part in loc:
+        if not isinstance(part, str):
+            continue
+        inner = [
+            m
+            for owner in models
+            if part in owner.model_fields
+            for m in _models_in(owner.model_fields[part].annotation)
+        ]
+        if inner:
+            models = inner
+        elif any(part in owner.model_fields for owner in models):
+            return []  # a field that holds no model: nothing to suggest
+    return sorted({k for m in models for k in m.model_fields})
+
+
+def did_you_mean(key: Any, known: Iterable[str]) -> str:
+    """`; did you mean `text_field`?` when one of `known` is close to `key`, else ""."""
+    close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
+    return f"; did you mean `{close[0]}`?" if close else ""
+
+
 def format_validation_error(
     err: ValidationError,
     where: str,
     what: str = "config",
     loc: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None,
+    model: type[BaseModel] | None = None,
 ) -> str:
     """One line per error under a heading; `loc` rewrites an error's location first (to
-    drop a union's tag, say, which is not a key the user wrote)."""
+    drop a union's tag, say, which is not a key the user wrote). `model`: the model that
+    was validated, so that an unknown key gets the closest known one as a suggestion."""
     lines = [f"invalid {what} {where}:"]
     for e in err.errors():
         msg = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
             e["type"], e["msg"]
         )
+        if e["type"] == "extra_forbidden" and model is not None and e["loc"]:
+            *parent, key = e["loc"]
+            msg += did_you_mean(key, known_keys(model, parent))
+        where_ = key_path(loc(tuple(e["loc"])) if loc is not None else e["loc"])
         shown = (
             ""
             if e["type"] in ("missing", "extra_forbidden", SECRET_IN_CONFIG)
+            # A validator that names the item itself (`quality[0] length.min_charz: ...`):
+            # the whole list after it would only hide the point.
+            or (where_ and f"{where_}[" in msg)
             else f" (got {e.get('input')!r:.80})"
         )
-        where_ = loc(tuple(e["loc"])) if loc is not None else e["loc"]
-        lines.append(f"  {key_path(where_) or '(top level)'}: {msg}{shown}")
+        lines.append(f"  {where_ or '(top level)'}: {msg}{shown}")
     return "\n".join(lines)
+
+
+def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A config dump as {dotted key path: value}: `sources[0].text_field`."""
+    if isinstance(value, dict) and value:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_leaves(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(value, list) and value:
+        out = {}
+        for i, v in enumerate(value):
+            out.update(_leaves(v, f"{prefix}[{i}]"))
+        return out
+    return {prefix: value}
+
+
+_UNSET = object()
+
+
+def changed_keys(old: dict[str, Any], new: dict[str, Any], limit: int = 5) -> str:
+    """The keys that differ between two config dumps, on one line: `dedup.near.threshold:
+    0.8 -> 0.7, seed: 0 -> 1` (at most `limit`, then how many more). Values are shortened
+    and pass through core.redact (a URL's user:password@, credentials from the
+    environment)."""
+    from core.redact import redact
+
+    a, b = _leaves(old), _leaves(new)
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k, _UNSET) != b.get(k, _UNSET))
+
+    def show(v: Any) -> str:
+        return "(unset)" if v is _UNSET else redact(f"{v!r:.60}")
+
+    parts = [f"{k}: {show(a.get(k, _UNSET))} -> {show(b.get(k, _UNSET))}" for k in keys[:limit]]
+    if len(keys) > limit:
+        parts.append(f"and {len(keys) - limit} more")
+    return ", ".join(parts)
 
 
 def read_yaml(path: str | Path, error: type[ConfigError] = ConfigError) -> Any:

@@ -390,6 +390,10 @@ class OutputDatasetConfig(Strict):
     )
 
 
+# The keys that say how or where a run works, not what it makes: outside the fingerprint.
+UNFINGERPRINTED = ("workers", "output", "version")
+
+
 class PrepConfig(Strict):
     output: str = Field(
         description=(
@@ -500,7 +504,7 @@ class PrepConfig(Strict):
 
     def fingerprint(self) -> str:
         """A stable hash of everything that changes the output."""
-        body = self.model_dump(mode="json", exclude={"workers", "output", "version"})
+        body = self.model_dump(mode="json", exclude=set(UNFINGERPRINTED))
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -510,7 +514,7 @@ def parse_config(data: Any, where: str = "", base_dir: Path | None = None) -> Pr
     try:
         cfg = PrepConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, where)) from None
+        raise ConfigError(format_validation_error(e, where, model=PrepConfig)) from None
     if base_dir is not None:
         cfg = _resolve_paths(cfg, base_dir)
     return cfg

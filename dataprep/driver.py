@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
+from core.config import changed_keys
 from core.store import Store
-from dataprep.config import PrepConfig
+from dataprep.config import UNFINGERPRINTED, PrepConfig
 from dataprep.graph import (
     Run,
     Step,
@@ -212,10 +213,25 @@ def claim_output(store: Store, cfg: PrepConfig) -> None:
             "output or delete it"
         )
     if have != fp:
+        # What differs, when the claim holds the config that made it (it does since
+        # layout 2): the keys, not only two hashes.
+        old = run.get("config")
+        changed = (
+            changed_keys(_fingerprinted(old), _fingerprinted(cfg.model_dump(mode="json")))
+            if isinstance(old, dict)
+            else ""
+        )
         raise OutputConflict(
             f"{store.uri} holds a run made with a different config (fingerprint {have}, "
-            f"this config {fp}); choose another output or delete it"
+            f"this config {fp}"
+            + (f"; changed: {changed}" if changed else "")
+            + "); choose another output or delete it"
         )
+
+
+def _fingerprinted(dump: dict[str, Any]) -> dict[str, Any]:
+    """The part of a config dump that PrepConfig.fingerprint hashes."""
+    return {k: v for k, v in dump.items() if k not in UNFINGERPRINTED}
 
 
 def prepare_output(

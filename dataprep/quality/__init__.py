@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.config import key_path
+from core.config import did_you_mean, key_path, known_keys
 from dataprep.quality.base import Drop, Rule, RuleParams
 from dataprep.quality.boilerplate import Boilerplate
 from dataprep.quality.c4 import C4
@@ -206,7 +206,8 @@ def _explain(err: ValidationError, where: str, model: type[RuleParams]) -> str:
         path = key_path(e["loc"])
         if e["type"] == "extra_forbidden":
             known = ", ".join(model.model_fields)
-            problems.append(f"{where}.{path}: unknown parameter (known: {known})")
+            hint = did_you_mean(e["loc"][-1], known_keys(model, e["loc"][:-1]))
+            problems.append(f"{where}.{path}: unknown parameter (known: {known}){hint}")
         elif path and e["type"] == "value_error":  # our validators name the value
             problems.append(f"{where}.{path}: {e['msg'].removeprefix('Value error, ')}")
         elif path:

@@ -210,7 +210,9 @@ def _one_line(e: ValidationError, where: str) -> str:
             return loc[:2] + loc[3:]
         return loc
 
-    head, *rows = format_validation_error(e, where, "hpo config", untagged).splitlines()
+    head, *rows = format_validation_error(
+        e, where, "hpo config", untagged, model=HpoConfig
+    ).splitlines()
     return f"{head} " + "; ".join(r.strip() for r in rows)
 
 

@@ -37,14 +37,17 @@ class TrainConfigError(ConfigError):
 class TrainConfig(Strict):
     dataset: str = Field(
         description=(
-            "A prepared dataset (`<prep output>/dataset`, its newest version): a directory, or "
-            "s3://... (fetched into $BALLAST_DATASET_CACHE, ~/.cache/ballast/datasets, and "
-            "verified)."
+            "A prepared dataset (`<prep output>/dataset`, its newest version): a directory "
+            "(relative: from the working directory), or s3://... (fetched into "
+            "$BALLAST_DATASET_CACHE, ~/.cache/ballast/datasets, and verified)."
         )
     )
     run_dir: str = Field(
         default="runs/train",
-        description=("Metrics, loss.png, final.json and (by default) checkpoints go here."),
+        description=(
+            "Metrics, loss.png, final.json and (by default) checkpoints go here (relative: "
+            "from the working directory)."
+        ),
     )
     seed: int = Field(
         default=0, description=("Seeds torch and numpy (init, dropout) and the sampler's order.")
@@ -286,7 +289,9 @@ def parse_train_config(data: Any, where: str = "") -> TrainConfig:
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as e:
-        raise TrainConfigError(format_validation_error(e, where, "training config")) from None
+        raise TrainConfigError(
+            format_validation_error(e, where, "training config", model=TrainConfig)
+        ) from None
 
 
 def read_train_doc(path: str | Path) -> dict[str, Any]:
