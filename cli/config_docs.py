@@ -272,7 +272,10 @@ One YAML file per run. Unknown keys are errors, and every error names its key pa
 `sources[0].text_feild: unknown key` or
 `dedup.near.threshold: Input should be a valid number (got 'high')`. Non-finite numbers
 (`.inf`, `.nan`) are errors too. Relative source paths are resolved from the config file's
-directory; `output` is resolved from the working directory.
+directory; every other relative path (`output`, a rule's files, the training config's
+`dataset` and `run_dir`) from the working directory ([prep.md](prep.md#relative-paths)). An
+unknown key gets the closest known one: ``sources[0].text_feild: unknown key; did you mean
+`text_field`?``.
 
 - [Prep config](#prep-config): `ballast prep CONFIG`, the `prep` flow (dataprep/config.py)
 - [Training config](#training-config): `ballast train CONFIG`, the `train` flow

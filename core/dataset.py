@@ -79,6 +79,46 @@ def resolve(uri: str, options: StorageOptions | None = None) -> str:
     return f"{uri.rstrip('/')}/{name}"
 
 
+def shown_path(uri: str) -> str:
+    """`uri` as messages show it: a local path made absolute (a relative one is read from
+    the working directory), a URL as it is."""
+    return uri if "://" in uri else str(Path(uri).absolute())
+
+
+def not_a_dataset(uri: str, options: StorageOptions | None = None) -> str | None:
+    """None when `uri` holds a manifest.json, else one line saying what is there instead:
+    no such directory, or no manifest, with the absolute path looked at, what a relative
+    one was resolved against, and the dataset's place when `uri` is a prep output's root
+    (its dataset is `<output>/dataset`)."""
+    shown = shown_path(uri)
+    against = (
+        f" (resolved against {Path.cwd()})"
+        if "://" not in uri and not Path(uri).is_absolute()
+        else ""
+    )
+    if "://" not in uri:
+        p = Path(uri)
+        if (p / MANIFEST).is_file():
+            return None
+        if not p.exists():
+            return f"{shown}: no such directory{against}"
+        if not p.is_dir():
+            return f"{shown}: a file, not a dataset directory{against}"
+        sub = p / "dataset"
+        prep_output = (sub / LATEST).is_file() or (sub / MANIFEST).is_file()
+    else:
+        store = open_store(uri, options)
+        if store.exists(MANIFEST):
+            return None
+        prep_output = store.exists(f"dataset/{LATEST}") or store.exists(f"dataset/{MANIFEST}")
+    hint = (
+        f"; this is a prep output: its dataset is {shown.rstrip('/')}/dataset"
+        if prep_output
+        else " (not a ballast dataset, or an incomplete one)"
+    )
+    return f"{shown}: no {MANIFEST}{against}{hint}"
+
+
 def verify(uri: str, options: StorageOptions | None = None, deep: bool = True) -> list[str]:
     """Every way the dataset at `uri` differs from its manifest (empty = it verifies):
     missing or unexpected files, sizes, sha256, rows and tokens per shard, the tokenizer,
@@ -86,8 +126,12 @@ def verify(uri: str, options: StorageOptions | None = None, deep: bool = True) -
     store = open_store(uri, options)
     try:
         manifest = json.loads(store.get(MANIFEST))
-    except StorageError:
-        return [f"{uri}: no {MANIFEST} (not a ballast dataset, or an incomplete one)"]
+    except StorageError as e:
+        try:
+            missing = not_a_dataset(uri, options)
+        except StorageError:
+            missing = None
+        return [missing or f"{uri}: cannot read {MANIFEST}: {e}"]
     except json.JSONDecodeError as e:
         return [f"{uri}/{MANIFEST} is not valid JSON: {e}"]
     if manifest.get("format") != FORMAT:

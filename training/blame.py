@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from core.dataset import read_manifest, resolve
+from core.dataset import not_a_dataset, read_manifest, resolve
 from core.provenance import Document, Provenance, ProvenanceError
 from training import checkpoint as ckpt
 from training.config import TrainConfig, load_train_config
@@ -353,8 +353,9 @@ def open_run(
     if not (rd / "metrics.jsonl").is_file():
         raise BlameError(f"{rd}: no metrics.jsonl (not a training run directory)")
     root = local_dataset(dataset or cfg.dataset)
-    if not (root / "manifest.json").is_file():
-        raise BlameError(f"{root}: no manifest.json (the run's dataset is gone? pass --dataset)")
+    missing = not_a_dataset(str(root))
+    if missing is not None:
+        raise BlameError(f"{missing}; the run's dataset is gone? pass --dataset")
     manifest = read_manifest(str(root))
     try:
         prov = Provenance(root, manifest)

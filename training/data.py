@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from core.dataset import COLUMNS, MANIFEST, read_manifest, resolve, verify
+from core.dataset import COLUMNS, MANIFEST, not_a_dataset, read_manifest, resolve, verify
 from core.store import StorageError, StorageOptions, open_store
 
 
@@ -125,8 +125,9 @@ def load_data(uri: str, check: bool = True, options: StorageOptions | None = Non
         raise DatasetError(f"{uri}: {e}") from None
     if "://" in uri:
         uri = str(fetch_dataset(uri, dataset_cache(), options))
-    if not (Path(uri) / "manifest.json").is_file():
-        raise DatasetError(f"{uri}: no manifest.json (not a prepared dataset, or incomplete)")
+    missing = not_a_dataset(uri)
+    if missing is not None:  # says where it looked, and <output>/dataset for a prep output
+        raise DatasetError(missing)
     if check:
         problems = verify(uri)
         if problems:

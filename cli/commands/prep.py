@@ -4,6 +4,8 @@ then its accounting as tables: per stage, the drop reasons, per source, the mixt
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -26,6 +28,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from concurrent.futures.process import BrokenProcessPool
 
+    from core.dataset import shown_path
     from core.store import StorageError
     from dataprep.cluster import ClusterError, DaskRunner, cluster_address
     from dataprep.config import ConfigError, load_config
@@ -63,9 +66,11 @@ def run(args: argparse.Namespace) -> int:
             raise
         if runner is not None:
             runner.close()
+    except IngestError as e:
+        print_error(str(e) + _sources_against(args.config, str(e)))
+        return EXIT_ERROR
     except (
         ConfigError,
-        IngestError,
         OutputConflict,
         InputsChanged,
         StorageError,
@@ -107,21 +112,45 @@ def run(args: argparse.Namespace) -> int:
             markup=False,
         )
     if report.get("dataset"):
+        ds = shown_path(report["dataset"]["uri"])
         out.print(
-            f"dataset: {report['dataset']['uri']}  (load with datasets.load_from_disk; "
-            f"check with `ballast verify {report['dataset']['uri']}`)",
+            f"dataset: {ds}  (load with datasets.load_from_disk; check with `ballast verify {ds}`)",
             markup=False,
+            soft_wrap=True,  # a path cut over two lines cannot be copied
         )
     text_stage = [s for s in report["stages"] if s in TEXT_STAGES][-1]
     version = (report.get("version") or {}).get("version", 1)
-    vuri = version_uri(cfg.model_copy(update={"version": version}))
+    vuri = shown_path(version_uri(cfg.model_copy(update={"version": version})))
+    note = relative_output_note(args.config, cfg.output, args.output is not None)
     out.print(
-        f"output: {cfg.output}  (version {version}; report: "
+        f"output: {shown_path(cfg.output)}  ({note}version {version}; report: "
         f"{vuri.rstrip('/')}/report.json, kept documents: "
         f"docs/{text_stage}/, dropped: dropped/<stage>/)",
         markup=False,
+        soft_wrap=True,
     )
     return EXIT_OK
+
+
+def relative_output_note(config: str, output: str, from_flag: bool) -> str:
+    """Said in the closing line when the config's relative `output` was taken from the
+    working directory while the config is elsewhere (its relative source paths are taken
+    from its own directory: docs/prep.md, "Relative paths")."""
+    if from_flag or "://" in output or Path(output).is_absolute() or config.startswith("env:"):
+        return ""
+    if Path(config).parent.resolve() == Path.cwd().resolve():
+        return ""
+    return f"`output: {output}` taken from the working directory, not the config's; "
+
+
+def _sources_against(config: str, message: str) -> str:
+    """What a relative source path in `message` was resolved against, when it was."""
+    if config.startswith("env:"):
+        return ""
+    config_dir = Path(config).parent.resolve()
+    if f"{config_dir}{os.sep}" not in message:
+        return ""
+    return f" (relative source paths are resolved against the config's directory, {config_dir})"
 
 
 def _mb(n: int) -> str:

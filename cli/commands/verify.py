@@ -19,22 +19,30 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from core.dataset import resolve, verify
+    from core.dataset import not_a_dataset, resolve, shown_path, verify
     from core.store import StorageError
 
     try:
         uri = resolve(args.dataset)  # a dataset root: its newest version
+        missing = not_a_dataset(uri)
+        if missing is not None:  # one line, with where it looked, not a list of problems
+            print_error(missing)
+            return EXIT_ERROR
         if uri != args.dataset:
-            stderr_console().print(f"{args.dataset}: newest version {uri}", markup=False)
+            stderr_console().print(
+                f"{shown_path(args.dataset)}: newest version {shown_path(uri)}", markup=False
+            )
         problems = verify(uri)
     except StorageError as e:
         print_error(str(e))
         return EXIT_ERROR
     if problems:
         err = stderr_console()
-        err.print(f"{args.dataset} does NOT match its manifest:", markup=False)
+        err.print(f"{shown_path(uri)} does NOT match its manifest:", markup=False)
         for p in problems:
             err.print(f"  - {p}", markup=False, highlight=False)
         return EXIT_ERROR
-    Console().print(f"{args.dataset}: every file matches its manifest", markup=False)
+    Console(soft_wrap=True).print(
+        f"{shown_path(uri)}: every file matches its manifest", markup=False
+    )
     return EXIT_OK
