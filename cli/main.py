@@ -84,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         # `ballast prep` has stopped its workers by now (run_prep); every finished shard
-        # is kept, so the same command carries on where this one stopped.
-        again = "; run the same command again to resume" if command == "prep" else ""
+        # is kept, so the same command carries on where this one stopped. (`ballast
+        # train` says so itself, with its step and checkpoint, once training has begun.)
+        again = "; run the same command again to resume" if command in ("prep", "train") else ""
         stderr_console().print(f"interrupted{again}", markup=False)
         return EXIT_INTERRUPTED
     except OSError as e:  # what a command did not turn into a clearer error itself

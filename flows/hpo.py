@@ -47,6 +47,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from core.errors import ConfigError
+from flows.errors import register
 from flows.runs import run_name
 from flows.train import HANDLE
 from flows.tuning.arguments import add_search_arguments
@@ -55,6 +56,8 @@ from flows.tuning.report import plot_best, summary, summary_md, summary_text, tr
 from flows.tuning.study import open_study
 from flows.tuning.transfer import transfer
 from flows.tuning.trials import cancel_handle, read_evals, search
+
+register(HpoError)  # "no study", "no finished trial": the line is the cause
 
 __all__ = [
     "PLOT_KEY",

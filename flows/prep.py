@@ -36,9 +36,12 @@ from dataprep.graph import STAGE_NAMES, STAGES, TEXT_STAGES, Step, item_name, wr
 from dataprep.layout import RUN_KEY, output_store
 from dataprep.report import build as build_report
 from dataprep.versions import Prepared, finish_version
+from flows.errors import register
 from flows.runs import run_name
 
 T = TypeVar("T")
+
+register()  # a config, input or output error fails the run with its line, no traceback
 
 
 def _output_run_id(_ctx: Any, inputs: dict[str, Any]) -> str:

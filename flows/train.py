@@ -29,6 +29,7 @@ from prefect.artifacts import (
 )
 
 from core.files import write_atomic
+from flows.errors import register
 from flows.runs import flow_run_alive, run_name
 from infra.jobs import JobBackend, JobHandle, JobSpec, backend_entry, make_backend
 from infra.launch import LaunchConfig, add_launch_arguments, launch_overrides, load_launch
@@ -51,6 +52,9 @@ def attempts_description(name: str) -> str:
 
 class TrainingFailed(RuntimeError):
     """The run ended without finishing: bad input, or a restart budget ran out."""
+
+
+register(TrainingFailed)  # its message is the cause: no traceback under it in the UI
 
 
 def job_name(run_dir: str, token: str = "") -> str:

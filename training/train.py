@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from core.errors import BucketMissing, StorageError
-from core.protocol import EXIT_CRASHED, EXIT_ERROR
+from core.protocol import EXIT_CRASHED, EXIT_ERROR, EXIT_INTERRUPTED
 from training import checkpoint as ckpt
 from training.arguments import add_train_overrides, train_overrides
 from training.config import TrainConfigError, load_train_config
@@ -67,6 +68,9 @@ def _main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         cfg = load_train_config(args.config, train_overrides(args))
+        # A relative run_dir is taken from the working directory (docs/training.md); this
+        # process says where with absolute paths (the closing block, Ctrl-C's line).
+        cfg = cfg.model_copy(update={"run_dir": str(Path(cfg.run_dir).absolute())})
         if not 0 < args.lr_scale <= 1:
             raise ValueError(f"--lr-scale must be in (0, 1], got {args.lr_scale}")
         request = (
@@ -79,7 +83,33 @@ def _main(argv: list[str] | None = None) -> int:
     except StorageError as e:  # unreachable or failing storage at start: worth a restart
         print(f"error: {e}", file=sys.stderr)
         return EXIT_CRASHED
-    return trainer.run()
+    except KeyboardInterrupt:
+        print("interrupted before training began; run the same command again", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    try:
+        return trainer.run()
+    except KeyboardInterrupt:  # Ctrl-C: run() has closed the loader and the checkpoint saver
+        if trainer.world.is_main:
+            print(interrupted(trainer.state.step, cfg.steps, trainer.ckpt_dir), file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def interrupted(step: int, steps: int, ckpt_dir: Path) -> str:
+    """What Ctrl-C leaves behind, in one line: where training stopped, the checkpoint the
+    same command resumes from."""
+    try:
+        newest = max(ckpt.steps(ckpt_dir), default=None)
+    except OSError:
+        newest = None
+    if newest is None:
+        return (
+            f"interrupted at step {step} of {steps}, before the first checkpoint; "
+            "run the same command again to start over"
+        )
+    return (
+        f"interrupted at step {step} of {steps}; run the same command again to resume from "
+        f"the checkpoint at step {newest} ({Path(ckpt_dir).absolute() / ckpt.step_name(newest)})"
+    )
 
 
 if __name__ == "__main__":
