@@ -67,13 +67,19 @@ def run_hf(args: argparse.Namespace) -> int:
     except ExportError as e:
         print_error(str(e))
         return EXIT_ERROR
-    Console().print(f"{out}: {arch} (load with AutoModelForCausalLM.from_pretrained)", markup=False)
+    from core.dataset import shown_path
+
+    Console(soft_wrap=True).print(
+        f"{shown_path(str(out))}: {arch} (load with AutoModelForCausalLM.from_pretrained)",
+        markup=False,
+    )
     return EXIT_OK
 
 
 def run_dataset(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from core.dataset import shown_path
     from core.store import StorageError
     from dataprep.export import DatasetExportError, check, export_dataset
 
@@ -121,7 +127,8 @@ def run_dataset(args: argparse.Namespace) -> int:
         cut = f" ({s['cut_pieces']} of them pieces of cut documents)" if s.get("cut_pieces") else ""
         out.print(f"{name}: {count} {unit}{cut}, {len(s['files'])} files", markup=False)
     out.print(
-        f"{args.out}: {args.format} export of {rec['dataset']} (checksums and the "
+        f"{shown_path(args.out)}: {args.format} export of {shown_path(rec['dataset'])} "
+        "(checksums and the "
         f"dataset's accounting in ballast_export.json)",
         markup=False,
     )
