@@ -62,7 +62,7 @@ def measure(name: str, docs: list[str]) -> dict[str, Any]:
         "speedup_warm": round((t3 - t2) / (t2 - t1), 1),
         "speedup_first_pass": round((t3 - t2) / (t1 - t0), 1),
         "chunks_tokenised_by_python": first.cache_misses,
-        "lines_sentence_counted_by_python": second.doc_resolves - first.doc_resolves,
+        "lines_counted_in_context": second.doc_resolves - first.doc_resolves,
         "fallback_share": round(float(second.fallback.mean()), 4),
         "same_reason": f"{same}/{len(decided)}",
     }
