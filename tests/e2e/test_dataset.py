@@ -116,7 +116,10 @@ def test_verify_passes_then_names_what_differs(built, tmp_path):
     assert f"train/{arrow.name}: sha256" in text
     assert "unexpected file validation/extra.arrow" in text
     assert "missing file tokenizer.json" in text
-    assert verify(str(tmp_path / "nothing"))[0].endswith("incomplete one)")
+    # A directory that is not there is named as such, by its absolute path.
+    assert verify(str(tmp_path / "nothing")) == [f"{tmp_path / 'nothing'}: no such directory"]
+    (tmp_path / "empty").mkdir()
+    assert verify(str(tmp_path / "empty"))[0].endswith("incomplete one)")
 
 
 def test_mixture_realises_the_planned_shares(built):
