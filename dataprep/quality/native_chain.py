@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -155,6 +156,10 @@ class NativeChain:
         if m is None or not supported(rules):
             raise ValueError("native quality chain: unsupported rules or no native module")
         self.rules = list(rules)
+        # One run at a time: the kernel's buffers and chunk cache are the chain's own, and
+        # a run calls back into Python (new chunks), where the interpreter may switch to
+        # another thread running this chain (Prefect's thread task runner does).
+        self._lock = threading.Lock()
         specs = [(r.name, r.params.model_dump(), f"{i}.") for i, r in enumerate(self.rules)]
         self._chain = m.QualityChain(
             _tables(),
@@ -167,7 +172,8 @@ class NativeChain:
         )
 
     def run(self, column: pa.Array | pa.ChunkedArray) -> Outcomes:
-        out = self._chain.run(native.text_column(column))
+        with self._lock:
+            out = self._chain.run(native.text_column(column))
         n = len(column)
         j = _Judge(n, out["fallback"].astype(bool))
         for i, rule in enumerate(self.rules):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import random
+import sys
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -199,6 +201,37 @@ def test_cache_bound_does_not_change_outcomes(monkeypatch: pytest.MonkeyPatch) -
     # A cache that empties every few chunks must give the same answers, only slower.
     monkeypatch.setattr(native_chain, "CACHE_MAX", 50)
     assert_same(parse_rules(WEB), random_texts(3000, seed=1), max_fallback=0.1)
+
+
+def test_threads_share_a_chain() -> None:
+    # Prefect's thread task runner runs shards of the quality stage in threads of one
+    # process, which share the process's chain; a run that calls back into Python for a
+    # new chunk lets another thread in. Both must get what a run alone gets.
+    rules = parse_rules(WEB)
+    chain = native_chain.NativeChain(rules)
+    columns = [pa.array(random_texts(3000, seed=s), pa.string()) for s in (11, 12)]
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    results: list[Any] = [None, None]
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = chain.run(columns[i]).reason
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(before)
+    assert not errors, errors
+    alone = [native_chain.NativeChain(rules).run(c).reason for c in columns]
+    assert results == alone
 
 
 def run_quality_stage(tmp_path: Path, name: str, texts: list[str]) -> dict[str, bytes]:
