@@ -34,6 +34,7 @@
 
 #include "arrow_text.h"
 #include "quality_text.h"
+#include "quality_words.h"
 
 namespace py = pybind11;
 
@@ -187,27 +188,11 @@ struct DocState {
 
 class Chain {
  public:
-  Chain(Tables tables, py::function resolver, std::vector<std::string> special, const py::list& matcher, size_t run_max,
-        std::vector<RuleSpec> rules, size_t cache_max)
+  Chain(Tables tables, py::function resolver, std::vector<std::string> special,
+        const py::list& matcher, size_t run_max, std::vector<RuleSpec> rules, size_t cache_max)
       : t_(std::move(tables)),
-        cache_(std::move(resolver), std::move(special), cache_max),
-        run_max_(run_max),
-        rules_(std::move(rules)) {
-    // spacy_en._MATCHER, flattened: each run's tokens, and the special case's own tokens.
-    for (auto item : matcher) {
-      auto t = item.cast<py::tuple>();
-      auto run = t[0].cast<std::vector<std::string>>();
-      auto lens = t[1].cast<std::vector<uint32_t>>();
-      auto cps = t[2].cast<std::vector<uint32_t>>();
-      auto flags = t[3].cast<std::vector<uint8_t>>();
-      const int m = static_cast<int>(runs_.size());
-      matcher_[run.at(0)].push_back(m);
-      std::vector<ChunkCache::Tok> sp;
-      for (size_t q = 0; q < lens.size(); ++q) sp.push_back({lens[q], cps[q], flags[q], 0});
-      runs_.push_back(std::move(run));
-      specials_.push_back(std::move(sp));
-    }
-  }
+        words_(t_, std::move(resolver), std::move(special), matcher, run_max, cache_max),
+        rules_(std::move(rules)) {}
 
   py::dict run(const py::tuple& column) {
     const TextColumn col(column);
@@ -224,7 +209,7 @@ class Chain {
       row_ = i;
       DocState d;
       d.text = col[i];
-      words_text_ = {};
+      words_.forget();
       try {
         check_characters(d.text);
         for (size_t r = 0; r < rules_.size(); ++r) apply(rules_[r], d);
@@ -246,8 +231,8 @@ class Chain {
     py::list ex;
     for (auto& s : excerpts_) ex.append(py::str(s.data(), s.size()));
     out["excerpts"] = ex;
-    out["cache_misses"] = cache_.misses();
-    out["doc_resolves"] = doc_resolves_;
+    out["cache_misses"] = words_.misses();
+    out["doc_resolves"] = words_.in_context();
     return out;
   }
 
@@ -291,257 +276,9 @@ class Chain {
   const std::vector<Token>& words(DocState& d) {
     if (d.words_ready) return d.words;
     check_script(d);
-    // Each chunk's tokens (copied out of the cache at once: a later miss may empty it),
-    // and for each chunk where its tokens start, whether they are the tokens before
-    // special cases are merged (a _MERGED chunk) and whether a single " " precedes it.
-    auto& toks = d.words;
-    toks.clear();
-    refs_.clear();
-    chunk_views_.clear();
-    chunk_hashes_.clear();
-    chunk_cls_.clear();
-    cls_buf_.clear();
-    words_text_ = d.text;
-    for_each_chunk(t_, d.text, [&](std::string_view chunk) {
-      chunk_views_.push_back(chunk);
-      chunk_hashes_.push_back(hash_bytes(chunk));
-    });
-    for (uint64_t h : chunk_hashes_) cache_.prefetch_slot(h);
-    for (uint64_t h : chunk_hashes_) cache_.prefetch_entry(h);
-    for (uint64_t h : chunk_hashes_) cache_.prefetch_data(h);
-    bool any_merged = false;
-    const char* prev_end = d.text.data();
-    for (size_t c = 0; c < chunk_views_.size(); ++c) {
-      const std::string_view chunk = chunk_views_[c];
-      const ChunkCache::Entry* e = cache_.get(chunk, chunk_hashes_[c]);
-      if (e == nullptr) throw std::runtime_error("quality kernel: chunk tokens do not cover it");
-      const bool single_space = chunk.data() - prev_end == 1 && *prev_end == ' ';
-      prev_end = chunk.data() + chunk.size();
-      refs_.push_back(ChunkRef{static_cast<uint32_t>(toks.size()), e->count, e->merged, single_space});
-      any_merged = any_merged || e->merged;
-      // Its sentencizer classes, for C4's sentence counts over this text's lines.
-      const std::string_view cls = cache_.classes(*e);
-      chunk_cls_.push_back({static_cast<uint32_t>(cls_buf_.size()), static_cast<uint32_t>(cls.size())});
-      cls_buf_.append(cls);
-      size_t off = 0;
-      for (uint32_t k = 0; k < e->count; ++k) {
-        const auto& tk = cache_.tok(e->first + k);
-        toks.push_back(Token{chunk.substr(off, tk.bytes), tk.cps, tk.flags, tk.hash});
-        off += tk.bytes;
-      }
-    }
-    if (any_merged) merge_in_context(d);
+    words_.split(d.text, d.words);
     d.words_ready = true;
     return d.words;
-  }
-
-  // spacy_en.tokenize for a text holding chunks whose tokens depend on their neighbours:
-  // each such chunk's tokens are what spaCy's special-case matching over the whole text
-  // makes of them, decided over a window of the chunks around it (spacy_en._in_context,
-  // whose docstring says why the window decides it as the whole text would).
-  void merge_in_context(DocState& d) {
-    const std::vector<Token> pre = d.words;  // every chunk's tokens before merging
-    auto& out = d.words;
-    out.clear();
-    const auto n = static_cast<int64_t>(refs_.size());
-    for (int64_t k = 0; k < n; ++k) {
-      const ChunkRef& c = refs_[k];
-      if (!c.merged) {
-        out.insert(out.end(), pre.begin() + c.begin, pre.begin() + c.begin + c.count);
-        continue;
-      }
-      int64_t lo = k, hi = k;
-      size_t left = 0, right = 0;
-      while (lo > 0 && refs_[lo].single_space && left < run_max_ - 1) {
-        --lo;
-        left += refs_[lo].count;
-      }
-      while (hi + 1 < n && refs_[hi + 1].single_space && right < run_max_ - 1) {
-        ++hi;
-        right += refs_[hi].count;
-      }
-      const size_t w0 = refs_[lo].begin;
-      const size_t w1 = refs_[hi].begin + refs_[hi].count;
-      const size_t start = c.begin - w0, end = start + c.count;
-      // _find: every run of the window's tokens that spells a special case with affixes.
-      found_.clear();
-      for (size_t i = w0; i < w1; ++i) {
-        auto it = matcher_.find(std::string(pre[i].text));
-        if (it == matcher_.end()) continue;
-        for (int m : it->second) {
-          const auto& run = runs_[m];
-          if (i + run.size() > w1) continue;
-          bool same = true;
-          for (size_t q = 0; q < run.size() && same; ++q) same = pre[i + q].text == run[q];
-          if (same) found_.push_back({i - w0, i - w0 + run.size(), m});
-        }
-      }
-      // _select: longest first, then leftmost; kept when neither end token was in a
-      // match looked at before.
-      std::stable_sort(found_.begin(), found_.end(), [](const Found& x, const Found& y) {
-        const auto lx = x.b - x.a, ly = y.b - y.a;
-        return lx != ly ? lx > ly : x.a < y.a;
-      });
-      seen_tok_.assign(w1 - w0, 0);
-      kept_.clear();
-      for (const Found& f : found_) {
-        if (!seen_tok_[f.a] && !seen_tok_[f.b - 1]) kept_.push_back(f);
-        for (size_t q = f.a; q < f.b; ++q) seen_tok_[q] = 1;
-      }
-      std::sort(kept_.begin(), kept_.end(), [](const Found& x, const Found& y) { return x.a < y.a; });
-      size_t i = start;
-      for (const Found& f : kept_) {
-        if (f.a < start || f.b > end) continue;  // runs across a space spell no special case
-        out.insert(out.end(), pre.begin() + w0 + i, pre.begin() + w0 + f.a);
-        // The special case's own tokens spell the same bytes as the run they replace.
-        const char* p = pre[w0 + f.a].text.data();
-        for (const auto& st : specials_[f.m]) {
-          const std::string_view piece(p, st.bytes);
-          out.push_back(Token{piece, st.cps, st.flags, hash_bytes(piece)});
-          p += st.bytes;
-        }
-        i = f.b;
-      }
-      out.insert(out.end(), pre.begin() + w0 + i, pre.begin() + w0 + end);
-    }
-  }
-
-  // spacy_en.count_sentences of one line: 1 + the "PW"s in the joined classes of its
-  // chunks and whitespace runs (a single " " has none, any other run is "W").
-  int64_t sentences(std::string_view line) {
-    if (line.empty()) return 0;
-    char prev = 0;
-    int64_t pw = 0;
-    auto feed = [&](std::string_view cls) {
-      for (char c : cls) {
-        if (prev == 'P' && c == 'W') ++pw;
-        prev = c;
-      }
-    };
-    // A stripped line of the text whose words are split already: its chunks are a run of
-    // that split's chunks, with their classes at hand (no lookup).
-    const char* text0 = words_text_.data();
-    if (!words_text_.empty() && line.data() >= text0 &&
-        line.data() + line.size() <= text0 + words_text_.size()) {
-      auto it = std::lower_bound(
-          chunk_views_.begin(), chunk_views_.end(), line.data(),
-          [](std::string_view c, const char* p) { return c.data() < p; });
-      size_t c = static_cast<size_t>(it - chunk_views_.begin());
-      const char* end = line.data() + line.size();
-      bool first = true;
-      for (; c < chunk_views_.size() && chunk_views_[c].data() < end; ++c) {
-        if (refs_[c].merged) return sentences_in_context(line);
-        if (!first && !refs_[c].single_space) feed("W");
-        first = false;
-        feed(std::string_view(cls_buf_).substr(chunk_cls_[c].first, chunk_cls_[c].second));
-      }
-      return 1 + pw;
-    }
-    size_t i = 0;
-    while (i < line.size()) {
-      const size_t at = i;
-      const bool sp = is_space(t_, next_cp(line, i));
-      size_t j = i;
-      while (j < line.size()) {
-        size_t k = j;
-        if (is_space(t_, next_cp(line, k)) != sp) break;
-        j = k;
-      }
-      const std::string_view piece = line.substr(at, j - at);
-      if (sp) {
-        if (piece != " ") feed("W");
-      } else {
-        const ChunkCache::Entry* e = cache_.get(piece);
-        if (e == nullptr) throw std::runtime_error("quality kernel: chunk tokens do not cover it");
-        if (e->merged) return sentences_in_context(line);
-        const std::string cls(cache_.classes(*e));  // copied: a later miss may move it
-        feed(cls);
-      }
-      i = j;
-    }
-    return 1 + pw;
-  }
-
-  // spacy_en.count_sentences of a line holding a chunk whose tokens depend on its
-  // neighbours: sentencize(doc_tokens(line)). The line's tokens with its whitespace
-  // tokens (a run less the one " " that belongs to the token before it), special cases
-  // matched over all of them and applied within one chunk, then 1 + each sentence-final
-  // token followed, past punctuation, by another token.
-  int64_t sentences_in_context(std::string_view line) {
-    ++doc_resolves_;
-    line_toks_.clear();
-    int chunk = 0;
-    size_t i = 0;
-    while (i < line.size()) {
-      const size_t at = i;
-      const bool sp = is_space(t_, next_cp(line, i));
-      size_t j = i;
-      while (j < line.size()) {
-        size_t k = j;
-        if (is_space(t_, next_cp(line, k)) != sp) break;
-        j = k;
-      }
-      std::string_view piece = line.substr(at, j - at);
-      i = j;
-      if (sp) {
-        if (chunk > 0 && piece[0] == ' ') piece.remove_prefix(1);
-        if (!piece.empty()) line_toks_.push_back({piece, 0, -1});  // whitespace: a word
-        continue;
-      }
-      const ChunkCache::Entry* e = cache_.get(piece);
-      if (e == nullptr) throw std::runtime_error("quality kernel: chunk tokens do not cover it");
-      size_t off = 0;
-      for (uint32_t k = 0; k < e->count; ++k) {
-        const auto& tk = cache_.tok(e->first + k);
-        line_toks_.push_back({piece.substr(off, tk.bytes), tk.flags, chunk});
-        off += tk.bytes;
-      }
-      ++chunk;
-    }
-    const size_t n = line_toks_.size();
-    found_.clear();
-    for (size_t a = 0; a < n; ++a) {
-      auto it = matcher_.find(std::string(line_toks_[a].text));
-      if (it == matcher_.end()) continue;
-      for (int m : it->second) {
-        const auto& run = runs_[m];
-        if (a + run.size() > n) continue;
-        bool same = true;
-        for (size_t q = 0; q < run.size() && same; ++q) same = line_toks_[a + q].text == run[q];
-        if (same) found_.push_back({a, a + run.size(), m});
-      }
-    }
-    std::stable_sort(found_.begin(), found_.end(), [](const Found& x, const Found& y) {
-      const auto lx = x.b - x.a, ly = y.b - y.a;
-      return lx != ly ? lx > ly : x.a < y.a;
-    });
-    seen_tok_.assign(n, 0);
-    kept_.clear();
-    for (const Found& f : found_) {
-      if (!seen_tok_[f.a] && !seen_tok_[f.b - 1]) kept_.push_back(f);
-      for (size_t q = f.a; q < f.b; ++q) seen_tok_[q] = 1;
-    }
-    std::sort(kept_.begin(), kept_.end(), [](const Found& x, const Found& y) { return x.a < y.a; });
-    int64_t sentences = n ? 1 : 0;
-    bool seen_end = false;
-    auto feed = [&](uint8_t flags) {
-      if (flags & kFinal) {
-        seen_end = true;
-      } else if (seen_end && !(flags & kPunctOnly)) {
-        ++sentences;
-        seen_end = false;
-      }
-    };
-    size_t a = 0;
-    for (const Found& f : kept_) {
-      const int owner = line_toks_[f.a].owner;
-      if (owner < 0 || owner != line_toks_[f.b - 1].owner) continue;  // across whitespace
-      for (; a < f.a; ++a) feed(line_toks_[a].flags);
-      for (const auto& st : specials_[f.m]) feed(st.flags);
-      a = f.b;
-    }
-    for (; a < n; ++a) feed(line_toks_[a].flags);
-    return sentences;
   }
 
   void apply(const RuleSpec& r, DocState& d) {
@@ -740,7 +477,7 @@ class Chain {
         // Extend the repeated (n-1)-grams that have a word after them.
         size_t k = 0;
         for (size_t q = 0; q < pos.size(); ++q) {
-          if (pos[q] + n > nw) continue;
+          if (pos[q] + static_cast<size_t>(n) > nw) continue;
           pos[k] = pos[q];
           hv[k] = mix64(hv[q] * 0x9E3779B97F4A7C15ULL ^ w[pos[q] + n - 1].hash);
           ++k;
@@ -913,7 +650,7 @@ class Chain {
       }
       if (r.count_sentences) {
         check_script(d);  // spaCy's sentencizer applies to English text only
-        sentences_total += sentences(cur);
+        sentences_total += words_.sentences(cur);
       }
       kept_views_.push_back(cur);
       ++kept_n;
@@ -933,7 +670,7 @@ class Chain {
     if (!cleaned.empty() && cleaned != d.text) {
       d.owned = std::string(cleaned);
       d.text = d.owned;
-      words_text_ = {};
+      words_.forget();
       d.words_ready = false;
       d.script_checked = false;
     }
@@ -983,38 +720,8 @@ class Chain {
     }
   }
 
-  struct ChunkRef {
-    uint32_t begin;  // its first token in DocState::words
-    uint32_t count;
-    bool merged;
-    bool single_space;  // exactly " " before it
-  };
-  struct Found {
-    size_t a, b;  // token range within the window
-    int m;        // which run
-  };
-
   Tables t_;
-  ChunkCache cache_;
-  size_t run_max_;
-  size_t doc_resolves_ = 0;
-  std::unordered_map<std::string, std::vector<int>> matcher_;  // first token -> runs
-  std::vector<std::vector<std::string>> runs_;
-  std::vector<std::vector<ChunkCache::Tok>> specials_;
-  std::vector<ChunkRef> refs_;
-  std::vector<std::string_view> chunk_views_;
-  std::vector<uint64_t> chunk_hashes_;
-  std::vector<std::pair<uint32_t, uint32_t>> chunk_cls_;  // classes of each, in cls_buf_
-  std::string cls_buf_;
-  std::string_view words_text_;  // the text chunk_views_ split (empty: none)
-  std::vector<Found> found_, kept_;
-  struct LineTok {
-    std::string_view text;
-    uint8_t flags;
-    int owner;  // its chunk in the line; -1 for whitespace
-  };
-  std::vector<LineTok> line_toks_;
-  std::vector<uint8_t> seen_tok_;
+  EnglishWords words_;
   std::vector<RuleSpec> rules_;
   NGramTable table_, seen_;
   DupCounter dups_;
