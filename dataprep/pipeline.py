@@ -147,6 +147,7 @@ class LocalRunner(PoolRunner):
             return
         # Python 3.11 has no public way to stop a pool's workers (3.14: kill_workers).
         procs = list((getattr(pool, "_processes", None) or {}).values())
+        manager = getattr(pool, "_executor_manager_thread", None)
         pool.shutdown(wait=False, cancel_futures=True)
         for p in procs:
             with contextlib.suppress(OSError, ValueError):
@@ -154,6 +155,12 @@ class LocalRunner(PoolRunner):
         for p in procs:
             with contextlib.suppress(OSError, ValueError, AssertionError):
                 p.join(timeout=10)
+        # The pool's manager thread closes its wake-up pipe once it sees the workers gone;
+        # Python 3.11's exit hook writes to that pipe without a lock, and when the two met
+        # the run printed "Exception ignored ... Bad file descriptor" with a traceback
+        # after its one-line error. Waiting for the thread here closes that window.
+        if manager is not None:
+            manager.join(timeout=10)
 
     def connect(self) -> None:
         """Nothing to reach: the pool is this machine's (DaskRunner connects here)."""
