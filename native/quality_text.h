@@ -184,6 +184,25 @@ inline void for_each_chunk(const Tables& t, std::string_view s, F&& f) {
   if (in_chunk) f(s.substr(start));
 }
 
+// The maximal runs of whitespace and of non-whitespace of s, in order, as (piece,
+// whether it is whitespace): re.split(r"(\s+)") without its empty ends.
+template <class F>
+inline void for_each_piece(const Tables& t, std::string_view s, F&& f) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t at = i;
+    const bool sp = is_space(t, next_cp(s, i));
+    size_t j = i;
+    while (j < s.size()) {
+      size_t k = j;
+      if (is_space(t, next_cp(s, k)) != sp) break;
+      j = k;
+    }
+    i = j;
+    if (!f(s.substr(at, j - at), sp)) return;
+  }
+}
+
 // str.splitlines(): \n, \r, \r\n, \v, \f, \x1c-\x1e, \x85, U+2028, U+2029 end a line; a
 // final line break does not start an empty line.
 template <class F>

@@ -122,32 +122,57 @@ class EnglishWords {
       }
       return 1 + pw;
     }
-    size_t i = 0;
-    while (i < line.size()) {
-      const size_t at = i;
-      const bool sp = is_space(t_, next_cp(line, i));
-      size_t j = i;
-      while (j < line.size()) {
-        size_t k = j;
-        if (is_space(t_, next_cp(line, k)) != sp) break;
-        j = k;
-      }
-      const std::string_view piece = line.substr(at, j - at);
+    bool merged = false;
+    for_each_piece(t_, line, [&](std::string_view piece, bool sp) {
       if (sp) {
         if (piece != " ") feed("W");
-      } else {
-        const ChunkCache::Entry* e = cache_.get(piece);
-        if (e == nullptr) throw std::runtime_error("quality kernel: chunk tokens do not cover it");
-        if (e->merged) return sentences_in_context(line);
-        const std::string cls(cache_.classes(*e));  // copied: a later miss may move it
-        feed(cls);
+        return true;
       }
-      i = j;
-    }
+      const ChunkCache::Entry* e = cache_.get(piece);
+      if (e == nullptr) throw std::runtime_error("quality kernel: chunk tokens do not cover it");
+      if (e->merged) {  // its sentences need the whole line's tokens
+        merged = true;
+        return false;
+      }
+      const std::string cls(cache_.classes(*e));  // copied: a later miss may move it
+      feed(cls);
+      return true;
+    });
+    if (merged) return sentences_in_context(line);
     return 1 + pw;
   }
 
  private:
+  // spacy_en._find then _select over n tokens (text_at(q) is token q): every run that
+  // spells a special case with affixes, then longest first, leftmost first, kept when
+  // neither end token was in a run looked at before. kept_ holds them by start.
+  template <class TextAt>
+  void select_specials(size_t n, TextAt text_at) {
+    found_.clear();
+    for (size_t a = 0; a < n; ++a) {
+      auto it = matcher_.find(std::string(text_at(a)));
+      if (it == matcher_.end()) continue;
+      for (int m : it->second) {
+        const auto& run = runs_[m];
+        if (a + run.size() > n) continue;
+        bool same = true;
+        for (size_t q = 0; q < run.size() && same; ++q) same = text_at(a + q) == run[q];
+        if (same) found_.push_back({a, a + run.size(), m});
+      }
+    }
+    std::stable_sort(found_.begin(), found_.end(), [](const Found& x, const Found& y) {
+      const auto lx = x.b - x.a, ly = y.b - y.a;
+      return lx != ly ? lx > ly : x.a < y.a;
+    });
+    seen_tok_.assign(n, 0);
+    kept_.clear();
+    for (const Found& f : found_) {
+      if (!seen_tok_[f.a] && !seen_tok_[f.b - 1]) kept_.push_back(f);
+      for (size_t q = f.a; q < f.b; ++q) seen_tok_[q] = 1;
+    }
+    std::sort(kept_.begin(), kept_.end(), [](const Found& x, const Found& y) { return x.a < y.a; });
+  }
+
   // spacy_en.tokenize for a text holding chunks whose tokens depend on their neighbours:
   // each such chunk's tokens are what spaCy's special-case matching over the whole text
   // makes of them, decided over a window of the chunks around it (spacy_en._in_context,
@@ -176,31 +201,7 @@ class EnglishWords {
       const size_t w1 = refs_[hi].begin + refs_[hi].count;
       const size_t start = c.begin - w0, end = start + c.count;
       // _find: every run of the window's tokens that spells a special case with affixes.
-      found_.clear();
-      for (size_t i = w0; i < w1; ++i) {
-        auto it = matcher_.find(std::string(pre[i].text));
-        if (it == matcher_.end()) continue;
-        for (int m : it->second) {
-          const auto& run = runs_[m];
-          if (i + run.size() > w1) continue;
-          bool same = true;
-          for (size_t q = 0; q < run.size() && same; ++q) same = pre[i + q].text == run[q];
-          if (same) found_.push_back({i - w0, i - w0 + run.size(), m});
-        }
-      }
-      // _select: longest first, then leftmost; kept when neither end token was in a
-      // match looked at before.
-      std::stable_sort(found_.begin(), found_.end(), [](const Found& x, const Found& y) {
-        const auto lx = x.b - x.a, ly = y.b - y.a;
-        return lx != ly ? lx > ly : x.a < y.a;
-      });
-      seen_tok_.assign(w1 - w0, 0);
-      kept_.clear();
-      for (const Found& f : found_) {
-        if (!seen_tok_[f.a] && !seen_tok_[f.b - 1]) kept_.push_back(f);
-        for (size_t q = f.a; q < f.b; ++q) seen_tok_[q] = 1;
-      }
-      std::sort(kept_.begin(), kept_.end(), [](const Found& x, const Found& y) { return x.a < y.a; });
+      select_specials(w1 - w0, [&](size_t q) { return pre[w0 + q].text; });
       size_t i = start;
       for (const Found& f : kept_) {
         if (f.a < start || f.b > end) continue;  // runs across a space spell no special case
@@ -227,22 +228,11 @@ class EnglishWords {
     ++in_context_;
     line_toks_.clear();
     int chunk = 0;
-    size_t i = 0;
-    while (i < line.size()) {
-      const size_t at = i;
-      const bool sp = is_space(t_, next_cp(line, i));
-      size_t j = i;
-      while (j < line.size()) {
-        size_t k = j;
-        if (is_space(t_, next_cp(line, k)) != sp) break;
-        j = k;
-      }
-      std::string_view piece = line.substr(at, j - at);
-      i = j;
+    for_each_piece(t_, line, [&](std::string_view piece, bool sp) {
       if (sp) {
         if (chunk > 0 && piece[0] == ' ') piece.remove_prefix(1);
         if (!piece.empty()) line_toks_.push_back({piece, 0, -1});  // whitespace: a word
-        continue;
+        return true;
       }
       const ChunkCache::Entry* e = cache_.get(piece);
       if (e == nullptr) throw std::runtime_error("quality kernel: chunk tokens do not cover it");
@@ -253,31 +243,10 @@ class EnglishWords {
         off += tk.bytes;
       }
       ++chunk;
-    }
-    const size_t n = line_toks_.size();
-    found_.clear();
-    for (size_t a = 0; a < n; ++a) {
-      auto it = matcher_.find(std::string(line_toks_[a].text));
-      if (it == matcher_.end()) continue;
-      for (int m : it->second) {
-        const auto& run = runs_[m];
-        if (a + run.size() > n) continue;
-        bool same = true;
-        for (size_t q = 0; q < run.size() && same; ++q) same = line_toks_[a + q].text == run[q];
-        if (same) found_.push_back({a, a + run.size(), m});
-      }
-    }
-    std::stable_sort(found_.begin(), found_.end(), [](const Found& x, const Found& y) {
-      const auto lx = x.b - x.a, ly = y.b - y.a;
-      return lx != ly ? lx > ly : x.a < y.a;
+      return true;
     });
-    seen_tok_.assign(n, 0);
-    kept_.clear();
-    for (const Found& f : found_) {
-      if (!seen_tok_[f.a] && !seen_tok_[f.b - 1]) kept_.push_back(f);
-      for (size_t q = f.a; q < f.b; ++q) seen_tok_[q] = 1;
-    }
-    std::sort(kept_.begin(), kept_.end(), [](const Found& x, const Found& y) { return x.a < y.a; });
+    const size_t n = line_toks_.size();
+    select_specials(n, [&](size_t q) { return line_toks_[q].text; });
     int64_t sentences = n ? 1 : 0;
     bool seen_end = false;
     auto feed = [&](uint8_t flags) {
