@@ -34,7 +34,7 @@ from dataclasses import replace
 from fnmatch import fnmatchcase
 
 from core.store import StorageError, StorageOptions, Store, open_store
-from dataprep.config import SourceConfig
+from dataprep.config import ExtractConfig, SourceConfig
 from dataprep.formats import (
     FORMATS,
     BadRecord,
@@ -400,9 +400,14 @@ def split_input(f: InputFile, unit_bytes: int) -> list[InputFile]:
 
 
 def read_local(
-    source: SourceConfig, f: InputFile, path: str, max_doc_bytes: int
+    source: SourceConfig,
+    f: InputFile,
+    path: str,
+    max_doc_bytes: int,
+    extract: ExtractConfig | None = None,
 ) -> Iterator[RawDoc | BadRecord]:
-    """`read_file` of an input whose bytes are at the local `path` (see local_input)."""
+    """`read_file` of an input whose bytes are at the local `path` (see local_input).
+    `extract`: ingest.extract, for the HTML formats."""
     fmt = FORMATS.get(f.format)
     if fmt is None:
         raise IngestError(f"source {source.name!r}: {f.uri}: unknown format {f.format!r}")
@@ -412,7 +417,7 @@ def read_local(
             f"source {source.name!r}: {f.uri}: cannot read this part "
             f"({f.start=}, {f.end=}, {f.row_groups=}) of a {f.format} file"
         )
-    yield from fmt.read(Records(source, max_doc_bytes), f, path)
+    yield from fmt.read(Records(source, max_doc_bytes, extract), f, path)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Callable
 
-from dataprep.formats import hf, jsonl, parquet, txt
+from dataprep.formats import hf, html, jsonl, parquet, txt, warc
 from dataprep.formats.base import Format, InputFile
 from dataprep.formats.streams import COMPRESSIONS_SHOWN, strip_compression
 from dataprep.formats.validate import RAW_LIMIT, BadRecord, RawDoc, Records
@@ -39,6 +39,9 @@ FORMATS: dict[str, Format] = {
         parquet.FORMAT,
         txt.FORMAT,
         hf.FORMAT,
+        warc.FORMAT,
+        warc.WET_FORMAT,
+        html.FORMAT,
     )
 }
 

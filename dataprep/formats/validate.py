@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from dataprep.records import LOCATION_KEY
 
 if TYPE_CHECKING:
-    from dataprep.config import SourceConfig
+    from dataprep.config import ExtractConfig, SourceConfig
 
 RAW_LIMIT = 64 * 1024  # characters (or bytes) of a bad record kept for display
 
@@ -163,10 +163,13 @@ _MISSING = object()
 class Records:
     """Turns parsed records and texts into RawDoc/BadRecord; one per (source, file)."""
 
-    __slots__ = ("id_field", "max_bytes", "name", "source", "text_field")
+    __slots__ = ("extract", "id_field", "max_bytes", "name", "source", "text_field")
 
-    def __init__(self, source: SourceConfig, max_doc_bytes: int):
+    def __init__(
+        self, source: SourceConfig, max_doc_bytes: int, extract: ExtractConfig | None = None
+    ):
         self.source = source  # for format options (txt_unit)
+        self.extract = extract  # ingest.extract, for the HTML formats (None: its defaults)
         self.name = source.name
         self.text_field = source.text_field
         self.id_field = source.id_field

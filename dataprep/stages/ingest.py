@@ -149,7 +149,7 @@ def ingest_unit(cfg: PrepConfig, unit: Unit) -> dict:
             # What was read, for the run's inventory (dataprep/inputs.py): hashed in one
             # sequential read just before the reader's, which the page cache then serves.
             inputs.append(part_entry(f, hash_input(f, path)))
-            for rec in read_local(src, f, path, cfg.ingest.max_doc_bytes):
+            for rec in read_local(src, f, path, cfg.ingest.max_doc_bytes, cfg.ingest.extract):
                 if isinstance(rec, BadRecord):
                     # The whole record's size: rec.raw is cut for display.
                     st.add_in(rec.size)

@@ -535,11 +535,25 @@ def test_resolve_directory_without_inputs(tmp_path: Path) -> None:
 
 
 def test_config_format_choices_are_the_registry() -> None:
-    assert CHOICES == ("auto", *FORMATS) == ("auto", "jsonl", "parquet", "txt", "hf")
+    assert (
+        CHOICES
+        == ("auto", *FORMATS)
+        == (
+            "auto",
+            "jsonl",
+            "parquet",
+            "txt",
+            "hf",
+            "warc",
+            "wet",
+            "html",
+        )
+    )
     with pytest.raises(ConfigError) as e:
         parse_config({"output": "o", "sources": [{"name": "s", "paths": ["p"], "format": "csv"}]})
     assert (
-        "sources[0].format: Input should be 'auto', 'jsonl', 'parquet', 'txt' or 'hf' (got 'csv')"
+        "sources[0].format: Input should be 'auto', 'jsonl', 'parquet', 'txt', 'hf', 'warc', "
+        "'wet' or 'html' (got 'csv')"
     ) in str(e.value)
     exts = [e for f in FORMATS.values() for e in f.extensions]
     assert len(exts) == len(set(exts)), "an extension claimed by two formats"
