@@ -6,6 +6,7 @@ and a run killed in the middle of a view-writing step resumes to the same bytes.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -18,8 +19,8 @@ import pytest
 
 from core.store import open_store
 from dataprep import native
-from dataprep.layout import TEXT_FROM, read_docs, read_view, take_rows
-from dataprep.records import DOC_SCHEMA, table_to_parquet_bytes
+from dataprep.layout import TEXT_FROM, doc_location, read_docs, read_view, take_rows
+from dataprep.records import DOC_SCHEMA, LOCATION_KEY, meta_location, table_to_parquet_bytes
 from dataprep.stages import near
 from dataprep.stages.exact import text_hashes
 from tests.support.corpus import make_corpus
@@ -27,7 +28,29 @@ from tests.support.factories import prep_config
 from tests.support.helpers import ROOT
 
 
-# ---- take_rows / text_hashes ---------------------------------------------------------
+# ---- take_rows / text_hashes / doc_location -------------------------------------------
+def test_doc_location_reads_meta_as_json_does():
+    # doc_location finds the location without parsing the meta; it must say what a parse
+    # says for every meta ingest (or an older ballast) can write, escapes and nesting too.
+    rng = np.random.default_rng(1)
+    pieces = ['"', "\\", "é", "\u2028", "a", ":", "/", '": "', LOCATION_KEY, "{", "}"]
+    metas: list[str] = ["", "{}", json.dumps({"location": "old.jsonl:1"})]
+    for _ in range(3000):
+        loc = "".join(rng.choice(pieces, size=int(rng.integers(0, 6))))
+        fields: dict = {LOCATION_KEY: loc}
+        if rng.random() < 0.3:
+            fields["nested"] = {LOCATION_KEY: "inner"}
+        if rng.random() < 0.3:
+            fields["z"] = "".join(rng.choice(pieces, size=3))
+        if rng.random() < 0.1:
+            fields[LOCATION_KEY] = 7  # not a string: no location
+        metas.append(json.dumps(fields, sort_keys=True, ensure_ascii=bool(rng.random() < 0.5)))
+    for m in metas:
+        parsed = meta_location(json.loads(m)) if m else None
+        want = parsed if parsed is not None else "u00000-p0000#row=4"
+        assert doc_location(m, "u00000-p0000", 4) == want, m
+
+
 def test_take_rows_across_chunks_matches_take():
     rng = np.random.default_rng(0)
     texts = [("é" * int(rng.integers(0, 5))) + f"doc{i}" for i in range(2500)]
