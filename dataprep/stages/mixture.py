@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from core.store import NotFound, Store
 from dataprep.config import PrepConfig
 from dataprep.layout import DroppedRows, ShardStats, output_store, version_store, write_shard
 from dataprep.mixture import doc_keys, expand_repeats, order_keys, plan_mixture, select_documents
-from dataprep.records import table_to_parquet_bytes
 from dataprep.stages.tokenize import read_tokens, tokens_key
 
 STAGE = "mixture"
@@ -29,6 +30,7 @@ PLAN_KEY = "mixture/plan.json"
 _MASK56 = np.uint64((1 << 56) - 1)
 # Training tokens per pack partition (expected; the split is by hash): 32 MiB of int32.
 PARTITION_TOKENS = 1 << 23
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions(compression="zstd")
 
 # `doc`: the document's global index in the version (its shard's first_doc + its row),
 # which the packed rows' provenance names.
@@ -57,7 +59,7 @@ def read_doc_index(cfg: PrepConfig) -> list[tuple[str, int, int]]:
 
 
 def part_key(part: str, shard: str) -> str:
-    return f"mix/{part}/{shard}.parquet"
+    return f"mix/{part}/{shard}.arrows"
 
 
 def groups(cfg: PrepConfig) -> dict[str, int]:
@@ -88,6 +90,60 @@ def validation_partitions(plan: dict[str, Any]) -> list[str]:
 
 def read_plan(cfg: PrepConfig) -> dict[str, Any]:
     return json.loads(version_store(cfg).get(PLAN_KEY))
+
+
+def write_parts(
+    store: Store,
+    shard: str,
+    parts: list[tuple[str, int]],
+    code: np.ndarray,
+    okeys: np.ndarray,
+    rows: np.ndarray,
+    first: int,
+    sources: pa.Array,
+    tokens: pa.ChunkedArray,
+) -> None:
+    """Write the shard's piece of each partition in `parts` (name, code): the chosen rows
+    (`rows`, into the shard's token table, with their order keys `okeys`) whose `code` is
+    the partition's, in their given order. One take of the tokens for the whole
+    shard, then a zero-copy slice per partition: at 10M documents a shard goes to ~130
+    partitions, and a take, a table and a Parquet file per partition cost 0.9 s a shard
+    (0.4 at 14 partitions), the mixture's whole growth past linear."""
+    order = np.argsort(code, kind="stable")  # within a partition: the rows' own order
+    code, rows = code[order], rows[order]
+    table = pa.table(
+        {
+            "key": pa.array(okeys[order], pa.uint64()),
+            "source": sources.take(pa.array(rows)),
+            "doc": pa.array(rows + first, pa.int64()),
+            "tokens": tokens.take(pa.array(rows)),
+        },
+        schema=MIX_SCHEMA,
+    )
+    for part, c in parts:
+        a, b = np.searchsorted(code, [c, c + 1])
+        store.put(part_key(part, shard), mix_part_bytes(table.slice(a, b - a)))
+
+
+def mix_part_bytes(table: pa.Table) -> bytes:
+    """A partition piece as an Arrow IPC stream (zstd): written ~130 times a shard and
+    read back once by packing, where Parquet's fixed cost per file (2.7 ms to write, 1.5
+    to read a 100 kB piece) dominated; IPC takes 1.1 and 0.4 at the same size."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, MIX_SCHEMA, options=_IPC_OPTIONS) as w:
+        w.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def read_mix_part(store: Store, part: str, shard: str) -> pa.Table:
+    """A partition piece as write_parts stored it; a run scattered by a ballast before
+    this format (Parquet pieces) and resumed by this one packs from those."""
+    try:
+        data = store.get(part_key(part, shard))
+    except NotFound:
+        old = store.get(f"mix/{part}/{shard}.parquet")
+        return pq.read_table(pa.BufferReader(old))
+    return pa.ipc.open_stream(pa.BufferReader(data)).read_all()
 
 
 def _npy(a: np.ndarray) -> bytes:
@@ -262,34 +318,32 @@ def scatter_shard(cfg: PrepConfig, shard: str) -> dict:
     # Partition by the hash bits of the key, inside the curriculum group (top 8 bits).
     p = (((okeys & _MASK56) >> np.uint64(24)) * np.uint64(n_parts)) >> np.uint64(32)
     g = okeys >> np.uint64(56)
-    tokens = t["tokens"]
-    for part in train_partitions(cfg, plan):
-        gi, pi = int(part[7:9]), int(part[11:])
-        sel = np.flatnonzero((g == gi) & (p == pi))
-        table = pa.table(
-            {
-                "key": pa.array(okeys[sel], pa.uint64()),
-                "source": pa.array([sources[i] for i in doc_idx[sel]], pa.string()),
-                "doc": pa.array(doc_idx[sel] + first, pa.int64()),
-                "tokens": tokens.take(pa.array(doc_idx[sel])),
-            },
-            schema=MIX_SCHEMA,
-        )
-        store.put(part_key(part, shard), table_to_parquet_bytes(table))
+    src_col = pa.array(sources, pa.string())
+    write_parts(
+        store,
+        shard,
+        [(part, int(part[7:9]) * n_parts + int(part[11:])) for part in train_partitions(cfg, plan)],
+        (g * np.uint64(n_parts) + p).astype(np.int64),
+        okeys,
+        doc_idx,
+        first,
+        src_col,
+        t["tokens"],
+    )
     vparts = validation_partitions(plan)
     vp = ((keys & _MASK56) >> np.uint64(24)) * np.uint64(len(vparts)) >> np.uint64(32)
-    for k, part in enumerate(vparts):
-        vrows = np.flatnonzero(val & (vp == k))
-        vtable = pa.table(
-            {
-                "key": pa.array(keys[vrows], pa.uint64()),
-                "source": pa.array([sources[i] for i in vrows], pa.string()),
-                "doc": pa.array(vrows + first, pa.int64()),
-                "tokens": tokens.take(pa.array(vrows)),
-            },
-            schema=MIX_SCHEMA,
-        )
-        store.put(part_key(part, shard), table_to_parquet_bytes(vtable))
+    vrows = np.flatnonzero(val)
+    write_parts(
+        store,
+        shard,
+        [(part, k) for k, part in enumerate(vparts)],
+        vp[vrows].astype(np.int64),
+        keys[vrows],
+        vrows,
+        first,
+        src_col,
+        t["tokens"],
+    )
 
     # Accounting: a document the plan leaves out is dropped as `downsampled` (its text
     # stays in docs/<previous stage>/; the row here points at it).

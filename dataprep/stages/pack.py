@@ -23,7 +23,11 @@ from dataprep.config import PrepConfig
 from dataprep.layout import version_store
 from dataprep.pack import Rows, pack_bfd, pack_concat
 from dataprep.records import PARQUET_OPTIONS
-from dataprep.stages.mixture import part_key, train_partitions, validation_partitions
+from dataprep.stages.mixture import (
+    read_mix_part,
+    train_partitions,
+    validation_partitions,
+)
 from dataprep.stages.tokenize import load_run_tokenizer
 
 STAGE = "pack"
@@ -92,7 +96,7 @@ def pack_partition(cfg: PrepConfig, shards: list[str], part: str) -> dict:
     Rows are written as they are packed: memory holds the partition's documents (bounded
     by the mixture's PARTITION_TOKENS) and one batch of rows, never all its rows."""
     store = version_store(cfg)
-    tables = [pq.read_table(pa.BufferReader(store.get(part_key(part, s)))) for s in shards]
+    tables = [read_mix_part(store, part, s) for s in shards]
     table = (
         pa.concat_tables(tables)
         if tables

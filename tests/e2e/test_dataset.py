@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -156,13 +157,13 @@ def test_curriculum_puts_chosen_sources_first(data, tmp_path):
     run_prep(parse_config(c), until="mixture", progress=False)
     g0 = {
         s
-        for f in (out / "v0001" / "mix" / "train").glob("g00-*/*.parquet")
-        for s in pq.read_table(f, columns=["source"])["source"].to_pylist()
+        for f in (out / "v0001" / "mix" / "train").glob("g00-*/*.arrows")
+        for s in pa.ipc.open_stream(f.read_bytes()).read_all()["source"].to_pylist()
     }
     g1 = {
         s
-        for f in (out / "v0001" / "mix" / "train").glob("g01-*/*.parquet")
-        for s in pq.read_table(f, columns=["source"])["source"].to_pylist()
+        for f in (out / "v0001" / "mix" / "train").glob("g01-*/*.arrows")
+        for s in pa.ipc.open_stream(f.read_bytes()).read_all()["source"].to_pylist()
     }
     assert g0 == {"code"} and g1 == {"web"}
 
@@ -179,6 +180,24 @@ def test_same_config_and_seed_give_identical_bytes(data, built, tmp_path):
     )
     for f in files:
         assert (out1 / "dataset" / f).read_bytes() == (out2 / "dataset" / f).read_bytes(), f
+
+
+def test_resume_packs_pieces_scattered_as_parquet(data, built, tmp_path):
+    # A run scattered by a ballast that wrote the mixture's partition pieces as Parquet,
+    # then resumed by this one, packs from those pieces to the same dataset.
+    out1, _ = built
+    out2 = tmp_path / "older"
+    cfg = parse_config(cfg_dict(data, out2))
+    run_prep(cfg, until="mixture", progress=False)
+    pieces = sorted((out2 / "v0001" / "mix").rglob("*.arrows"))
+    assert pieces
+    for f in pieces:
+        pq.write_table(pa.ipc.open_stream(f.read_bytes()).read_all(), f.with_suffix(".parquet"))
+        f.unlink()
+    run_prep(cfg, progress=False)
+    for f in sorted(p for p in (out1 / "dataset").rglob("*") if p.is_file()):
+        rel = f.relative_to(out1)
+        assert (out2 / rel).read_bytes() == f.read_bytes(), rel
 
 
 def test_other_seed_changes_the_order(data, built, tmp_path):
