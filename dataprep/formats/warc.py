@@ -46,7 +46,9 @@ class _Counted:
         self.fh, self.pos = fh, base
 
     def read(self, n: int = -1) -> bytes:
-        b = self.fh.read(n)
+        # read1: at most one read below, so the bytes before a break in a compressed
+        # stream come back before the error does (a buffered read(n) drops them).
+        b = self.fh.read1(n)
         self.pos += len(b)
         return b
 
@@ -62,9 +64,21 @@ def _open_at(path: str, pos: int) -> BinaryIO:
             fh.seek(pos)
         else:  # a compressed stream: decompress up to there (only after damage)
             left = pos
-            while left > 0 and (b := fh.read(min(left, CHUNK))):
+            while left > 0 and (b := _read_upto(fh, min(left, CHUNK))):
                 left -= len(b)
     return fh
+
+
+def _read_upto(fh: BinaryIO, n: int) -> bytes:
+    """Up to `n` bytes, fewer at the end of the stream or where it breaks."""
+    parts, left = [], n
+    try:
+        while left > 0 and (b := fh.read1(left)):
+            parts.append(b)
+            left -= len(b)
+    except STREAM_ERRORS:
+        pass
+    return b"".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +96,7 @@ def _block_end(path: str, pos: int) -> int:
     """Where the record at `pos` ends by its own Content-Length (pos + 1 if its header
     cannot be read again)."""
     with _open_at(path, pos) as fh:
-        head = fh.read(64 << 10)
+        head = _read_upto(fh, 64 << 10)
     end = head.find(b"\r\n\r\n")
     m = re.search(rb"\ncontent-length:[ \t]*(\d+)", head[:end].lower())
     if end < 0 or m is None:
@@ -95,7 +109,7 @@ def _next_start(path: str, frm: int) -> int | None:
     with _open_at(path, frm) as fh:
         pos, tail = frm, b""
         try:
-            while block := fh.read(CHUNK):
+            while block := fh.read1(CHUNK):
                 buf = tail + block
                 m = _RECORD_START.search(buf)
                 if m is not None:
@@ -269,7 +283,9 @@ def _record(recs: Records, rel: str, pos: int, r: Any, wet: bool) -> RawDoc | Ba
     idf = recs.id_field
     if idf is not None and isinstance(meta.get(idf), str) and meta[idf]:
         doc_id = meta[idf]
-    rtype = str(r.record_type)
+    # The header, not fastwarc's record_type: it reads types it does not know (and some
+    # it does, such as `request` from some writers) as `unknown`.
+    rtype = (h.get("WARC-Type") or "").strip().lower()
     declared_s = h.get("Content-Length")
     if declared_s is None or not declared_s.strip().isdigit():
         r.consume()
@@ -279,12 +295,12 @@ def _record(recs: Records, rel: str, pos: int, r: Any, wet: bool) -> RawDoc | Ba
     declared = int(declared_s)
     page_types = ("conversion",) if wet else ("response", "resource")
     if rtype not in page_types:
-        got = r.consume()
+        _, got, err = _read_block(r, declared, 0)
         if got < declared:
-            return _truncated(r, loc, doc_id, got, declared)
+            return _truncated(r, loc, doc_id, got, declared, err)
         return bad(
             "not_a_page",
-            f"WARC-Type {rtype} (a {'wet' if wet else 'warc'} document is a "
+            f"WARC-Type {rtype or '(none)'} (a {'wet' if wet else 'warc'} document is a "
             f"{' or '.join(page_types)} record)",
             loc,
             _headers_text(r),
@@ -293,19 +309,32 @@ def _record(recs: Records, rel: str, pos: int, r: Any, wet: bool) -> RawDoc | Ba
         )
     limit = extract_config(recs).max_bytes if not wet else recs.max_bytes
     cap = limit + _HEADER_LIMIT
-    block = r.reader.read(min(declared, cap + 1))
-    got = len(block) + (r.consume() if declared > cap else 0)
+    block, got, err = _read_block(r, declared, cap)
     if got < declared:
-        return _truncated(r, loc, doc_id, got, declared)
+        return _truncated(r, loc, doc_id, got, declared, err)
     if wet:
         return _wet_doc(recs, block, meta, doc_id, loc, declared, h)
     return _warc_doc(recs, r, block, meta, doc_id, loc, declared, limit)
 
 
-def _truncated(r: Any, loc: str, doc_id: str, got: int, declared: int) -> BadRecord:
+def _read_block(r: Any, declared: int, cap: int) -> tuple[bytes, int, str]:
+    """The record's first `cap` + 1 bytes at most, how many it has in all, and why it
+    ended early ('' if it did not): a broken stream shows here as a short record."""
+    block, got = b"", 0
+    try:
+        block = r.reader.read(min(declared, cap + 1)) if cap else b""
+        got = len(block)
+        if got < declared and (cap == 0 or got > cap):
+            got += r.consume()
+    except (*STREAM_ERRORS, OSError) as e:
+        return block, got, f": {type(e).__name__}: {e}"
+    return block, got, ""
+
+
+def _truncated(r: Any, loc: str, doc_id: str, got: int, declared: int, err: str) -> BadRecord:
     return bad(
         "truncated",
-        f"the record ends after {got} of its {declared} bytes (Content-Length)",
+        f"the record ends after {got} of its {declared} bytes (Content-Length){err}",
         loc,
         _headers_text(r),
         doc_id,
@@ -352,7 +381,7 @@ def _warc_doc(
     size: int,
     limit: int,
 ) -> RawDoc | BadRecord:
-    if str(r.record_type) == "resource":
+    if (r.headers.get("WARC-Type") or "").strip().lower() == "resource":
         status, headers, body = None, {}, block
         content_type = r.headers.get("Content-Type") or ""
     else:
