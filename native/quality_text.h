@@ -168,20 +168,34 @@ inline std::string_view rstrip(const Tables& t, std::string_view s) {
 // str.split(): the maximal runs of non-whitespace.
 template <class F>
 inline void for_each_chunk(const Tables& t, std::string_view s, F&& f) {
-  size_t i = 0, start = 0;
-  bool in_chunk = false;
-  while (i < s.size()) {
-    const size_t at = i;
-    const bool sp = space_at(t, s, i);
-    if (sp && in_chunk) {
-      f(s.substr(start, at - start));
-      in_chunk = false;
-    } else if (!sp && !in_chunk) {
-      start = at;
-      in_chunk = true;
+  // Two tight loops (skip a whitespace run, then scan a chunk) rather than one loop with
+  // a state flag: the branches follow the text's runs, and ASCII needs no decoding.
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  // Whether the character at i is whitespace (wanted == true) or not; moves i past it
+  // only when it is what is wanted.
+  auto take = [&](bool wanted) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      if (kAsciiSpace.is[c] != wanted) return false;
+      ++i;
+      return true;
     }
+    size_t k = i;
+    if (t.space.has(next_cp(s, k)) != wanted) return false;
+    i = k;
+    return true;
+  };
+  while (i < n) {
+    while (i < n && take(true)) {
+    }
+    if (i >= n) break;
+    const size_t start = i;
+    while (i < n && take(false)) {
+    }
+    f(s.substr(start, i - start));
   }
-  if (in_chunk) f(s.substr(start));
 }
 
 // The maximal runs of whitespace and of non-whitespace of s, in order, as (piece,
