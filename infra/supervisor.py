@@ -139,7 +139,10 @@ def recovery_args(diverged: dict[str, Any] | None, lr_scale: float) -> list[str]
     """training.train arguments for the restart after a divergence (exit 3)."""
     args = ["--recover", f"--lr-scale={lr_scale:g}"]
     if diverged:
-        to = diverged.get("start_step", diverged.get("step"))
+        # The checkpoint to go back to (at most): the trainer names it, the one before the
+        # divergence's first step. A trainer from before that field numbered its steps
+        # from 0, so its start_step was that checkpoint's number.
+        to = diverged.get("rollback_to", diverged.get("start_step", diverged.get("step")))
         if isinstance(to, int):
             args.append(f"--rollback-to={to}")
         if isinstance(diverged.get("samples_seen"), int):

@@ -12,8 +12,9 @@ back (their step numbers are reused by the timeline that follows) and where a re
 moved the position. Nothing here re-implements the order: the sampler, the permutation and
 the rank split are imported from the trainer.
 
-Steps are numbered as the guard's events number them: step N is the (N+1)-th optimizer
-step, whose train record says `"step": N + 1`.
+Steps are numbered as the trainer numbers them everywhere: step N is the N-th optimizer
+step (1-based), the one the console calls "step N/M", whose train record and guard events
+say `"step": N`; checkpoint step-N (a rollback's `to_step`) is the state after it.
 """
 
 from __future__ import annotations
@@ -58,7 +59,8 @@ class Batch:
 @dataclass
 class Event:
     """A guard event (skip, rollback, abort) and the batches it concerns: the skipped
-    step's, or every step of a rollback's window (start_step..step)."""
+    step's, or every step of a rollback's window (start_step..step, the last one the step
+    that called it)."""
 
     record: dict[str, Any]
     batches: list[Batch]
@@ -88,47 +90,54 @@ class Timeline:
                         "without samples_seen: written by a ballast before "
                         "blame); blame cannot map its steps to data"
                     )
-                i = int(r["step"]) - 1
+                n = int(r["step"])
                 k = micro_batch * int(r["accum"])
-                b = Batch(i, int(r["samples_seen"]) - k, k, int(r["accum"]))
-                skip = skips.pop(i, None)
+                b = Batch(n, int(r["samples_seen"]) - k, k, int(r["accum"]))
+                skip = skips.pop(n, None)
                 if skip is not None:
                     b.skipped = str(skip.get("reason"))
                     t.events.append(Event(skip, [b]))
-                t.steps[i] = b
+                t.steps[n] = b
             elif kind == "event" and ev == "skip":
                 skips[int(r["step"])] = r
             elif kind == "event" and ev in ("rollback", "abort"):
-                i = int(r["step"])
-                # The step that called it: not logged as a train step; its batch starts
-                # where the previous one ended, at the previous step's size.
-                prev = t.steps.get(i - 1)
-                accum = prev.accum if prev is not None else 1
-                k = micro_batch * accum
-                div = Batch(i, t.position(i), k, accum, skipped=ev, rolled_back=True)
-                lo = int(r.get("start_step", i))
-                window = [t.steps[j] for j in range(lo, i) if j in t.steps]
+                n = int(r["step"])
+                div = t.steps.get(n)
+                own = div is None
+                if div is None:
+                    # The guard's own call: the step was not applied and has no train
+                    # record; its batch starts where the previous one ended, at the
+                    # previous step's size.
+                    prev = t.steps.get(n - 1)
+                    accum = prev.accum if prev is not None else 1
+                    div = Batch(n, t.position(n), micro_batch * accum, accum, rolled_back=True)
+                # else: found after the step was counted (a non-finite validation loss or
+                # weights): its train record is the batch.
+                div.skipped = ev
+                lo = int(r.get("start_step", n))
+                window = [t.steps[j] for j in range(lo, n) if j in t.steps]
                 t.events.append(Event(r, [*window, div]))
                 if ev == "rollback":
                     t.abandon(int(r["to_step"]))
-                    t.abandoned.append(div)
+                    if own:
+                        t.abandoned.append(div)
             elif kind == "event" and ev == "recovered":
                 t.abandon(int(r["to_step"]))
             elif kind == "event" and ev == "resume":
                 # The log was cut after the checkpoint's step: what follows it is redone.
                 c = int(r["step"])
                 t.abandon(c, keep=True)
-                skips = {s: v for s, v in skips.items() if s < c}
-        for i, skip in sorted(skips.items()):  # a skip whose train record never came
-            prev = t.steps.get(i - 1)
+                skips = {s: v for s, v in skips.items() if s <= c}
+        for n, skip in sorted(skips.items()):  # a skip whose train record never came
+            prev = t.steps.get(n - 1)
             accum = prev.accum if prev is not None else 1
             t.events.append(
                 Event(
                     skip,
                     [
                         Batch(
-                            i,
-                            t.position(i),
+                            n,
+                            t.position(n),
                             micro_batch * accum,
                             accum,
                             skipped=str(skip.get("reason")),
@@ -138,23 +147,23 @@ class Timeline:
             )
         return t
 
-    def abandon(self, from_step: int, keep: bool = False) -> None:
-        """Steps from `from_step` on leave the timeline (rolled back, unless `keep`: a
-        resume whose log was cut there)."""
-        for i in [i for i in self.steps if i >= from_step]:
-            b = self.steps.pop(i)
+    def abandon(self, checkpoint: int, keep: bool = False) -> None:
+        """The steps after checkpoint `checkpoint` (the state after that many steps) leave
+        the timeline (rolled back, unless `keep`: a resume whose log was cut there)."""
+        for n in [n for n in self.steps if n > checkpoint]:
+            b = self.steps.pop(n)
             if not keep:
                 b.rolled_back = True
                 self.abandoned.append(b)
 
     def position(self, step: int) -> int:
         """The sampler position at the start of `step` on the current timeline."""
-        if step == 0:
+        if step <= 1:
             return 0
         prev = self.steps.get(step - 1)
-        if prev is not None:
-            return prev.start + prev.samples
-        return self.batch(step - 1).start + self.batch(step - 1).samples
+        if prev is None:
+            prev = self.batch(step - 1)
+        return prev.start + prev.samples
 
     def batch(self, step: int) -> Batch:
         """Step `step`'s batch on the final timeline. A step without its own train record
@@ -164,28 +173,24 @@ class Timeline:
         if b is not None:
             return b
         known = sorted(self.steps)
-        if not known or step < 0:
+        if not known or step < 1:
             raise BlameError(f"step {step} is not in the metrics log")
         j = bisect.bisect_left(known, step)
         if j == len(known):
-            raise BlameError(
-                f"step {step} was not trained: the run's last step is "
-                f"{known[-1]} (train record {known[-1] + 1})"
-            )
+            raise BlameError(f"step {step} was not trained: the run's last step is {known[-1]}")
         after = self.steps[known[j]]
-        before = self.steps[known[j - 1]] if j else Batch(-1, 0, after.samples, after.accum)
-        gap = known[j] - before.step - 1
-        if (
-            after.samples == before.samples
-            and after.start - (before.start + before.samples) == gap * after.samples
-        ):
-            k = after.samples
-            return Batch(
-                step, before.start + before.samples + (step - before.step - 1) * k, k, after.accum
-            )
+        k = after.samples
+        # The logged step before it (none: the run's start, position 0 after step 0).
+        before = self.steps[known[j - 1]] if j else None
+        lo_step = before.step if before is not None else 0
+        lo_end = before.start + before.samples if before is not None else 0
+        if (before is None or before.samples == k) and after.start - lo_end == (
+            after.step - lo_step - 1
+        ) * k:
+            return Batch(step, lo_end + (step - lo_step - 1) * k, k, after.accum)
         raise BlameError(
             f"step {step} has no train record and the batch size changed "
-            f"between steps {before.step} and {after.step}: train with "
+            f"between steps {lo_step} and {after.step}: train with "
             "log_every: 1 to blame every step"
         )
 
@@ -246,7 +251,6 @@ class BlameRun:
             )
         return {
             "step": b.step,
-            "train_record_step": b.step + 1,
             "samples": [b.start, b.start + b.samples],
             "accum": b.accum,
             "skipped": b.skipped,
@@ -374,10 +378,14 @@ def open_run(
 
 
 def step_report(run: BlameRun, step: int) -> dict[str, Any]:
-    """`--step N`: the batch step N trained on (the final timeline's), and any batches the
-    same step number had on timelines a rollback abandoned."""
-    if step < 0:
-        raise BlameError(f"--step {step}: steps count from 0")
+    """`--step N`: the batch step N (the N-th optimizer step) trained on (the final
+    timeline's), and any batches the same step number had on timelines a rollback
+    abandoned."""
+    if step < 1:
+        raise BlameError(
+            f"--step {step}: steps count from 1 (step N is the N-th optimizer step, as the "
+            "trainer's 'step N/M' lines and the metrics log number it)"
+        )
     out = run.describe(run.timeline.batch(step))
     out["abandoned"] = [run.describe(b) for b in run.timeline.abandoned if b.step == step]
     return out
@@ -459,7 +467,7 @@ def batch_text(d: dict[str, Any], world_size: int = 1) -> list[str]:
     else:
         state = "applied"
     lines = [
-        f"step {d['step']} (train record {d['train_record_step']}): samples {lo}..{hi} "
+        f"step {d['step']}: samples {lo}..{hi} "
         f"of the training order, {hi - lo} rows (accum {d['accum']}); {state}"
     ]
     for r in d["rows"]:
@@ -534,6 +542,6 @@ def event_header(r: dict[str, Any]) -> str:
     )
     if r.get("event") in ("rollback", "abort"):
         head += f"; window steps {r.get('start_step')}..{r.get('end_step')}" + (
-            f", rolled back to step {r['to_step']}" if "to_step" in r else ""
+            f", rolled back to checkpoint step {r['to_step']}" if "to_step" in r else ""
         )
     return head

@@ -67,6 +67,13 @@ Choices (the "why" is in the comments below):
   ``max_nonfinite_steps`` of them in a row is a divergence (any finite step ends the
   streak), whether the guards are enabled or not: the non-finite check is never off.
 
+Step numbers are the caller's, used as given: the trainer passes each step's own number
+(step N is the N-th optimizer step, 1-based), so an event's ``step``, its window
+``start_step..end_step`` and every detail name a step as its train record does. A rollback
+for a window starting at ``start_step`` goes to a checkpoint before that step (at most
+``start_step - 1``: checkpoint N is the state after step N); ``rolled_back()`` takes the
+checkpoint's step (``to_step``) and the step that called the rollback (``from_step``).
+
 Events (``Decision.event``, also appended to ``StabilityGuard.events``) are plain
 JSON-serialisable dicts shaped for ``training.metrics.MetricsLog``:
 ``{"kind": "event", "event": "skip" | "rollback" | "abort", "reason": ..., "step": ...,
@@ -347,7 +354,7 @@ class StabilityGuard:
         `what`: a human-readable description): ``rollback``, or ``abort`` when the budget
         is spent, exactly as for the guard's own divergences. The divergence is taken to
         start at `start_step` (default: the current non-finite streak's start, else
-        `step`): the rollback goes to a checkpoint at or before it."""
+        `step`): the rollback goes to a checkpoint before it."""
         if start_step is None:
             start_step = step if self._nonfinite_start is None else self._nonfinite_start
         return self._diverge(step, math.nan, math.nan, min(start_step, step), trigger, what, "", {})
@@ -357,7 +364,8 @@ class StabilityGuard:
     def rolled_back(
         self, to_step: int, from_step: int, stats_from: dict[str, Any] | None = None
     ) -> None:
-        """The trainer restored the checkpoint of `to_step` at `from_step`. Counts it, files it
+        """The trainer restored checkpoint `to_step` when step `from_step` called for a
+        rollback. Counts it, files it
         for the abort message, and resets what describes the abandoned steps. `stats_from`:
         optionally the guard state saved with that checkpoint, whose running statistics then
         replace the current ones (counters and rollback history are kept either way)."""

@@ -223,6 +223,15 @@ class Recoverable(Protocol):
     def record(self, log: MetricsLog, event: dict[str, Any]) -> None: ...
 
 
+def _steps(t: Recoverable, d: Decision) -> tuple[int, int]:
+    """(the step that called the divergence, the first step of its window), numbered as
+    the trainer numbers steps: step N is the N-th optimizer step. The guard's event says
+    both; without one, the step being trained (`state.step + 1`)."""
+    ev = d.event or {}
+    step = int(ev.get("step", t.state.step + 1))
+    return step, int(ev.get("start_step", step))
+
+
 def diverge(t: Recoverable, d: Decision, log: MetricsLog, samples: int) -> bool:
     """Act on a divergence decision: roll back (False: train on), or, with the budget
     spent, record the abort, leave the DIVERGED marker and return True (exit 3).
@@ -231,16 +240,19 @@ def diverge(t: Recoverable, d: Decision, log: MetricsLog, samples: int) -> bool:
     if d.action == "rollback":
         rollback(t, d, log)
         return False
-    log.write({"kind": "event", **(d.event or {}), "step": s.step})
+    step, start = _steps(t, d)
+    log.write({"kind": "event", **(d.event or {}), "step": step})
     print(d.detail, file=sys.stderr)
     if t.world.is_main:
         (t.run_dir / DIVERGED_MARKER).write_text(d.detail + "\n")
-    ev = d.event or {}
     t.emit(
         {
             "event": "diverged",
-            "step": s.step,
-            "start_step": ev.get("start_step"),
+            "step": step,
+            "start_step": start,
+            # The checkpoint the supervisor's recovery goes back to (at most): the one
+            # before the window's first step.
+            "rollback_to": start - 1,
             "samples_seen": s.samples_seen + samples,
             "rollbacks": len(s.rollbacks),
         }
@@ -253,19 +265,21 @@ def rollback(t: Recoverable, d: Decision, log: MetricsLog) -> None:
     between is skipped (the sampler position is kept), and the LR optionally scaled."""
     s = t.state
     t.ckpts.finish()
-    start = int((d.event or {}).get("start_step", s.step))
-    # The newest valid checkpoint at or before the start (bad ones are set aside).
-    target = t.choice.newest_valid(start, s.step) if t.world.is_main else None
+    step, start = _steps(t, d)
+    # The newest valid checkpoint before the window's first step, step-(start - 1) or
+    # older (bad ones are set aside).
+    before = start - 1
+    target = t.choice.newest_valid(before, step) if t.world.is_main else None
     t.choice.flush(log)
     target = distributed.broadcast_object(target, t.world, t.device)
     if target is None:
         raise ckpt.CheckpointError(
-            f"no valid checkpoint at or before step {start} left in {t.ckpts.root} to roll back to"
+            f"no valid checkpoint at or before step {before} left in {t.ckpts.root} to roll back to"
         )
     samples_seen, tokens_seen = s.samples_seen, s.tokens_seen
     history = [
         *s.rollbacks,
-        {"from_step": s.step, "to_step": target, "reason": d.reason, "detail": d.detail},
+        {"from_step": step, "to_step": target, "reason": d.reason, "detail": d.detail},
     ]
     lr_scale = s.lr_scale * t.cfg.guards.rollback_lr_scale
     st = t.restore(target, modules_only=True, verified=True)
@@ -273,13 +287,13 @@ def rollback(t: Recoverable, d: Decision, log: MetricsLog) -> None:
     t.rewind_remote = True
     # The guard keeps its counters and history (the budget must run out), but takes the
     # running statistics that match the restored weights.
-    t.guard.rolled_back(to_step=target, from_step=s.step, stats_from=st["guard"])
+    t.guard.rolled_back(to_step=target, from_step=step, stats_from=st["guard"])
     log.write(
         {
             "kind": "event",
             **(d.event or {}),
             "event": "rollback",
-            "step": s.step,
+            "step": step,
             "to_step": target,
             "lr_scale": lr_scale,
             "data_skipped": f"samples {st['trainer']['samples_seen']}..{samples_seen} "

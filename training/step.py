@@ -89,6 +89,10 @@ def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str,
 
 
 def train_step(t: Trainer) -> StepResult:
+    """Train step `t.state.step + 1`. Steps count from 1, one numbering throughout: step N
+    is the N-th optimizer step (the console's "step N/M", its train record's and the guard
+    events' `"step": N`), and checkpoint step-N is the state after it. `t.state.step`, the
+    steps done so far, is the position the schedule, the hooks and the components get."""
     cfg, s, hooks, world, comps = t.cfg, t.state, t.hooks, t.world, t.components
     hooks.before_step(s.step, s.rollbacks)
     accum = accum_steps_at(s.step, cfg.schedule, cfg.accum_steps, s.tokens_seen)
@@ -181,7 +185,9 @@ def train_step(t: Trainer) -> StepResult:
         t.scaler.step(t.optimizer)
         t.scaler.update()
     else:
-        decision = t.guard.observe(s.step, total, grad_norm, idx.tolist())
+        # The step's own number (1-based, as its train record and the console count it):
+        # s.step is the count of steps done before this one.
+        decision = t.guard.observe(s.step + 1, total, grad_norm, idx.tolist())
         if decision.action == "ok":
             t.scaler.step(t.optimizer)
             t.scaler.update()

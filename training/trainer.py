@@ -6,6 +6,11 @@ use to inject faults), data, metrics, and the recipe options as components
 (training/components/: EMA, early stopping, the noise-scale controller, layer statistics,
 resume overrides, warm start, progress), which the trainer calls at fixed points.
 
+Steps count from 1, one numbering everywhere: step N is the N-th optimizer step, as the
+console ("step N/M"), its train and eval records and the guard's events (skip, rollback,
+abort, their windows) number it; checkpoint step-N is the state after step N, so "the
+checkpoint before step N" is step-(N-1) or older.
+
 Exit codes (shared with launchers and Kubernetes): 0 done, 1 bad config or data,
 3 diverged beyond the rollback budget.
 """
@@ -414,7 +419,8 @@ class Trainer:
         return None
 
     def _diverge_now(self, log: MetricsLog, trigger: str, what: str) -> bool:
-        """A divergence the loop found itself, handled as the guard's own are (rollback, or
-        exit 3 with the budget spent: True)."""
+        """A divergence the loop found itself after step `state.step` (counted, its train
+        record written), handled as the guard's own are (rollback, or exit 3 with the budget
+        spent: True)."""
         d = self.guard.divergence(self.state.step, trigger, what)
         return diverge(self, d, log, 0)

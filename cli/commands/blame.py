@@ -28,7 +28,8 @@ def add_parser(subparsers: Any) -> None:
         type=int,
         metavar="N",
         help="step N's batch, as the sampler ordered it after any rollback or "
-        "skip (steps as guard events number them: from 0)",
+        "skip (step N is the N-th optimizer step, as the trainer's 'step N/M' lines, "
+        "the metrics log and the guard events number it: from 1)",
     )
     what.add_argument(
         "--event",

@@ -17,6 +17,8 @@ import yaml
 
 from tests.support.factories import train_config
 from tests.support.helpers import ROOT, assert_one_line_error, cli_env, run_cli, shared_file
+from training.console import event_line
+from training.metrics import read
 
 GARBAGE_LINE = 4  # the line of junk.jsonl that holds the slashes
 
@@ -140,8 +142,9 @@ def test_blame_names_the_garbage_document_of_each_skipped_step(prepared: Path) -
 
 def test_blame_follows_the_sampler_through_a_rollback(prepared: Path) -> None:
     """A transient LR blow-up makes the guard roll back (and skip the window's data), then
-    an injected spike at step 110 is skipped: blame's rows for every event's batches equal
-    the ids the guard recorded, and `--step 110` gives that step's rows."""
+    an injected spike at step 111 (`spike@110`: after 110 steps) is skipped: blame's rows
+    for every event's batches equal the ids the guard recorded, and `--step 111` gives
+    that step's rows."""
     run = train(prepared, "rb", "lr_blowup@60-70", "spike@110")
     report = blame_json(run, "--event")
     kinds = [e["event"]["event"] for e in report]
@@ -149,15 +152,50 @@ def test_blame_follows_the_sampler_through_a_rollback(prepared: Path) -> None:
     for e in report:
         rows = [row["row"] for b in e["batches"] for row in b["rows"]]
         assert rows == e["event"]["sample_ids"], e["event"]["step"]
-    (late,) = [e for e in report if e["event"]["step"] == 110]
-    step = blame_json(run, "--step", "110")
+    (late,) = [e for e in report if e["event"]["step"] == 111]
+    step = blame_json(run, "--step", "111")
     assert [row["row"] for row in step["rows"]] == late["event"]["sample_ids"]
+    assert step["step"] == 111 and step["skipped"] == "loss_spike"
     # The rolled-back window's steps are on the abandoned timeline.
     rb = next(e for e in report if e["event"]["event"] == "rollback")
     first = rb["event"]["start_step"]
     again = blame_json(run, "--step", str(first))
     assert again["abandoned"] and not again["rolled_back"]
     assert again["samples"][0] != again["abandoned"][0]["samples"][0]  # data skipped
+
+
+def test_blame_numbers_steps_as_the_trainer_does(prepared: Path) -> None:
+    """One numbering: the last step is the one the console's "step 150/150" names, and
+    a skip event's step is the step whose train record counts the skip."""
+    run = prepared / "run"
+    if not (run / "metrics.jsonl").is_file():
+        run = train(prepared, "run")
+    said = [
+        event_line(e)
+        for e in map(json.loads, (run / "events.jsonl").read_text().splitlines())
+        if e["event"] == "progress"
+    ]
+    assert said[-1].startswith("step 150/150, "), said
+    last = blame_json(run, "--step", "150")
+    assert last["step"] == 150 and "train_record_step" not in last
+    r = run_cli("blame", str(run), "--step", "151")
+    assert r.returncode == 1
+    assert_one_line_error(r, "step 151 was not trained: the run's last step is 150")
+    r = run_cli("blame", str(run), "--step", "0")
+    assert r.returncode == 1
+    assert_one_line_error(r, "steps count from 1")
+    trains = [r for r in read(run / "metrics.jsonl") if r.get("kind") == "train"]
+    counted = {
+        r["step"]
+        for p, r in zip([{"skipped": 0}, *trains[:-1]], trains, strict=True)
+        if r["skipped"] > p["skipped"]
+    }
+    skips = {e["step"] for e in events(run) if e["event"] == "skip"}
+    assert skips and skips == counted
+    for n in sorted(skips)[:3]:
+        assert blame_json(run, "--step", str(n))["skipped"] == "loss_spike"
+    text = run_cli("blame", str(run), "--step", str(min(skips)))
+    assert text.stdout.startswith(f"step {min(skips)}: samples "), text.stdout
 
 
 def test_blame_bad_requests(prepared: Path, tmp_path: Path) -> None:

@@ -83,16 +83,21 @@ def test_parse_events_and_recovery_args():
     text = (
         'noise\n[rank0] BALLAST_EVENT {"event": "resume", "step": 20}\n'
         'BALLAST_EVENT {"event": "diverged", "step": 57, "start_step": 41, '
-        '"samples_seen": 228}\nBALLAST_EVENT {"event": "cut'
+        '"rollback_to": 40, "samples_seen": 228}\nBALLAST_EVENT {"event": "cut'
     )
     ev = parse_events(text)
     assert [e["event"] for e in ev] == ["resume", "diverged"]
+    # Back to the checkpoint before the divergence's first step (41): step-40 or older.
     assert recovery_args(ev[1], 0.5) == [
         "--recover",
         "--lr-scale=0.5",
-        "--rollback-to=41",
+        "--rollback-to=40",
         "--skip-to-sample=228",
     ]
+    # A trainer from before `rollback_to` numbered steps from 0: its start_step was the
+    # checkpoint's number.
+    old = {"event": "diverged", "step": 56, "start_step": 40, "samples_seen": 228}
+    assert "--rollback-to=40" in recovery_args(old, 0.5)
     assert recovery_args(None, 0.25) == ["--recover", "--lr-scale=0.25"]
     with pytest.raises(ValueError, match="recovery_lr_scale"):
         RestartPolicy(recovery_lr_scale=0)
@@ -185,7 +190,16 @@ def test_divergence_is_recovered_with_rollback(train_dataset, tmp_path):
     a0, a1 = out.attempts
     assert (a0.ending, a0.exit_code, a1.ending) == ("diverged", 3, "done")
     assert a0.next_action.startswith("restart with rollback")
-    assert "--recover" in a1.args and any(x.startswith("--rollback-to=") for x in a1.args)
+    assert "--recover" in a1.args
+    # The trainer's diverged event: back before the divergence's first step.
+    (div,) = [
+        e
+        for log in (tmp_path / "jobs").glob("*/log.txt")
+        for e in parse_events(log.read_text())
+        if e["event"] == "diverged"
+    ]
+    assert div["rollback_to"] == div["start_step"] - 1 and div["start_step"] <= div["step"]
+    assert f"--rollback-to={div['rollback_to']}" in a1.args
     assert a1.recovered is not None and a1.recovered["to_step"] <= 30
     assert a1.recovered["lr_scale"] == pytest.approx(0.5)
     final = json.loads((run_dir / "final.json").read_text())

@@ -160,17 +160,18 @@ def test_guard_events_reach_both_writers(tmp_path, capsys):
     assert not (run_dir / "mlflow").exists()
     events = [r for r in read(run_dir / "metrics.jsonl") if r.get("kind") == "event"]
     skips = [e for e in events if e["event"] == "skip"]
-    assert [e["step"] for e in skips] == [6], events
+    # spike@6: after 6 steps, i.e. step 7, as its train record numbers it.
+    assert [e["step"] for e in skips] == [7], events
 
     tb = tensorboard_scalars(run_dir / "tensorboard" / run_dir.name)  # a dir per run
-    assert tb["events/skip"] == [(6, 1.0)]
+    assert tb["events/skip"] == [(7, 1.0)]
 
     capsys.readouterr()
     assert cli(["track", str(train_cfg)]) == 0  # tracking.mlflow off: `track` turns it on
     out = capsys.readouterr().out
     run_id = out.split("mlflow: run ", 1)[1].split()[0]
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir.resolve()}/mlflow/mlflow.db")
-    assert history(client, run_id, "events/skip") == [(6, 1.0)]
+    assert history(client, run_id, "events/skip") == [(7, 1.0)]
     got = Path(client.download_artifacts(run_id, "training/events.json", str(tmp_path)))
     assert json.loads(got.read_text()) == events
     assert client.get_run(run_id).info.status == "FINISHED"

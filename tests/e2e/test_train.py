@@ -89,10 +89,25 @@ def test_loss_falls(dataset, tmp_path):
     assert first_val < 3.5  # bytes: ln(258) = 5.55 at random init
 
 
+def skips_counted_at(recs: list[dict]) -> list[int]:
+    """The steps whose train record counts one more skipped step than the one before."""
+    trains = [r for r in recs if r.get("kind") == "train"]
+    return [
+        r["step"]
+        for p, r in zip([{"skipped": 0}, *trains[:-1]], trains, strict=True)
+        if r["skipped"] > p["skipped"]
+    ]
+
+
 def test_nan_batches_are_skipped(dataset, tmp_path):
+    # Faults count the steps done before the faulty one (the hooks' position): nan_at 2
+    # and 4 hit the 3rd and 5th optimizer steps, steps 3 and 5.
     assert train(dataset, tmp_path, Faults(nan_at={2, 4})) == 0
-    events = [r for r in read(tmp_path / "metrics.jsonl") if r.get("kind") == "event"]
-    assert [e["step"] for e in events if e.get("reason") == "non_finite_loss"] == [2, 4]
+    recs = read(tmp_path / "metrics.jsonl")
+    events = [r for r in recs if r.get("kind") == "event"]
+    assert [e["step"] for e in events if e.get("reason") == "non_finite_loss"] == [3, 5]
+    # One numbering: a skip event names the step whose own train record counts the skip.
+    assert skips_counted_at(recs) == [3, 5]
     final = json.loads((tmp_path / "final.json").read_text())
     assert final["skipped_non_finite"] == 2
     state = ckpt.load(tmp_path / "checkpoints", 6)
@@ -109,9 +124,12 @@ def test_spike_is_skipped_with_sample_ids(dataset, tmp_path):
         checkpoint={"every": 20},
     )
     assert code == 0
-    events = [r for r in read(tmp_path / "metrics.jsonl") if r.get("kind") == "event"]
+    recs = read(tmp_path / "metrics.jsonl")
+    events = [r for r in recs if r.get("kind") == "event"]
     spikes = [e for e in events if e.get("reason") in ("loss_spike", "grad_spike")]
-    assert [e["step"] for e in spikes] == [30]
+    # spike_at 30: after 30 steps, i.e. the 31st step, whose train record counts it.
+    assert [e["step"] for e in spikes] == [31] == skips_counted_at(recs)
+    assert "step 31: loss spike" in spikes[0]["detail"]
     assert len(spikes[0]["sample_ids"]) == 4  # the micro-batch's rows
 
 

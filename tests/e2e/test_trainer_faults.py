@@ -212,8 +212,10 @@ def test_rollback_skips_a_corrupt_checkpoint(dataset, tmp_path):
     newest valid checkpoint before it, and the run completes."""
 
     class Damaging(Faults):
-        """Step 6's checkpoint is damaged once written; steps 7 and 8 give a NaN loss on
-        the first pass (two in a row: a divergence starting at step 7)."""
+        """Step 6's checkpoint is damaged once written; steps 8 and 9 give a NaN loss on
+        the first pass (two in a row: a divergence starting at step 8, whose checkpoint
+        before it is the damaged step-6). Faults count the steps done before the faulty
+        one: nan_at 7 is step 8."""
 
         def after_save(self, step: int, root: Path) -> None:
             if step == 6:
@@ -232,13 +234,16 @@ def test_rollback_skips_a_corrupt_checkpoint(dataset, tmp_path):
     )
     assert train(c, Damaging()) == EXIT_OK
     [rollback] = events(run, "rollback")
-    assert (rollback["trigger"], rollback["start_step"], rollback["to_step"]) == (
+    assert (rollback["trigger"], rollback["step"], rollback["start_step"], rollback["to_step"]) == (
         "non_finite",
-        7,
+        9,
+        8,
         3,
     )
+    assert "divergence over steps 8..9" in rollback["detail"]
+    # Found while rolling back from step 9.
     [bad] = events(run, "checkpoint_corrupt")
-    assert bad["checkpoint"] == ckpt.step_name(6) and bad["step"] == 8
+    assert bad["checkpoint"] == ckpt.step_name(6) and bad["step"] == 9
     assert len(list((run / "checkpoints").glob(f"{ckpt.step_name(6)}.corrupt-*"))) == 1
     final = json.loads((run / "final.json").read_text())
     assert final["step"] == 10 and len(final["rollbacks"]) == 1

@@ -62,7 +62,7 @@ def test_node_loss_divergence_oom_then_done(kube: FakeKubeAPI) -> None:
             "job-diverged-exit3",
             ev + '{"event": "resume", "step": 500, "checkpoint": '
             '"step-00000500"}\n' + ev + '{"event": "diverged", "step": 812,'
-            ' "start_step": 790, "samples_seen": 390000}\n',
+            ' "start_step": 791, "rollback_to": 790, "samples_seen": 390000}\n',
         ),
         (
             "job-oom-backoff-exceeded",
@@ -92,7 +92,7 @@ def test_node_loss_divergence_oom_then_done(kube: FakeKubeAPI) -> None:
     ]
     assert rows[-1]["step reached"] == 2000
     # The restart after the divergence carries the rollback settings, from the trainer's
-    # own event: back before step 790, past sample 390000, half the LR.
+    # own event: back before step 791, past sample 390000, half the LR.
     assert out.attempts[2].args == [
         "--recover",
         "--lr-scale=0.5",
