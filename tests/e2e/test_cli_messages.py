@@ -1,8 +1,8 @@
 """What the CLI says, through the real `ballast` command (issue 29, items 4 and 5): a
-did-you-mean for unknown config keys, the output claim's refusal naming the keys that
-differ, absolute paths in closing lines and path errors (with what a relative path was
-resolved against), the hint for a prep output given where its dataset is expected, and
-train's Ctrl-C saying how to resume."""
+did-you-mean for unknown config keys, prep's output claim and training's remote prefix
+claim naming the keys that differ, absolute paths in closing lines and path errors (with
+what a relative path was resolved against), the hint for a prep output given where its
+dataset is expected, and train's Ctrl-C saying how to resume."""
 
 from __future__ import annotations
 
@@ -132,6 +132,37 @@ def test_claim_refusal_names_the_keys_that_differ(prepped, tmp_path: Path) -> No
     line = assert_one_line_error(r, "different config", f"{work / 'out'}")
     assert "changed: dedup.exact: True -> False, seed: 0 -> 7" in line, line
     assert "workers" not in line  # not part of what the output holds
+
+
+def test_training_claim_refusal_names_the_keys_that_differ(prepped, tmp_path: Path) -> None:
+    """Training's remote prefix (RUN.json) is claimed by a run of another model: the
+    refusal says which config keys differ, as prep's does for its output."""
+    from tests.support.factories import train_config
+
+    _, work, _ = prepped
+    store = tmp_path / "store"
+
+    def config(name: str, run_dir: str, **model: int) -> Path:
+        cfg = train_config(
+            str(work / "out" / "dataset"),
+            tmp_path / run_dir,
+            steps=1,
+            eval_every=100,
+            eval_batches=1,
+            model=model,
+            checkpoint={"every": 1, "remote": str(store), "run_name": "shared"},
+        )
+        (tmp_path / name).write_text(yaml.safe_dump(cfg))
+        return tmp_path / name
+
+    first = _ballast("train", str(config("a.yaml", "a")), cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    record = json.loads((store / "shared" / "RUN.json").read_text())
+    assert record["config"]["model"]["d_model"] == 32
+    r = _ballast("train", str(config("b.yaml", "b", d_model=64, n_head=4)), cwd=tmp_path)
+    assert r.returncode == 1
+    line = assert_one_line_error(r, f"{store / 'shared'}", "belongs to run 'shared'")
+    assert "changed: model.d_model: 32 -> 64, model.n_head: 2 -> 4" in line, line
 
 
 # -- paths -----------------------------------------------------------------------------

@@ -266,23 +266,33 @@ class TrainConfig(Strict):
             return remote.replace(RUN_PLACEHOLDER, self.run_name())
         return f"{remote.rstrip('/')}/{self.run_name()}"
 
-    def checkpoint_fingerprint(self) -> str:
+    def checkpoint_fingerprint(self) -> Fingerprint:
         """A short sha256 over what makes two runs' checkpoints interchangeable: the model
         (less the keys that only say how it runs) and the optimizer kind (its state is in
         every checkpoint). Steps, data, cadences, paths and the device are left out. The
-        vocabulary and sequence length come from the dataset, not from here."""
+        vocabulary and sequence length come from the dataset, not from here. The value
+        keeps what it hashes (`.hashed`): the remote prefix's ownership record stores it,
+        so a refusal names the keys that differ."""
         model = self.model.model_dump(mode="json")
         for key in _RUNTIME_ONLY_MODEL_KEYS:
             model.pop(key, None)
         for key, default in _LATER_MODEL_KEYS.items():
             if model.get(key) == default:
                 model.pop(key, None)
-        blob = json.dumps(
-            {"model": model, "optim": {"name": self.optim.name}},
-            sort_keys=True,
-            separators=(",", ":"),
-        )
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        hashed = {"model": model, "optim": {"name": self.optim.name}}
+        blob = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
+        return Fingerprint(hashlib.sha256(blob.encode()).hexdigest()[:16], hashed)
+
+
+class Fingerprint(str):
+    """A config fingerprint (the hex digest, as a str) that remembers what it hashed."""
+
+    hashed: dict[str, Any] | None
+
+    def __new__(cls, digest: str, hashed: dict[str, Any] | None = None) -> Fingerprint:
+        self = super().__new__(cls, digest)
+        self.hashed = hashed
+        return self
 
 
 def parse_train_config(data: Any, where: str = "") -> TrainConfig:

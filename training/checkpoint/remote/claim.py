@@ -2,7 +2,8 @@
 
 `uri` is one run's own prefix (the trainer derives it from the run's name, see
 `TrainConfig.remote_checkpoint_uri`). Guarantee: `claim()` makes sure it stays that way. At
-trainer start it creates RUN.json ({"run_name", "config_fingerprint", "created"}) in an
+trainer start it creates RUN.json ({"run_name", "config_fingerprint", "created", and
+"config": what the fingerprint hashes, so that a refusal can name the keys that differ}) in an
 unclaimed prefix, and refuses (RemoteOwnershipError) a prefix that RUN.json gives to another
 run name or config fingerprint, or whose RUN.json is not a valid record, before anything is
 restored from, uploaded to or pruned in it. The record is created with a conditional write
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 
+from core.config import changed_keys
 from core.errors import StorageError
 from training import distributed
 from training.checkpoint.format import LATEST
@@ -65,6 +67,8 @@ def claim(remote: RemoteStore, run_name: str, fingerprint: str, renew: bool = Fa
             "config_fingerprint": fingerprint,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
+        if isinstance(getattr(fingerprint, "hashed", None), dict):
+            record["config"] = fingerprint.hashed  # type: ignore[attr-defined]
         body = (json.dumps(record, indent=2) + "\n").encode()
         # A conditional create, so of racing claimants exactly one writes the record. Its
         # body is then checked below like any record read from storage, as before (a run
@@ -101,7 +105,10 @@ def claim(remote: RemoteStore, run_name: str, fingerprint: str, renew: bool = Fa
         )
     other, other_fp = owner["run_name"], owner["config_fingerprint"]
     if (other, other_fp) != (run_name, fingerprint):
-        changed = " (the model or optimizer changed)" if other == run_name else ""
+        changed = ""
+        if other == run_name:
+            keys = _changed(owner.get("config"), getattr(fingerprint, "hashed", None))
+            changed = f" (changed: {keys})" if keys else " (the model or optimizer changed)"
         raise RemoteOwnershipError(
             remote.scrub(
                 f"{uri} belongs to run {other!r} (config fingerprint {other_fp}), not to "
@@ -109,6 +116,16 @@ def claim(remote: RemoteStore, run_name: str, fingerprint: str, renew: bool = Fa
                 f"resuming from, uploading to or pruning it: {fix}"
             )
         )
+
+
+def _changed(old: Any, new: Any) -> str:
+    """The keys that differ between the record's config and this run's, on one line; ""
+    when either is unknown (a record from before configs were kept). The record is
+    untrusted: control characters go, and the line stays short."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return ""
+    line = re.sub(r"[\x00-\x1f\x7f]", "?", changed_keys(old, new))
+    return line if len(line) <= 400 else line[:399] + "…"
 
 
 def claim_everywhere(
