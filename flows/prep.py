@@ -335,26 +335,19 @@ def publish_artifacts(report: dict[str, Any], new: bool = True) -> None:
         markdown=version_md(report, new),
         description="What this run added to the dataset",
     )
-    rows = []
     for name, st in report["stages"].items():
         t = st["total"]
-        top = sorted(t["dropped"].items(), key=lambda kv: -kv[1])[:4]
-        rows.append(
-            {
-                "stage": name,
-                "docs in": t["docs_in"],
-                "kept": t["kept"],
-                "dropped": sum(t["dropped"].values()),
-                "top reasons": ", ".join(f"{r}: {n}" for r, n in top),
-            }
-        )
-        r = rows[-1]
+        reasons = _reasons(t["dropped"])
+        top = ", ".join(f"{r}: {n:,}" for r, n in reasons[:4])
+        more = f" and {len(reasons) - 4} more" if len(reasons) > 4 else ""
         logger.info(
-            f"{name}: {r['docs in']:,} documents in, {r['kept']:,} kept, "
-            f"{r['dropped']:,} dropped" + (f" ({r['top reasons']})" if top else "")
+            f"{name}: {t['docs_in']:,} documents in, {t['kept']:,} kept, "
+            f"{sum(t['dropped'].values()):,} dropped" + (f" ({top}{more})" if top else "")
         )
-    create_table_artifact(
-        key="prep-accounting", table=rows, description="Documents in, kept and dropped per stage"
+    create_markdown_artifact(
+        key="prep-accounting",
+        markdown=accounting_md(report),
+        description="Documents in, kept and dropped per stage, and the drop reasons",
     )
     mix = report.get("mixture")
     if mix:
@@ -364,11 +357,11 @@ def publish_artifacts(report: dict[str, Any], new: bool = True) -> None:
             table=[
                 {
                     "source": s,
-                    "available": m["available_tokens"],
-                    "planned": m["planned_tokens"],
-                    "realised": m["realised_tokens"],
-                    "planned share": round(m["planned_share"], 4),
-                    "realised share": round(m["realised_share"], 4),
+                    "available": f"{m['available_tokens']:,}",
+                    "planned": f"{m['planned_tokens']:,}",
+                    "realised": f"{m['realised_tokens']:,}",
+                    "planned %": f"{100 * m['planned_share']:.2f}",
+                    "realised %": f"{100 * m['realised_share']:.2f}",
                     "warning": m["warning"] or "",
                 }
                 for s, m in mix["sources"].items()
@@ -389,6 +382,42 @@ def publish_artifacts(report: dict[str, Any], new: bool = True) -> None:
         create_markdown_artifact(
             key="prep-packing", markdown=md, description="Packing efficiency (non-pad / all tokens)"
         )
+
+
+def _reasons(dropped: dict[str, int]) -> list[tuple[str, int]]:
+    return sorted(dropped.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def accounting_md(report: dict[str, Any], top: int = 8) -> str:
+    """The accounting as `ballast prep` prints it (cli/commands/prep.py): a row per stage,
+    then the drop reasons, a row each (the `top` largest per stage, then the rest in one
+    row), numbers with thousands separators. Markdown, so a long reason wraps instead of
+    being cut at the page's edge."""
+    secs = report.get("stage_seconds", {})
+    lines = [
+        "| stage | docs in | kept | dropped | MB in | MB kept | seconds |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, st in report["stages"].items():
+        t = st["total"]
+        lines.append(
+            f"| {name} | {t['docs_in']:,} | {t['kept']:,} | {sum(t['dropped'].values()):,} "
+            f"| {t['bytes_in'] / 1e6:,.2f} | {t['bytes_kept'] / 1e6:,.2f} "
+            f"| {secs.get(name, 0):.1f} |"
+        )
+    reasons = [
+        (name, _reasons(st["total"]["dropped"]))
+        for name, st in report["stages"].items()
+        if st["total"]["dropped"]
+    ]
+    if reasons:
+        lines += ["", "**Dropped, by reason**", "", "| stage | reason | docs |", "|---|---|---:|"]
+        for name, rs in reasons:
+            lines += [f"| {name} | {r} | {n:,} |" for r, n in rs[:top]]
+            if len(rs) > top:
+                rest = sum(n for _, n in rs[top:])
+                lines.append(f"| {name} | ({len(rs) - top} more reasons) | {rest:,} |")
+    return "\n".join(lines)
 
 
 def with_runner(kind: str, workers: int = 2) -> Flow:

@@ -1,7 +1,7 @@
 """The `train` flow: the supervisor (infra/supervisor.py) in Prefect. It submits the
 training job to a backend (`local`: torchrun on this machine; `kubernetes`: a Job or JobSet),
 watches it, restarts it after crashes, node loss and divergence within a budget, and reports
-every attempt (logs, and the `train-attempts` table on the Artifacts page). Cancelling the
+every attempt (logs, and the artifacts of flows/train_report.py). Cancelling the
 flow run cancels the job. The backend, the sizes and the restart budgets come from the
 config's `launch:` section (infra/launch.py).
 
@@ -11,7 +11,6 @@ config's `launch:` section (infra/launch.py).
 from __future__ import annotations
 
 import argparse
-import base64
 import hashlib
 import json
 import re
@@ -20,20 +19,24 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import (
-    create_image_artifact,
-    create_markdown_artifact,
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from core.files import write_atomic
 from flows.errors import register
 from flows.runs import flow_run_alive, run_name
+from flows.train_report import (
+    ATTEMPTS_KEY,
+    CURVE_KEY,
+    SUMMARY_KEY,
+    LiveReport,
+    curve_md,
+    data_uri,
+    find_artifact,
+    post_attempts,
+)
 from infra.jobs import JobBackend, JobHandle, JobSpec, backend_entry, make_backend
 from infra.launch import LaunchConfig, add_launch_arguments, launch_overrides, load_launch
-from infra.supervisor import RECOVERY_FLAGS, Attempt, supervise
+from infra.supervisor import RECOVERY_FLAGS, Attempt, parse_events, supervise
 from infra.tracking import TrackingError, check_tracking, log_run, tracking_on
 from training import checkpoint as ckpt
 from training.arguments import add_train_overrides
@@ -41,13 +44,7 @@ from training.config import TrainConfig, load_train_config
 
 CONFIG_ENV = "BALLAST_TRAIN_CONFIG"  # the config, inline in the pod's environment
 HANDLE = "supervisor/current-job.json"
-ATTEMPTS_KEY = "train-attempts"  # the attempts table's artifact key
-
-
-def attempts_description(name: str) -> str:
-    return (
-        f"Attempts of {name}: how each ended, the step it reached, the checkpoint it resumed from"
-    )
+ROWS = "supervisor/attempts.json"  # the attempts table's records, for the cancellation hook
 
 
 class TrainingFailed(RuntimeError):
@@ -147,19 +144,34 @@ def _cancel_job(flow: Any, flow_run: Any, state: Any) -> None:
     )
     rows = _read_rows(run_dir)
     if rows and rows[-1].get("ending") == "running":
+        # The row was written at the attempt's last progress event; the job went on after
+        # it. Its own log and the checkpoint on disk say how far: the step reached is never
+        # behind the checkpoint it wrote.
+        try:
+            logged = [
+                ev["step"]
+                for ev in parse_events(_backend(launch, run_dir, handle.backend).logs(handle))
+                if isinstance(ev.get("step"), int)
+            ]
+        except Exception:  # a log the backend no longer has: the row and the disk
+            logged = []
+        reached = [x for x in (rows[-1].get("step"), last, *logged) if isinstance(x, int)]
         rows[-1].update(
             {
                 "ending": "cancelled",
                 "detail": f"{ending} flow run: job stopped",
-                "then": "stop: cancelled",
-                "last checkpoint": None if last is None else f"step {last}",
+                "then": "stop",
+                "step": max(reached) if reached else None,
+                "checkpoint": last,
             }
         )
-        _write_rows(run_dir, rows)
-        _post_table(flow_run.id, rows, handle.name)
-
-
-ROWS = "supervisor/attempts.json"  # the attempts table, for the cancellation hook
+        write_atomic(run_dir / ROWS, json.dumps(rows, indent=1, default=str))
+        post_attempts(
+            rows,
+            re.sub(r"-a\d+$", "", handle.name),
+            find_artifact(flow_run.id, ATTEMPTS_KEY),
+            flow_run.id,
+        )
 
 
 def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
@@ -168,28 +180,6 @@ def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
     except (OSError, ValueError):
         return []
     return rows if isinstance(rows, list) else []
-
-
-def _write_rows(run_dir: Path, rows: list[dict[str, Any]]) -> None:
-    write_atomic(run_dir / ROWS, json.dumps(rows, indent=1, default=str))
-
-
-def _post_table(flow_run_id: Any, rows: list[dict[str, Any]], name: str) -> None:
-    """The attempts table as an artifact of `flow_run_id`, from outside the flow run's own
-    context (a hook running in the worker)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import ArtifactCreate
-
-    with get_client(sync_client=True) as client:
-        client.create_artifact(
-            ArtifactCreate(
-                key=ATTEMPTS_KEY,
-                type="table",
-                data=rows,
-                flow_run_id=flow_run_id,
-                description=attempts_description(name),
-            )
-        )
 
 
 def _leftover(backend: JobBackend, run_dir: Path, spec: JobSpec, log: Any) -> JobHandle | None:
@@ -268,10 +258,18 @@ def train(
     cfg = _resolve(config_path, dataset, run_dir, steps)
     check_tracking(cfg)  # an unusable MLflow store fails the flow now, not after training
     lc = load_launch(config_path, launch)
-    rd = Path(cfg.run_dir)
+    rd = Path(cfg.run_dir).resolve()
     rd.mkdir(parents=True, exist_ok=True)
+    overrides: dict[str, Any] = {"--dataset": dataset, "--run-dir": run_dir, "--steps": steps}
+    if backend_entry(lc.backend).shares_disk:
+        # The job runs in the backend's directory, not the flow's: the paths this flow took
+        # from its working directory go to it absolute (a relative run_dir gave the job
+        # another run dir, and the supervisor never found its exit code).
+        overrides["--run-dir"] = str(rd)
+        if "://" not in cfg.dataset:
+            overrides["--dataset"] = str(Path(cfg.dataset).resolve())
     args: list[str] = []
-    for flag, value in (("--dataset", dataset), ("--run-dir", run_dir), ("--steps", steps)):
+    for flag, value in overrides.items():
         if value is not None:
             args += [flag, str(value)]
     args += list(extra_args or [])
@@ -291,32 +289,12 @@ def train(
     )
     from prefect.runtime import flow_run
 
-    progress_id = create_progress_artifact(
-        0.0, key="train-progress", description=f"Steps of {rd.name} done"
-    )
-    posted = {"at": 0.0}
-
-    def report(attempts: list[Attempt]) -> None:
-        rows = [a.row() for a in attempts]
-        _write_rows(rd, rows)
-        create_table_artifact(
-            key=ATTEMPTS_KEY, table=rows, description=attempts_description(spec.name)
-        )
-        posted["at"] = time.monotonic()
-
-    def progress(a: Attempt) -> None:
-        ev = a.progress or {}
-        if isinstance(ev.get("step"), int) and ev.get("steps"):
-            update_progress_artifact(progress_id, 100.0 * ev["step"] / ev["steps"])
-        # The attempts table's "step reached" kept current, a new version at most a minute.
-        if time.monotonic() - posted["at"] >= 60:
-            report(attempts_so_far)
-
+    live = LiveReport(rd.name, spec.name, rd / ROWS)
     attempts_so_far: list[Attempt] = []
 
     def on_attempt(attempts: list[Attempt]) -> None:
         attempts_so_far[:] = attempts
-        report(attempts)
+        live.attempts(attempts)
 
     outcome = supervise(
         jobs,
@@ -324,15 +302,13 @@ def train(
         lc.policy(),
         log=logger.info,
         on_attempt=on_attempt,
-        on_progress=progress,
+        on_progress=lambda a: live.progress(a, attempts_so_far),
         handle_file=rd / HANDLE,
         adopt=adopt,
         handle_extra={"flow_run": flow_run.get_id(), "config": spec.config},
     )
     final_path = rd / "final.json"
     final = json.loads(final_path.read_text()) if outcome.ok and final_path.is_file() else {}
-    if outcome.ok:
-        update_progress_artifact(progress_id, 100.0)
     evals = _evals(rd / "metrics.jsonl")
     result = {
         "ok": outcome.ok,
@@ -349,6 +325,7 @@ def train(
         "val_loss": evals[-1]["val_loss"] if evals else None,
         "val_step": evals[-1]["step"] if evals else None,
     }
+    live.finish(outcome.ok, _closing_line(result, attempts_so_far))
     tracking_error = None
     if tracking_on(cfg):  # the run as its metrics log has it, done or not
         try:
@@ -373,12 +350,12 @@ def train(
             f"{rd.resolve()} --event` for all of them)",
         )
     create_markdown_artifact(
-        key="train-summary", description="Where the run's results are", markdown=_summary_md(result)
+        key=SUMMARY_KEY, description="Where the run's results are", markdown=_summary_md(result)
     )
     if result["loss_curve"]:
-        create_image_artifact(
-            _data_uri(Path(result["loss_curve"])),
-            key="train-loss-curve",
+        create_markdown_artifact(
+            key=CURVE_KEY,
+            markdown=curve_md(Path(result["loss_curve"]), _curve_caption(rd / "metrics.jsonl")),
             description=f"Loss of {rd.name}, step {result['step']}",
         )
     if not outcome.ok:
@@ -443,9 +420,25 @@ def _guard_events(metrics: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _data_uri(png: Path) -> str:
-    """The picture itself, inline: the UI shows it without reaching the worker's disk."""
-    return "data:image/png;base64," + base64.b64encode(png.read_bytes()).decode("ascii")
+def _curve_caption(metrics: Path) -> str:
+    from training.metrics import curve_caption, read
+
+    try:
+        return curve_caption(read(metrics))
+    except (OSError, ValueError):
+        return ""
+
+
+def _closing_line(r: dict[str, Any], attempts: list[Attempt]) -> str:
+    """The progress artifact's description once the run has ended."""
+    last = (attempts[-1].progress or {}) if attempts else {}
+    step = r["step"] if r["step"] is not None else last.get("step")
+    line = f"**{r['ending']}**" + (f" at step {step}" if step is not None else "")
+    if isinstance(last.get("loss"), float):
+        line += f", loss {last['loss']:.4f}"
+    if r.get("val_loss") is not None:
+        line += f", validation loss {r['val_loss']:.4f} (step {r['val_step']})"
+    return line + f": {r['message']}"
 
 
 def _summary_md(r: dict[str, Any]) -> str:
@@ -476,7 +469,7 @@ def _summary_md(r: dict[str, Any]) -> str:
         lines += [
             f"- loss curve: `{r['loss_curve']}`",
             "",
-            f"![loss curve]({_data_uri(Path(r['loss_curve']))})",
+            f"![loss curve]({data_uri(Path(r['loss_curve']))})",
         ]
     return "\n".join(lines)
 

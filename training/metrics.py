@@ -114,30 +114,105 @@ def read(path: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+# The loss picture's colours, one per thing it shows, named as its caption names them:
+# validation loss must not share the skipped steps' colour.
+COLOURS = {
+    "train": ("tab:blue", "blue"),
+    "validation": ("tab:green", "green"),
+    "skip": ("tab:orange", "orange"),
+    "rollback": ("tab:red", "red"),
+    "other": ("tab:gray", "grey"),
+}
+
+
+def curve_parts(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the loss picture draws, from the metrics log's records: train and validation
+    (step, loss) points, and the steps of skipped batches, of rollbacks and of other events
+    (a resume, a recovery, a divergence), with the other events' names."""
+    events = [r for r in recs if r.get("kind") == "event" and isinstance(r.get("step"), int)]
+    return {
+        "train": [(r["step"], r["loss"]) for r in recs if r.get("kind") == "train"],
+        "validation": [(r["step"], r["val_loss"]) for r in recs if r.get("kind") == "eval"],
+        "skip": [e["step"] for e in events if e.get("event") == "skip"],
+        "rollback": [e["step"] for e in events if e.get("event") == "rollback"],
+        "other": [e["step"] for e in events if e.get("event") not in ("skip", "rollback")],
+        "other_names": [
+            str(e.get("event")) for e in events if e.get("event") not in ("skip", "rollback")
+        ],
+    }
+
+
+def curve_legend(recs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(colour name, label) for each line the picture has, in the legend's order."""
+    parts = curve_parts(recs)
+    out = []
+    if parts["train"]:
+        out.append((COLOURS["train"][1], "train loss"))
+    if parts["validation"]:
+        n = len(parts["validation"])
+        step, last = parts["validation"][-1]
+        out.append(
+            (
+                COLOURS["validation"][1],
+                f"validation loss ({n} eval{'s' * (n != 1)}, last {last:.4f} at step {step})",
+            )
+        )
+    for kind, label in (("skip", "skipped step"), ("rollback", "rollback")):
+        if n := len(parts[kind]):
+            out.append((COLOURS[kind][1], f"{label}{'s' * (n != 1)} ({n})"))
+    if parts["other"]:  # a resume, a recovery, a divergence: named, each with its count
+        names = parts["other_names"]
+        counts = ", ".join(f"{name} ({names.count(name)})" for name in dict.fromkeys(names))
+        out.append((COLOURS["other"][1], f"other events: {counts}"))
+    return out
+
+
+def curve_caption(recs: list[dict[str, Any]]) -> str:
+    """The legend as one line of text, for a page that shows the picture (the Prefect UI)."""
+    return "; ".join(f"{colour}: {label}" for colour, label in curve_legend(recs))
+
+
 def plot_loss(metrics_path: str | Path, png_path: str | Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     recs = read(metrics_path)
-    train = [(r["step"], r["loss"]) for r in recs if r.get("kind") == "train"]
-    val = [(r["step"], r["val_loss"]) for r in recs if r.get("kind") == "eval"]
-    events = [r for r in recs if r.get("kind") == "event"]
+    parts = curve_parts(recs)
+    labels = dict(curve_legend(recs))
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
-    if train:
-        ax.plot(*zip(*train, strict=True), label="train loss", lw=1)
-    if val:
-        ax.plot(*zip(*val, strict=True), "o-", label="validation loss", lw=1.5, ms=3)
-    for e in events:
-        ax.axvline(
-            e["step"], color="red" if e.get("event") == "rollback" else "orange", alpha=0.3, lw=0.8
+    handles = []
+    if parts["train"]:
+        colour, name = COLOURS["train"]
+        handles += ax.plot(
+            *zip(*parts["train"], strict=True), color=colour, label=labels[name], lw=1
         )
+    if parts["validation"]:
+        # Markers at each evaluation, big enough that a single one reads as a point.
+        colour, name = COLOURS["validation"]
+        handles += ax.plot(
+            *zip(*parts["validation"], strict=True),
+            "o-",
+            color=colour,
+            label=labels[name],
+            lw=1.5,
+            ms=7,
+            zorder=3,
+        )
+    for kind in ("skip", "rollback", "other"):
+        colour, name = COLOURS[kind]
+        for step in parts[kind]:
+            ax.axvline(step, color=colour, alpha=0.5, lw=0.8)
+        if parts[kind]:  # one legend entry for all the lines of a kind
+            handles.append(Line2D([], [], color=colour, label=labels[name]))
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats/token)")
-    ax.set_title("ballast training (red: rollbacks, orange: skipped steps)")
+    ax.set_title("ballast training loss")
     ax.grid(alpha=0.3)
-    ax.legend()
+    if handles:
+        ax.legend(handles=handles)
     fig.tight_layout()
     fig.savefig(png_path)
     plt.close(fig)

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -61,15 +62,51 @@ def test_train_flow_reports_attempts(prefect_api, train_dataset, tmp_path):
             )
         )
     )
-    result = train(
-        str(cfg), launch={"poll_s": 0.3}, extra_args=["--fault", "lr_blowup_persistent@30-200"]
+    state = train(
+        str(cfg),
+        launch={"poll_s": 0.3},
+        extra_args=["--fault", "lr_blowup_persistent@30-200"],
+        return_state=True,
     )
+    result = state.result()
     assert result["ok"] and result["step"] == 60
     assert Path(result["loss_curve"]).is_file() and Path(result["checkpoint"]).is_dir()
-    rows = asyncio.run(_artifact("train-attempts"))
-    assert [r["ending"] for r in rows] == ["diverged", "done"]
-    assert rows[0]["exit code"] == 3 and rows[0]["then"].startswith("restart with rollback")
-    assert rows[1]["resumed from"].startswith("step-") and rows[1]["step reached"] == 60
+    # One attempts table for the run, updated in place as attempts started and ended.
+    (attempts,) = asyncio.run(_run_artifacts(state.state_details.flow_run_id, "train-attempts"))
+    rows = json.loads(attempts.data)
+    assert [r["ending"] for r in rows] == ["diverged (exit 3)", "done"]
+    assert rows[0]["then"].startswith("rollback to ")
+    assert rows[1]["resumed from"].startswith("step-") and rows[1]["step"] == 60
+    assert all(r["checkpoint"] <= r["step"] for r in rows), rows
+    assert "- attempt 0: diverged (exit 3): " in attempts.description
+    # The progress bar, one too, says where the run ended.
+    (progress,) = asyncio.run(_run_artifacts(state.state_details.flow_run_id, "train-progress"))
+    assert progress.data == 100 and progress.description.startswith("**done** at step 60, loss ")
+    # The loss curve is markdown: the picture and its legend, no image artifact whose page
+    # prints the data URL as text.
+    (curve,) = asyncio.run(_run_artifacts(state.state_details.flow_run_id, "train-loss-curve"))
+    assert curve.type == "markdown" and curve.data.startswith("![loss curve](data:image/png;")
+    caption = curve.data.rsplit("\n", 1)[-1]
+    assert caption.startswith("blue: train loss; green: validation loss (1 eval, "), caption
+    assert caption.endswith("grey: other events: resume (1), recovered (1)"), caption
+
+
+def test_train_flow_from_another_directory(prefect_api, train_dataset, tmp_path, monkeypatch):
+    """A relative run_dir and dataset are the flow's working directory's, for the job too
+    (the local backend starts it in the repository): it trained in the repository's
+    runs/... before, and the supervisor, watching its own run dir, never saw it end."""
+    from flows.train import train
+
+    shutil.copytree(train_dataset, tmp_path / "data")
+    (tmp_path / "t.yaml").write_text(
+        yaml.safe_dump(train_config("data", "runs/here", steps=4, eval_every=1000))
+    )
+    monkeypatch.chdir(tmp_path)
+    result = train("t.yaml", launch={"poll_s": 0.3, "max_restarts": 0})
+    assert result["ok"] and result["step"] == 4
+    assert result["run_dir"] == str(tmp_path / "runs" / "here")
+    assert (tmp_path / "runs" / "here" / "final.json").is_file()
+    assert not (ROOT / "runs" / "here").exists()
 
 
 def test_train_flow_fails_on_bad_config(prefect_api, tmp_path):
@@ -200,12 +237,31 @@ def test_deployment_run_from_the_api_completes(prefect_api, tmp_path):
 
     # What the UI shows: the loss curve as a picture, progress at 100%, a run summary.
     curve = asyncio.run(_artifact("train-loss-curve"))
-    assert curve.startswith("data:image/png;base64,")
-    assert base64.b64decode(curve.split(",", 1)[1])[:8] == b"\x89PNG\r\n\x1a\n"
+    assert curve.startswith("![loss curve](data:image/png;base64,")
+    png = curve.split(",", 1)[1].split(")", 1)[0]
+    assert base64.b64decode(png)[:8] == b"\x89PNG\r\n\x1a\n"
     assert asyncio.run(_artifact("train-progress")) == 100
     summary = asyncio.run(_artifact("pipeline-summary"))
     assert f"`{v2}`" in summary
     assert "final validation loss: **" in summary and "(step 60)" in summary, summary
+
+
+async def _run_artifacts(flow_run_id: Any, key: str) -> list[Any]:
+    """Every artifact `key` of one flow run (the Artifacts page shows each as a card)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        ArtifactFilterKey,
+    )
+
+    async with get_client() as client:
+        return await client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[key]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]),
+            )
+        )
 
 
 async def _flow_run_name(run_id: Any) -> str:
@@ -374,7 +430,9 @@ def test_cancelling_the_flow_run_cancels_the_job(prefect_api, tmp_path):
     from training import checkpoint as ckpt
 
     last = ckpt.latest_step(tmp_path / "run" / "checkpoints")
-    assert rows[-1]["last checkpoint"] == f"step {last}", rows
+    assert rows[-1]["checkpoint"] == last and rows[-1]["step"] >= last, rows
+    # The hook updated the run's one attempts table; it made no second one.
+    assert len(asyncio.run(_run_artifacts(run.id, "train-attempts"))) == 1
     assert "stopped (cancelled flow run); last checkpoint: step-" in out, out[-3000:]
 
 
