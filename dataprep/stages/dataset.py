@@ -30,7 +30,7 @@ from dataprep.config import PrepConfig
 from dataprep.layout import output_store, provenance_key, under, version_dir, version_store
 from dataprep.records import PARQUET_OPTIONS
 from dataprep.stages.mixture import read_doc_index
-from dataprep.stages.pack import packed_done_key, packed_key, spans_key
+from dataprep.stages.pack import legacy_key, packed_done_key, packed_key, spans_key
 from dataprep.stages.tokenize import TOKENIZER_KEY, load_run_tokenizer
 
 if TYPE_CHECKING:
@@ -156,17 +156,39 @@ def packed_batches(
     `scratch` first (one on disk at a time) rather than held in memory."""
     for p in parts:
         key = key_of(p)
+        if not store.exists(key) and store.exists(legacy_key(key)):
+            yield from _parquet_batches(store, legacy_key(key), batch_rows, scratch)
+            continue
         path = store.local_path(key)
         fetched = path is None
         if path is None:
-            path = scratch / "part.parquet"
+            path = scratch / "part.arrows"
             store.get_file(key, path)
         try:
-            with pq.ParquetFile(path) as pf:
-                yield from pf.iter_batches(batch_size=batch_rows)
+            with pa.memory_map(str(path)) as source, pa.ipc.open_stream(source) as reader:
+                for batch in reader:
+                    for at in range(0, batch.num_rows, batch_rows):
+                        yield batch.slice(at, batch_rows)
         finally:
             if fetched:
                 path.unlink(missing_ok=True)
+
+
+def _parquet_batches(
+    store: Store, key: str, batch_rows: int, scratch: Path
+) -> Iterator[pa.RecordBatch]:
+    """A partition that a ballast before the IPC format packed (pack.legacy_key)."""
+    path = store.local_path(key)
+    fetched = path is None
+    if path is None:
+        path = scratch / "part.parquet"
+        store.get_file(key, path)
+    try:
+        with pq.ParquetFile(path) as pf:
+            yield from pf.iter_batches(batch_size=batch_rows)
+    finally:
+        if fetched:
+            path.unlink(missing_ok=True)
 
 
 class _RowReader:

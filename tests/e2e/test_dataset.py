@@ -90,7 +90,7 @@ def test_dataset_loads_with_the_contract(built):
 def test_eos_ends_every_document(built):
     out, _ = built
     tok = json.loads((out / "dataset" / "v0001" / "manifest.json").read_text())["tokenizer"]
-    t = pq.read_table(out / "v0001" / "packed" / "validation.parquet")
+    t = pa.ipc.open_stream((out / "v0001" / "packed" / "validation.arrows").read_bytes()).read_all()
     ids = np.array(t["input_ids"].to_pylist())
     seg = np.array(t["segment_ids"].to_pylist())
     for r in range(len(ids)):
@@ -200,12 +200,32 @@ def test_resume_packs_pieces_scattered_as_parquet(data, built, tmp_path):
         assert (out2 / rel).read_bytes() == f.read_bytes(), rel
 
 
+def test_dataset_from_partitions_packed_as_parquet(data, built, tmp_path):
+    # A run packed by a ballast that wrote the packed partitions as Parquet, its dataset
+    # then written by this one: the same dataset.
+    out1, _ = built
+    out2 = tmp_path / "older-pack"
+    cfg = parse_config(cfg_dict(data, out2))
+    run_prep(cfg, progress=False)
+    shutil.rmtree(out2 / "dataset" / "v0001")
+    packed = sorted((out2 / "v0001").glob("packed*/**/*.arrows"))
+    assert len(packed) >= 4  # rows and spans of the train and validation partitions
+    for f in packed:
+        pq.write_table(pa.ipc.open_stream(f.read_bytes()).read_all(), f.with_suffix(".parquet"))
+        f.unlink()
+    run_prep(cfg, progress=False)
+    for f in sorted(p for p in (out1 / "dataset").rglob("*") if p.is_file()):
+        rel = f.relative_to(out1)
+        assert (out2 / rel).read_bytes() == f.read_bytes(), rel
+
+
 def test_other_seed_changes_the_order(data, built, tmp_path):
     out1, _ = built
     out2 = tmp_path / "seed"
     run_prep(parse_config({**cfg_dict(data, out2), "seed": 4}), progress=False)
-    a = pq.read_table(out1 / "v0001" / "packed" / "train" / "g00-p0000.parquet")["input_ids"]
-    b = pq.read_table(out2 / "v0001" / "packed" / "train" / "g00-p0000.parquet")["input_ids"]
+    part = Path("v0001") / "packed" / "train" / "g00-p0000.arrows"
+    a = pa.ipc.open_stream((out1 / part).read_bytes()).read_all()["input_ids"]
+    b = pa.ipc.open_stream((out2 / part).read_bytes()).read_all()["input_ids"]
     assert a.to_pylist()[:5] != b.to_pylist()[:5]
 
 
@@ -244,7 +264,7 @@ def test_partitions_follow_the_token_count(data, tmp_path, monkeypatch):
     assert plan["train_partitions"] * 20_000 >= plan["total_realised_tokens"]
     assert plan["validation_partitions"] > 1
     root = out / "v0001" / "packed"
-    packed = {p.relative_to(root).as_posix() for p in root.rglob("*.parquet")}
+    packed = {p.relative_to(root).as_posix() for p in root.rglob("*.arrows")}
     assert len([p for p in packed if p.startswith("train/")]) == plan["train_partitions"]
     assert len([p for p in packed if p.startswith("validation/")]) == plan["validation_partitions"]
     assert report["packing"]["train"]["real_tokens"] == plan["total_realised_tokens"]

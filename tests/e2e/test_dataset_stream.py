@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from core.dataset import MANIFEST, arrow_stats, row_schema, verify
@@ -21,10 +20,9 @@ from core.files import sha256_file
 from core.store import LocalStore, Store
 from dataprep.config import parse_config
 from dataprep.pipeline import run_prep
-from dataprep.records import table_to_parquet_bytes
 from dataprep.stages import dataset
 from dataprep.stages.mixture import read_plan, train_partitions, validation_partitions
-from dataprep.stages.pack import packed_done_key, packed_key
+from dataprep.stages.pack import packed_done_key, packed_key, table_bytes
 from dataprep.stages.tokenize import TOKENIZER_KEY
 from tests.support.helpers import ROOT, read_jsonl, shared_file, write_jsonl
 
@@ -59,7 +57,7 @@ def reference_save(
             pa.ipc.new_stream(sink, schema) as writer,
         ):
             for p in ps:
-                table = pq.read_table(pa.BufferReader(store.get(packed_key(p))))
+                table = pa.ipc.open_stream(store.get(packed_key(p))).read_all()
                 for batch in table.cast(schema).to_batches(max_chunksize=1000):
                     writer.write_batch(batch)
     dd = DatasetDict(
@@ -89,7 +87,7 @@ def put_packed(store: Store, part: str, rows: int, seq_len: int, seed: int) -> N
         dtype = np.int8 if field.name == "loss_mask" else np.int32
         values = rng.integers(0, 100, size=rows * seq_len).astype(dtype)
         cols[field.name] = pa.FixedSizeListArray.from_arrays(pa.array(values), seq_len)
-    store.put(packed_key(part), table_to_parquet_bytes(pa.table(cols, schema=row_schema(seq_len))))
+    store.put(packed_key(part), table_bytes(pa.table(cols, schema=row_schema(seq_len))))
     store.put(packed_done_key(part), json.dumps({"rows": rows}).encode())
 
 
@@ -154,7 +152,7 @@ def test_split_matches_save_to_disk_byte_for_byte(
         if rel.endswith(".arrow"):
             assert (entry["rows"], entry["real_tokens"]) == arrow_stats(path)
     got = load_from_disk(str(tmp_path / "new"))["train"].with_format("arrow")[:]
-    packed = [pq.read_table(pa.BufferReader(store.get(packed_key(p)))) for p in parts]
+    packed = [pa.ipc.open_stream(store.get(packed_key(p))).read_all() for p in parts]
     assert got.equals(pa.concat_tables(packed).cast(got.schema))
 
 
@@ -279,7 +277,7 @@ def test_memory_stays_at_a_few_batches_not_the_split(tmp_path):
         schema=schema,
     )
     split_bytes = table.nbytes
-    store.put(packed_key("train/g00-p0000"), table_to_parquet_bytes(table))
+    store.put(packed_key("train/g00-p0000"), table_bytes(table))
     store.put(packed_done_key("train/g00-p0000"), json.dumps({"rows": rows}).encode())
     del table, ids, mask
     (tmp_path / "scratch").mkdir()
