@@ -50,9 +50,10 @@ $(CHECKOV):
 scan: $(STAMP) $(CHECKOV)
 	CHECKOV=$(CHECKOV) bash infra/scan.sh
 
-# Prep (CLI, progress bars), then a couple of minutes of training under the supervisor
-# (the `train` flow on a temporary local Prefect API, local backend, checkpoints copied to
-# the local object store), then where the results are.
+# Prep (CLI, progress bars), then 120 steps of training under the supervisor (the `train`
+# flow on a temporary local Prefect API, local backend, checkpoints copied to the local
+# object store), then where the results are: about 2 minutes after the install on two
+# CPU cores, longer when they are busy (README's Quickstart has the figures).
 # Prefect gets a home of its own under runs/ (settings, profiles, its SQLite database):
 # with the default ~/.prefect, a Prefect server or flow running beside the demo shares the
 # database and the demo printed `sqlite3.OperationalError: database is locked` from the
