@@ -12,7 +12,11 @@ Content-Length does not end where a record starts). Reading resumes at the next 
 header after damage in the archive's (decompressed) bytes; a broken compressed stream ends
 the file, keeping every record before the break.
 
-Locations: `<rel>#offset=<n>`, the byte offset of the record in the (decompressed) archive.
+Locations: `<rel>#offset=<n> url=<url>`: the byte offset of the record in the
+(decompressed) archive, then its WARC-Target-URI (whitespace and control characters
+%-escaped, cut at URL_CHARS), when it has one. The location is what every later stage's
+dropped rows, the dataset's provenance and `ballast blame` name a document by, so the page's
+URL goes wherever the document does. Ids stay `<source>/<rel>#offset=<n>` (without the URL).
 Metadata: url, date (WARC-Date), content_type, warc_record_id, http_status (warc), charset
 (as decoded), and warc_refers_to (wet). Never split: a crawl comes as many files.
 """
@@ -36,6 +40,8 @@ _HTML_TYPES = ("text/html", "application/xhtml+xml")
 _HEADER_LIMIT = 1 << 20  # bytes of HTTP headers looked at; more is not a web page
 _RECORD_START = re.compile(rb"WARC/1\.[01]\r?\n")
 _GZIP_MAGIC = b"\x1f\x8b"
+URL_CHARS = 2048  # of a URL in a location (meta keeps it whole)
+_URL_ESCAPE = re.compile(r"[\x00-\x20\x7f]")
 
 
 class _Counted:
@@ -270,16 +276,27 @@ def read(recs: Records, f: InputFile, path: str) -> Iterator[RawDoc | BadRecord]
         yield pending
 
 
-def _record(recs: Records, rel: str, pos: int, r: Any, wet: bool) -> RawDoc | BadRecord:
+def location(rel: str, pos: int, url: str | None) -> str:
+    """`<rel>#offset=<pos> url=<url>` (without ` url=` when there is no URL): one line, the
+    URL one token after `url=`."""
     loc = f"{rel}#offset={pos}"
+    if not url:
+        return loc
+    if len(url) > URL_CHARS:
+        url = url[:URL_CHARS] + "..."
+    return f"{loc} url={_URL_ESCAPE.sub(lambda m: f'%{ord(m.group()):02X}', url)}"
+
+
+def _record(recs: Records, rel: str, pos: int, r: Any, wet: bool) -> RawDoc | BadRecord:
     h = r.headers
     url = h.get("WARC-Target-URI")
+    loc = location(rel, pos, url)
     meta: dict[str, Any] = {
         "url": url,
         "date": h.get("WARC-Date"),
         "warc_record_id": h.get("WARC-Record-ID"),
     }
-    doc_id = f"{recs.name}/{loc}"
+    doc_id = f"{recs.name}/{rel}#offset={pos}"
     idf = recs.id_field
     if idf is not None and isinstance(meta.get(idf), str) and meta[idf]:
         doc_id = meta[idf]

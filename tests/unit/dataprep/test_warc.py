@@ -31,6 +31,11 @@ def read(
     return list(read_local(src, f, str(path), 16 << 20, ex))
 
 
+def at(r: RawDoc | BadRecord) -> str:
+    """A record's location without its URL: `<rel>#offset=<n>`."""
+    return r.location.partition(" url=")[0]
+
+
 def reasons(out: list[RawDoc | BadRecord]) -> list[str]:
     return ["kept" if isinstance(r, RawDoc) else r.reason for r in out]
 
@@ -64,10 +69,11 @@ def test_every_record_accounted(tmp_path: Path, gz: bool, version: str) -> None:
     write_warc(p, crawl(), gzip=gz, version=version)
     out = read(p)
     assert reasons(out) == CRAWL_REASONS
-    # Each at its record's offset, which is also its id.
-    assert [r.location for r in out] == [f"{p.name}#offset={o}" for o in offsets(p)]
+    # Each at its record's offset, which is also its id, then the record's URL.
+    assert [at(r) for r in out] == [f"{p.name}#offset={o}" for o in offsets(p)]
+    assert [r.location.partition(" url=")[2] for r in out] == ["", *(c.url for c in crawl())]
     kept = [r for r in out if isinstance(r, RawDoc)]
-    assert [d.id for d in kept] == [f"web/{d.location}" for d in kept]
+    assert [d.id for d in kept] == [f"web/{at(d)}" for d in kept]
     one = kept[0]
     assert one.meta["url"] == "https://a.example/one"
     assert one.meta["http_status"] == 200
@@ -166,7 +172,7 @@ def test_wrong_content_length_and_garbage_are_recovered_from(tmp_path: Path) -> 
     ]
     assert out[3].location == f"c.warc#offset={starts[3] + shift - 44}"
     assert out[3].size == 44  # the 40 bytes the length left out, and the record's end
-    assert out[8].location == f"c.warc#offset={g + 66}"  # where reading resumed
+    assert at(out[8]) == f"c.warc#offset={g + 66}"  # where reading resumed
     broken = [r for r in out if isinstance(r, BadRecord) and r.reason == "corrupt_file"]
     assert all(r.location.startswith("c.warc#offset=") for r in broken)
     assert all(r.size > 0 for r in broken)
