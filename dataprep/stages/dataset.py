@@ -14,11 +14,14 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -150,39 +153,62 @@ def packed_batches(
     batch_rows: int,
     scratch: Path,
     key_of: Callable[[str], str] = packed_key,
+    skip: int = 0,
+    part_rows: list[int] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The packed rows of `parts` (or, with `key_of=spans_key`, their provenance), in
-    order, a record batch at a time. A partition in a remote store is downloaded to
-    `scratch` first (one on disk at a time) rather than held in memory."""
-    for p in parts:
+    order, a record batch at a time, from row `skip` on (`part_rows`: each partition's
+    rows, so that whole partitions before it are never read). A partition in a remote
+    store is downloaded to `scratch` first (one on disk at a time per reader) rather than
+    held in memory."""
+    for k, p in enumerate(parts):
+        if part_rows is not None and skip >= part_rows[k]:
+            skip -= part_rows[k]
+            continue
         key = key_of(p)
         if not store.exists(key) and store.exists(legacy_key(key)):
-            yield from _parquet_batches(store, legacy_key(key), batch_rows, scratch)
-            continue
-        path = store.local_path(key)
-        fetched = path is None
-        if path is None:
-            path = scratch / "part.arrows"
-            store.get_file(key, path)
-        try:
-            with pa.memory_map(str(path)) as source, pa.ipc.open_stream(source) as reader:
-                for batch in reader:
-                    for at in range(0, batch.num_rows, batch_rows):
-                        yield batch.slice(at, batch_rows)
-        finally:
-            if fetched:
-                path.unlink(missing_ok=True)
+            batches = _parquet_batches(store, legacy_key(key), batch_rows, scratch)
+        else:
+            batches = _ipc_batches(store, key, batch_rows, scratch)
+        for batch in batches:
+            if skip >= batch.num_rows:
+                skip -= batch.num_rows
+                continue
+            yield batch.slice(skip)
+            skip = 0
+
+
+def _local(store: Store, key: str, scratch: Path) -> tuple[Path, bool]:
+    """`key` as a local file (downloaded into `scratch` when the store is remote, under
+    a name of its own: readers of several shards run at once) and whether it was."""
+    path = store.local_path(key)
+    if path is not None:
+        return path, False
+    fd, tmp = tempfile.mkstemp(dir=scratch, suffix=Path(key).suffix)
+    os.close(fd)
+    store.get_file(key, tmp)
+    return Path(tmp), True
+
+
+def _ipc_batches(
+    store: Store, key: str, batch_rows: int, scratch: Path
+) -> Iterator[pa.RecordBatch]:
+    path, fetched = _local(store, key, scratch)
+    try:
+        with pa.memory_map(str(path)) as source, pa.ipc.open_stream(source) as reader:
+            for batch in reader:
+                for at in range(0, batch.num_rows, batch_rows):
+                    yield batch.slice(at, batch_rows)
+    finally:
+        if fetched:
+            path.unlink(missing_ok=True)
 
 
 def _parquet_batches(
     store: Store, key: str, batch_rows: int, scratch: Path
 ) -> Iterator[pa.RecordBatch]:
     """A partition that a ballast before the IPC format packed (pack.legacy_key)."""
-    path = store.local_path(key)
-    fetched = path is None
-    if path is None:
-        path = scratch / "part.parquet"
-        store.get_file(key, path)
+    path, fetched = _local(store, key, scratch)
     try:
         with pq.ParquetFile(path) as pf:
             yield from pf.iter_batches(batch_size=batch_rows)
@@ -261,28 +287,48 @@ def _put(target: Store, key: str, data: bytes) -> dict[str, Any]:
     return {"sha256": sha256_bytes(data), "bytes": len(data)}
 
 
+# Batches from row `start` on: the rows (or spans) of a split, read from there.
+BatchesFrom = Callable[[int], Iterator[pa.RecordBatch]]
+# Shards written at once. The step runs as one task after everything else; its reads,
+# writes and hashing release the GIL, so two threads keep both cores of a 2-core worker
+# busy (each shard's bytes are its own rows', whatever runs beside it).
+SHARD_THREADS = 2
+
+
+def _each_shard(
+    bounds: list[tuple[int, int]], write: Callable[[int, int, int], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """write(i, start, end) for every shard, SHARD_THREADS at a time, results in order."""
+    if len(bounds) == 1:
+        return [write(0, *bounds[0])]
+    with ThreadPoolExecutor(SHARD_THREADS, thread_name_prefix="ballast-dataset") as pool:
+        futures = [pool.submit(write, i, a, b) for i, (a, b) in enumerate(bounds)]
+        return [f.result() for f in futures]
+
+
 def write_split(
     target: Store,
     name: str,
-    batches: Iterator[pa.RecordBatch],
+    batches_from: BatchesFrom,
     rows: int,
     num_shards: int,
     fingerprint: str,
     schema: pa.Schema,
     scratch: Path,
 ) -> dict[str, dict[str, Any]]:
-    """Write `rows` rows from `batches` as the split `name` (shards, state.json,
-    dataset_info.json) in `Dataset.save_to_disk`'s layout and bytes; returns the
-    manifest entries of its files."""
+    """Write `rows` rows (`batches_from(start)`: the rows from `start` on) as the split
+    `name` (shards, state.json, dataset_info.json) in `Dataset.save_to_disk`'s layout
+    and bytes; returns the manifest entries of its files."""
     from datasets import Features
     from datasets.arrow_writer import ArrowWriter
 
     features = Features.from_arrow_schema(schema)
     seq_len = schema.field(0).type.list_size
     batch_rows = save_batch_size(rows, rows * row_nbytes(schema))
-    reader = _RowReader(batches, schema)
-    files: dict[str, dict[str, Any]] = {}
-    for i, (start, end) in enumerate(shard_bounds(rows, num_shards)):
+    bounds = shard_bounds(rows, num_shards)
+
+    def write(i: int, start: int, end: int) -> dict[str, Any]:
+        reader = _RowReader(batches_from(start), schema)
         rel = f"{name}/data-{i:05d}-of-{num_shards:05d}.arrow"
         with _staged(target, rel, scratch) as path:
             writer = ArrowWriter(features=features, path=str(path), embed_local_files=True)
@@ -292,11 +338,16 @@ def write_split(
                 writer.finalize()
             finally:
                 writer.close()
-            files[rel] = _arrow_entry(path, seq_len)
-    if not reader.exhausted():
-        raise RuntimeError(
-            f"the packed partitions of {name} hold more rows than their done markers say"
-        )
+            entry = _arrow_entry(path, seq_len)
+        if i == len(bounds) - 1 and not reader.exhausted():
+            raise RuntimeError(
+                f"the packed partitions of {name} hold more rows than their done markers say"
+            )
+        return {rel: entry}
+
+    files: dict[str, dict[str, Any]] = {}
+    for entry in _each_shard(bounds, write):
+        files.update(entry)
     files[f"{name}/state.json"] = _put(
         target, f"{name}/state.json", split_state(fingerprint, num_shards)
     )
@@ -309,27 +360,35 @@ def write_split(
 def write_spans(
     target: Store,
     name: str,
-    batches: Iterator[pa.RecordBatch],
+    batches_from: BatchesFrom,
     shards: list[tuple[str, int]],
     scratch: Path,
 ) -> dict[str, dict[str, Any]]:
     """The provenance of split `name`: one spans file per Arrow shard (`shards`: its file
     and rows), with the same rows, in row groups of provenance.ROW_GROUP rows (a reader
     finds a row's group by division). Returns the manifest entries of the files."""
-    reader = _RowReader(batches, provenance.SPANS_SCHEMA)
-    files: dict[str, dict[str, Any]] = {}
     step = provenance.ROW_GROUP * 64  # rows per write: a multiple of the row group
-    for shard, rows in shards:
-        rel = provenance.spans_file(name, shard)
+    starts = np.cumsum([0, *(r for _, r in shards)]).tolist()
+    bounds = [(starts[i], starts[i + 1]) for i in range(len(shards))]
+
+    def write(i: int, start: int, end: int) -> dict[str, Any]:
+        reader = _RowReader(batches_from(start), provenance.SPANS_SCHEMA)
+        rows = end - start
+        rel = provenance.spans_file(name, shards[i][0])
         with _staged(target, rel, scratch) as path:
             with pq.ParquetWriter(path, provenance.SPANS_SCHEMA, **PARQUET_OPTIONS) as w:
                 for off in range(0, rows, step):
                     w.write_table(
                         reader.take(min(step, rows - off)), row_group_size=provenance.ROW_GROUP
                     )
-            files[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size, "rows": rows}
-    if not reader.exhausted():
-        raise RuntimeError(f"the provenance of {name} holds more rows than its packed rows")
+            entry = {"sha256": sha256_file(path), "bytes": path.stat().st_size, "rows": rows}
+        if i == len(bounds) - 1 and not reader.exhausted():
+            raise RuntimeError(f"the provenance of {name} holds more rows than its packed rows")
+        return {rel: entry}
+
+    files: dict[str, dict[str, Any]] = {}
+    for entry in _each_shard(bounds, write):
+        files.update(entry)
     return files
 
 
@@ -394,13 +453,30 @@ def write_dataset(
         )
         for name, ps in parts.items():
             n = rows[name]
-            batches = packed_batches(store, ps, read_batch_rows(schema), scratch)
+            per_part = [int(json.loads(store.get(packed_done_key(p)))["rows"]) for p in ps]
+
+            def rows_from(start: int, ps: list[str] = ps, per_part: list[int] = per_part):
+                return packed_batches(
+                    store, ps, read_batch_rows(schema), scratch, skip=start, part_rows=per_part
+                )
+
+            def spans_from(start: int, ps: list[str] = ps, per_part: list[int] = per_part):
+                return packed_batches(
+                    store,
+                    ps,
+                    provenance.ROW_GROUP * 16,
+                    scratch,
+                    spans_key,
+                    skip=start,
+                    part_rows=per_part,
+                )
+
             # A fixed fingerprint: `datasets` would otherwise draw one from a path, and
             # state.json would differ per run.
             split_files = write_split(
                 target,
                 name,
-                batches,
+                rows_from,
                 n,
                 max(1, min(max_shards[name], n)),
                 f"{fp}-{name}",
@@ -413,8 +489,7 @@ def write_dataset(
                 for rel, e in sorted(split_files.items())
                 if rel.endswith(".arrow")
             ]
-            spans = packed_batches(store, ps, provenance.ROW_GROUP * 16, scratch, spans_key)
-            span_files = write_spans(target, name, spans, shards, scratch)
+            span_files = write_spans(target, name, spans_from, shards, scratch)
             files.update(span_files)
             prov_splits[name] = [
                 {"file": rel, "rows": e["rows"]} for rel, e in sorted(span_files.items())

@@ -103,8 +103,16 @@ def write_streaming(
 ) -> dict[str, dict[str, Any]]:
     schema = row_schema(seq_len)
     rows = dataset.packed_rows(store, parts)
-    batches = dataset.packed_batches(store, parts, dataset.read_batch_rows(schema), scratch)
-    return dataset.write_split(target, name, batches, rows, shards, fingerprint, schema, scratch)
+    per_part = [dataset.packed_rows(store, [p]) for p in parts]
+
+    def batches_from(start: int):
+        return dataset.packed_batches(
+            store, parts, dataset.read_batch_rows(schema), scratch, skip=start, part_rows=per_part
+        )
+
+    return dataset.write_split(
+        target, name, batches_from, rows, shards, fingerprint, schema, scratch
+    )
 
 
 @pytest.mark.parametrize("remote", [False, True], ids=["local", "remote"])
