@@ -18,15 +18,22 @@ Locations: `<rel>#offset=<n> url=<url>`: the byte offset of the record in the
 dropped rows, the dataset's provenance and `ballast blame` name a document by, so the page's
 URL goes wherever the document does. Ids stay `<source>/<rel>#offset=<n>` (without the URL).
 Metadata: url, date (WARC-Date), content_type, warc_record_id, http_status (warc), charset
-(as decoded), and warc_refers_to (wet). Never split: a crawl comes as many files.
+(as decoded), and warc_refers_to (wet).
+
+Splitting: an uncompressed archive bigger than a unit is split into parts that start at
+records (`split`); a compressed one (.warc.gz, Common Crawl's form) is one unit: where a
+gzip member starts in the decompressed stream is only known by decompressing everything
+before it (docs/prep.md, "Web input").
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, BinaryIO
 
 from fastwarc.warc import ArchiveIterator, WarcRecordType
@@ -127,15 +134,16 @@ def _next_start(path: str, frm: int) -> int | None:
     return None
 
 
-def _walk(path: str) -> Iterator[tuple[int, Any] | _Broken]:
+def _walk(path: str, start: int = 0) -> Iterator[tuple[int, Any] | _Broken]:
     """(offset, record) for every record fastwarc reads, each to be consumed before the
     next is asked for, and a `_Broken` for every damaged stretch, from which it goes on at
-    the next record header."""
+    the next record header. `start`: 0, or the offset of a record this walk from 0 finds,
+    from which it then finds what it does from 0 (fastwarc carries nothing from one
+    record to the next)."""
     with open_stream(path) as raw:
         if raw.read(2) == _GZIP_MAGIC:
             yield _Broken(0, None, "the file is gzip-compressed: name it .warc.gz", False)
             return
-    start = 0
     while True:
         last: int | None = None
         with _open_at(path, start) as raw:
@@ -247,33 +255,77 @@ def _headers_text(r: Any) -> str:
 
 
 def read(recs: Records, f: InputFile, path: str) -> Iterator[RawDoc | BadRecord]:
+    """The records (and damaged stretches) that start in bytes [f.start, f.end) of the
+    archive: all of them for a whole file; a part (`split`) starts at a record and ends
+    where the next part's first record starts. A record is yielded when the next item
+    comes: damage right after it makes it a `corrupt_record`."""
     wet = f.format == "wet"
+    stop = sys.maxsize if f.end is None else f.end
     pending: RawDoc | BadRecord | None = None
-    for item in _walk(path):
-        if isinstance(item, _Broken):
+    with contextlib.closing(_walk(path, f.start)) as walk:
+        for item in walk:
+            if isinstance(item, _Broken):
+                if item.start >= stop:
+                    break
+                if pending is not None:
+                    if item.suspect and isinstance(pending, RawDoc):
+                        pending = bad(
+                            "corrupt_record",
+                            "the record's Content-Length does not end where a record starts "
+                            f"(at byte {item.start}): its length is wrong or what follows is "
+                            "damaged",
+                            pending.location,
+                            pending.text,
+                            pending.id,
+                        )
+                    yield pending
+                    pending = None
+                loc = f"{f.rel}#offset={item.start}"
+                size = 0 if item.end is None else item.end - item.start
+                yield bad("corrupt_file", item.detail, loc, "", None, size)
+                continue
+            pos, r = item
+            if pos >= stop:
+                break
             if pending is not None:
-                if item.suspect and isinstance(pending, RawDoc):
-                    pending = bad(
-                        "corrupt_record",
-                        "the record's Content-Length does not end where a record starts "
-                        f"(at byte {item.start}): its length is wrong or what follows is "
-                        "damaged",
-                        pending.location,
-                        pending.text,
-                        pending.id,
-                    )
                 yield pending
-                pending = None
-            loc = f"{f.rel}#offset={item.start}"
-            size = 0 if item.end is None else item.end - item.start
-            yield bad("corrupt_file", item.detail, loc, "", None, size)
-            continue
-        pos, r = item
-        if pending is not None:
-            yield pending
-        pending = _record(recs, f.rel, pos, r, wet)
+            pending = _record(recs, f.rel, pos, r, wet)
     if pending is not None:
         yield pending
+
+
+def part_starts(path: str, unit_bytes: int) -> list[int]:
+    """The offset of the first eligible record at or after each multiple of `unit_bytes`
+    (0 first, no repeats), found by the whole-file read's own walk (headers only: fastwarc
+    skips the blocks, about 6 GB/s from the page cache). Eligible: a record that directly
+    follows a record, so that a part ending there ends as the whole-file read goes on (no
+    damage between the two decides the fate of the one before)."""
+    starts, nominal = [0], unit_bytes
+    after_record = False
+    for item in _walk(path):
+        if isinstance(item, _Broken):
+            after_record = False
+            continue
+        pos = item[0]
+        if after_record and pos >= nominal:
+            starts.append(pos)
+            nominal = (pos // unit_bytes + 1) * unit_bytes
+        after_record = True
+    return starts
+
+
+def split(f: InputFile, unit_bytes: int) -> list[InputFile]:
+    """An uncompressed archive as parts that start at records (see `part_starts`); a
+    compressed one is never given (readers.split_input): see docs/prep.md for why."""
+    starts = part_starts(f.uri, unit_bytes)
+    if len(starts) == 1:
+        return [f]
+    parts = []
+    for i, start in enumerate(starts):
+        end = starts[i + 1] if i + 1 < len(starts) else None
+        size = (f.size if end is None else end) - start
+        parts.append(replace(f, size=size, start=start, end=end, file_size=f.size))
+    return parts
 
 
 def location(rel: str, pos: int, url: str | None) -> str:
@@ -436,5 +488,14 @@ def _looks_html(body: bytes) -> bool:
     return head.startswith((b"<!doctype html", b"<html")) or b"<html" in head
 
 
-FORMAT = Format(name="warc", read=read, extensions=(".warc",), compressible=True)
-WET_FORMAT = Format(name="wet", read=read, extensions=(".wet",), compressible=True)
+FORMAT = Format(
+    name="warc",
+    read=read,
+    extensions=(".warc",),
+    compressible=True,
+    parts="bytes",
+    split=split,
+)
+WET_FORMAT = Format(
+    name="wet", read=read, extensions=(".wet",), compressible=True, parts="bytes", split=split
+)
