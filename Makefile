@@ -13,7 +13,7 @@ CHECKOV_VENV ?= .venv-checkov
 CHECKOV    := $(CHECKOV_VENV)/bin/checkov
 SHARED     ?= ../shared/data
 
-.PHONY: install native demo test test-fast scan lint bench ui-check docs clean
+.PHONY: install native demo demo-web test test-fast scan lint bench ui-check docs clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -73,6 +73,18 @@ demo: $(STAMP) $(NATIVE)
 	  DATASET=runs/demo-stdlib/dataset; \
 	fi; \
 	$(PY) -m flows.train configs/train-demo.yaml --dataset $$DATASET
+
+# The web demo, prep only: the shared WARC (Python documentation pages with their
+# navigation and footers, plus images, CSS, a 404 and a 301) through main-text extraction,
+# dedup, URL and length rules and packing, into runs/demo-web (configs/demo-web.yaml,
+# docs/prep.md "Web input"). The config names the archive relative to itself, as this path.
+WEB_WARC := ../shared/data/web_python_docs.warc.gz
+demo-web: $(STAMP) $(NATIVE)
+	@if [ -f "$(WEB_WARC)" ]; then \
+	  $(VENV)/bin/ballast prep configs/demo-web.yaml; \
+	else \
+	  echo "demo-web: skipped: $(WEB_WARC) not found (the shared web crawl that configs/demo-web.yaml reads)"; \
+	fi
 
 test: $(STAMP) $(NATIVE) $(CHECKOV)
 	$(VENV)/bin/ruff check .
