@@ -4,6 +4,7 @@ formatted as one line per bad key path."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 import types
@@ -40,10 +41,20 @@ def key_path(loc: tuple[Any, ...]) -> str:
     return out
 
 
-def _models_in(annotation: Any) -> list[type[BaseModel]]:
-    """The pydantic models a field's type can hold: itself, or those inside Optional,
-    unions, Annotated, lists, tuples and dict values."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+def _fields(model: type) -> dict[str, Any]:
+    """A pydantic model's or a dataclass's fields: {name: annotation}."""
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return {k: f.annotation for k, f in model.model_fields.items()}
+    hints = typing.get_type_hints(model, include_extras=True)
+    return {f.name: hints.get(f.name) for f in dataclasses.fields(model)}
+
+
+def _models_in(annotation: Any) -> list[type]:
+    """The pydantic models (or dataclasses) a field's type can hold: itself, or those
+    inside Optional, unions, Annotated, lists, tuples and dict values."""
+    if isinstance(annotation, type) and (
+        issubclass(annotation, BaseModel) or dataclasses.is_dataclass(annotation)
+    ):
         return [annotation]
     if typing.get_origin(annotation) is None and not isinstance(annotation, types.UnionType):
         return []
@@ -53,21 +64,16 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
 def known_keys(model: type[BaseModel], loc: Iterable[Any]) -> list[str]:
     """The keys the model(s) at `loc` (a pydantic error location, less its last part) take.
     Parts that name no field (list indexes, dict keys, a union's tag) are stepped over."""
-    models = [model]
+    models: list[type] = [model]
     for part in loc:
         if not isinstance(part, str):
             continue
-        inner = [
-            m
-            for owner in models
-            if part in owner.model_fields
-            for m in _models_in(owner.model_fields[part].annotation)
-        ]
+        inner = [m for owner in models for m in _models_in(_fields(owner).get(part, None)) if m]
         if inner:
             models = inner
-        elif any(part in owner.model_fields for owner in models):
+        elif any(part in _fields(owner) for owner in models):
             return []  # a field that holds no model: nothing to suggest
-    return sorted({k for m in models for k in m.model_fields})
+    return sorted({k for m in models for k in _fields(m)})
 
 
 def did_you_mean(key: Any, known: Iterable[str]) -> str:
@@ -86,18 +92,24 @@ def format_validation_error(
     """One line per error under a heading; `loc` rewrites an error's location first (to
     drop a union's tag, say, which is not a key the user wrote). `model`: the model that
     was validated, so that an unknown key gets the closest known one as a suggestion."""
-    lines = [f"invalid {what} {where}:"]
+    lines = [f"invalid {what} {where}:" if where else f"invalid {what}:"]
     for e in err.errors():
-        msg = {"extra_forbidden": "unknown key", "missing": "required key is missing"}.get(
-            e["type"], e["msg"]
+        # A dataclass field (pydantic validates it as a call) reports an unknown key as
+        # an unexpected keyword argument: the same mistake, said the same way.
+        unknown = e["type"] in ("extra_forbidden", "unexpected_keyword_argument")
+        msg = (
+            "unknown key"
+            if unknown
+            else {"missing": "required key is missing"}.get(e["type"], e["msg"])
         )
-        if e["type"] == "extra_forbidden" and model is not None and e["loc"]:
+        if unknown and model is not None and e["loc"]:
             *parent, key = e["loc"]
             msg += did_you_mean(key, known_keys(model, parent))
         where_ = key_path(loc(tuple(e["loc"])) if loc is not None else e["loc"])
         shown = (
             ""
-            if e["type"] in ("missing", "extra_forbidden", SECRET_IN_CONFIG)
+            if unknown
+            or e["type"] in ("missing", SECRET_IN_CONFIG)
             # A validator that names the item itself (`quality[0] length.min_charz: ...`):
             # the whole list after it would only hide the point.
             or (where_ and f"{where_}[" in msg)

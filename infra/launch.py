@@ -94,7 +94,9 @@ def parse_launch(
     try:
         return _Document.model_validate({SECTION: data}).launch
     except ValidationError as e:
-        raise ConfigError(format_validation_error(e, where, "launch config")) from None
+        raise ConfigError(
+            format_validation_error(e, where, "launch config", model=_Document)
+        ) from None
 
 
 def load_launch(path: str | Path, overrides: Mapping[str, Any] | None = None) -> LaunchConfig:

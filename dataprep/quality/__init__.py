@@ -186,7 +186,10 @@ def parse_rules(spec: list[str | dict[str, Any]]) -> list[Rule[Any]]:
             )
         cls = RULES.get(name)
         if cls is None:
-            raise ValueError(f"{where}: unknown rule {name!r} (known: {', '.join(sorted(RULES))})")
+            raise ValueError(
+                f"{where}: unknown rule {name!r} (known: {', '.join(sorted(RULES))})"
+                + did_you_mean(name, RULES)
+            )
         if params is None:  # `- c4:` in YAML
             params = {}
         if not isinstance(params, dict):

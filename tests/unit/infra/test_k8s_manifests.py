@@ -1183,3 +1183,24 @@ def test_dask_flags_in_the_manifests_exist(component: str) -> None:
     used = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
     assert used and used <= known, sorted(used - known)
     _dask_cli_params(component, argv)  # the values parse too
+
+
+@pytest.mark.parametrize(
+    ("section", "line"),
+    [
+        ({"backnd": "local"}, "launch.backnd: unknown key; did you mean `backend`?"),
+        # kubernetes options are a dataclass: pydantic calls it, and says "unexpected
+        # keyword argument" for a misspelt key unless the message is made the same.
+        (
+            {"kubernetes": {"namespce": "x"}},
+            "launch.kubernetes.namespce: unknown key; did you mean `namespace`?",
+        ),
+    ],
+)
+def test_launch_key_typos_get_a_suggestion(section, line):
+    from core.errors import ConfigError
+    from infra.launch import parse_launch
+
+    with pytest.raises(ConfigError) as err:
+        parse_launch(section, where="train.yaml")
+    assert str(err.value).splitlines() == ["invalid launch config train.yaml:", f"  {line}"]

@@ -551,6 +551,8 @@ def test_unchanged_text_is_returned_as_is():
     [
         # Every rule is named, sorted (the list grows with the rules; its form is the point).
         (["gopher"], f"quality[0]: unknown rule 'gopher' (known: {', '.join(sorted(RULES))})"),
+        (["gopher_qualty"], "'gopher_qualty' (known: boilerplate, "),
+        (["gopher_qualty"], "; did you mean `gopher_quality`?"),
         (
             ["c4", {"gopher_repetition": {"dup_line_frac": "x"}}],
             "quality[1] gopher_repetition.dup_line_frac: Input should be a valid number",
