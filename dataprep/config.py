@@ -217,6 +217,78 @@ class NearDedupConfig(Strict):
         return self
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+_SIZE_UNITS.update({"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40})
+
+
+def parse_size(v: Any) -> Any:
+    """A size in bytes from an int or a string such as "1GiB", "512MB", "2e9" (anything
+    else is left to the field's type check, which names the key)."""
+    if not isinstance(v, str):
+        return v
+    text = v.strip().lower().replace(" ", "")
+    num = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(num) :]
+    if unit not in _SIZE_UNITS or not num:
+        raise ValueError(f"expected a size such as 1GiB, 512MB or a number of bytes, got {v!r}")
+    try:
+        return int(float(num) * _SIZE_UNITS[unit])
+    except ValueError:
+        raise ValueError(
+            f"expected a size such as 1GiB, 512MB or a number of bytes, got {v!r}"
+        ) from None
+
+
+class SubstringDedupConfig(Strict):
+    min_tokens: int = Field(
+        default=50,
+        ge=1,
+        le=1_000_000,
+        description=(
+            "Window length in `unit`s: every span of at least this many units that occurs "
+            "more than once in the corpus (over every dataset version) is removed, as Lee et "
+            "al. 2022 (50 tokens)."
+        ),
+    )
+    unit: Literal["tokens", "bytes"] = Field(
+        default="tokens",
+        description=(
+            "`tokens`: whitespace-separated tokens (ASCII whitespace; equal token sequences "
+            "match whatever whitespace separates them); `bytes`: UTF-8 bytes (for text "
+            "without spaces), removed ranges shrunk to whole characters."
+        ),
+    )
+    keep: Literal["first", "none"] = Field(
+        default="first",
+        description=(
+            "`first`: the first occurrence in input order stays, every later one goes; "
+            "`none`: every occurrence goes (google-research/deduplicate-text-datasets)."
+        ),
+    )
+    min_doc_chars: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "A document left with fewer characters (whitespace stripped) after its spans "
+            "are removed is dropped as `substring_dup`; 1: only documents left empty."
+        ),
+    )
+    max_memory: int = Field(
+        default=1 << 30,
+        ge=1 << 20,
+        description=(
+            "Working memory per task, e.g. `1GiB`, `512MB` (bytes as a number): the hash "
+            "step goes in passes and select in more partitions to stay below it, whatever "
+            "the corpus size (the shard's own text comes on top, as in every stage)."
+        ),
+    )
+
+    @field_validator("max_memory", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return parse_size(v)
+
+
 class DedupConfig(Strict):
     exact: bool = Field(
         default=True,
@@ -233,7 +305,17 @@ class DedupConfig(Strict):
         ),
     )
 
-    @field_validator("near", mode="before")
+    substring: SubstringDedupConfig | None = Field(
+        default=None,
+        description=(
+            "Exact substring dedup (the `substring` stage, after near dedup and line dedup, "
+            "before quality), e.g. `{min_tokens: 50, unit: tokens, keep: first}`: repeated "
+            "spans are cut out of documents. `substring: true` takes the defaults; unset = "
+            "off."
+        ),
+    )
+
+    @field_validator("near", "substring", mode="before")
     @classmethod
     def _near_bool(cls, v: Any) -> Any:
         if v is True:
@@ -241,6 +323,15 @@ class DedupConfig(Strict):
         if v is False:
             return None
         return v
+
+    @model_serializer(mode="wrap")
+    def _omit_unset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Leave substring out while unset: a config without it fingerprints as before the
+        key existed (an existing output stays claimed)."""
+        out = handler(self)
+        if self.substring is None:
+            out.pop("substring", None)
+        return out
 
 
 class ExtractConfig(Strict):
@@ -465,7 +556,9 @@ class PrepConfig(Strict):
     ingest: IngestConfig = Field(
         default=IngestConfig(), description=("Reading the inputs into shards.")
     )
-    dedup: DedupConfig = Field(default=DedupConfig(), description=("Exact and near deduplication."))
+    dedup: DedupConfig = Field(
+        default=DedupConfig(), description=("Exact, near and substring deduplication.")
+    )
     quality: list[Any] = Field(
         default_factory=lambda: list(_default_rules()),
         description=(

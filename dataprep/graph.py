@@ -25,7 +25,18 @@ from typing import Any
 from dataprep.config import PrepConfig
 from dataprep.inputs import listed, marker_parts, with_parts
 from dataprep.layout import done_key, output_store, read_done, version_store
-from dataprep.stages import dataset, exact, ingest, lines, mixture, near, pack, quality, tokenize
+from dataprep.stages import (
+    dataset,
+    exact,
+    ingest,
+    lines,
+    mixture,
+    near,
+    pack,
+    quality,
+    substring,
+    tokenize,
+)
 from dataprep.stages.ingest import Unit, ingest_unit
 
 
@@ -190,6 +201,14 @@ def _bucket_keys(bands: list[int]) -> tuple[str, ...]:
     return tuple(near.bucket_key(b) for b in bands)
 
 
+def _substring_parts(run: Run) -> list[str]:
+    return substring.partitions(run.cfg, run.all_shards)
+
+
+def _substring_summary(run: Run) -> dict[str, Any]:
+    return substring.summary(run.cfg, run.shards)
+
+
 def _near_summary(run: Run) -> dict[str, Any]:
     return near.read_summary(run.cfg)
 
@@ -287,6 +306,35 @@ STAGES: list[Stage] = [
         ),
         enabled=lines.enabled,
         reports=(("lines", _lines_summary),),
+    ),
+    Stage(
+        substring.STAGE,
+        (
+            Step(
+                "substring: hash",
+                substring.hash_shard,
+                substring.windows_key,
+                _shards,
+                ("prev",),
+            ),
+            Step(
+                "substring: select",
+                substring.select,
+                substring.select_key,
+                _substring_parts,
+                ("prior", "shards"),
+                versioned=True,
+            ),
+            Step(
+                "substring: apply",
+                substring.apply_shard,
+                _applied(substring.STAGE),
+                _shards,
+                ("prev",),
+            ),
+        ),
+        enabled=substring.enabled,
+        reports=(("substring", _substring_summary),),
     ),
     Stage(
         quality.STAGE,

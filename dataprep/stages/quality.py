@@ -30,6 +30,7 @@ from dataprep.quality import (
     parse_rules,
 )
 from dataprep.records import DOC_SCHEMA, table_to_parquet_bytes
+from dataprep.stages import substring
 
 STAGE = "quality"
 
@@ -109,10 +110,21 @@ def filter_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
     # The kept documents' provenance, aligned with their rows (written before the marker).
     locations = [doc_location(metas[r], shard, r) for r in kept_rows]
     prov = provenance_table(kept_rows, native, python_kept, ids, sources, locations)
+    if input_stage == substring.STAGE:  # what substring dedup cut from each document
+        removed = substring.removed_bytes(store, shard)[np.asarray(kept_rows, dtype=np.int64)]
+        prov = with_stat(prov, substring.PROVENANCE_STAT, removed.astype(np.float64))
     store.put(provenance_key(shard), table_to_parquet_bytes(prov))
     kept = docs.select(DOC_SCHEMA.names).take(pa.array(kept_rows, pa.int64()))
     kept = _replaced(_replaced(kept, "text", new_text), "meta", new_meta)
     return write_shard(store, STAGE, shard, kept.combine_chunks(), dropped, stats)
+
+
+def with_stat(prov: pa.Table, name: str, values: np.ndarray) -> pa.Table:
+    """A provenance table with one more statistic column, the statistics kept in sorted
+    name order after id, source and location (as provenance_table writes them)."""
+    table = prov.append_column(pa.field(name, pa.float64()), pa.array(values, pa.float64()))
+    stats = sorted(n for n in table.column_names if n not in ("id", "source", "location"))
+    return table.select(["id", "source", "location", *stats])
 
 
 def _replaced(table: pa.Table, column: str, values: list[str | None]) -> pa.Table:

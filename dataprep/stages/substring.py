@@ -1,0 +1,405 @@
+"""Exact substring dedup (dataprep/substring.py has the algorithm and its semantics): spans
+of at least `min_tokens` units repeated anywhere in the corpus, over every dataset version,
+are cut out of the documents; a document left shorter than `min_doc_chars` is dropped as
+`substring_dup`. Steps, each bounded by `dedup.substring.max_memory`:
+
+    hash   (per shard)      every window's hash, one entry per distinct hash with its first
+                            position, sorted and split by the hash's top bits into files
+                            substring/windows/<shard>/BB-IIIII.npy (in passes over ranges
+                            of hash values when the shard's windows exceed the bound)
+    select (per partition)  a range of hash values over every shard of the version: the
+                            repeated hashes and the occurrence that stays ->
+                            substring/dups/<shard>/BB-QQQQQ.npy for this run's shards; the
+                            number of partitions is chosen from the hash step's counts, so
+                            no partition holds more entries than the bound allows
+    apply  (per shard)      cut the marked windows' byte ranges; documents, accounting,
+                            substring/removed/<shard>.npy (bytes removed per kept row, for
+                            the provenance)
+
+Earlier versions' shards take part in select (their hash files are kept) and come first in
+input order; they lose nothing themselves."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from core.store import Store
+from dataprep import substring as sub
+from dataprep.config import PrepConfig, SubstringDedupConfig
+from dataprep.layout import (
+    DroppedRows,
+    ShardStats,
+    doc_location,
+    output_store,
+    read_docs,
+    read_done,
+    version_store,
+    write_shard,
+)
+from dataprep.records import DOC_SCHEMA
+
+STAGE = "substring"
+REASON = "substring_dup"
+# The provenance statistic (core/provenance.py) of each kept document: bytes this stage cut.
+PROVENANCE_STAT = "substring.removed_bytes"
+# Bytes of working memory per entry: the hash step holds hash and position (16) and
+# their sort (an index, the sorted copies, the chunks before concatenation); select
+# holds hash, position and shard (20) and the same again for its sort.
+HASH_ENTRY_BYTES = 56
+SELECT_ENTRY_BYTES = 72
+# Taken off max_memory before entries: a batch's temporaries (~60 bytes per byte of
+# sub.BATCH_BYTES), the interpreter and numpy.
+FIXED_BYTES = 128 << 20
+MIN_ENTRIES = 1 << 12  # however small the bound, a pass holds at least this many
+FILE_ENTRIES = 1 << 20  # entries per hash file at most (16 MiB): select reads whole files
+MAX_BITS = 20  # at most 2**20 partitions (a corpus of ~10**13 windows at 1 GiB)
+
+
+def settings(cfg: PrepConfig) -> SubstringDedupConfig:
+    s = cfg.dedup.substring
+    assert s is not None
+    return s
+
+
+def enabled(cfg: PrepConfig) -> bool:
+    return cfg.dedup.substring is not None
+
+
+def windows_key(shard: str) -> str:
+    """The hash step's marker for a shard (its files' bits and entry counts): written
+    last, so its presence means the shard's hash files are complete."""
+    return f"substring/windows/{shard}.json"
+
+
+def bucket_key(shard: str, bits: int, idx: int) -> str:
+    return f"substring/windows/{shard}/{bits:02d}-{idx:05d}.npy"
+
+
+def dups_key(shard: str, part: str) -> str:
+    return f"substring/dups/{shard}/{part}.npy"
+
+
+def select_key(part: str) -> str:
+    return f"substring/select/{part}.json"
+
+
+def removed_key(shard: str) -> str:
+    return f"substring/removed/{shard}.npy"
+
+
+def _save(store: Store, key: str, arr: np.ndarray) -> int:
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    data = buf.getvalue()
+    store.put(key, data)
+    return len(data)
+
+
+def _load(store: Store, key: str) -> np.ndarray:
+    return np.load(io.BytesIO(store.get(key)))
+
+
+def _entries(budget: int, per_entry: int) -> int:
+    return max(MIN_ENTRIES, (budget - FIXED_BYTES) // per_entry)
+
+
+def _bits_for(n: int, cap: int) -> int:
+    """The fewest top bits that split n uniformly spread entries into parts of <= cap."""
+    bits = 0
+    while bits < MAX_BITS and n > cap << bits:
+        bits += 1
+    return bits
+
+
+def _top(h: np.ndarray, bits: int) -> np.ndarray:
+    """The top `bits` bits of each hash (0 when bits is 0: a shift by 64 is undefined)."""
+    if bits == 0:
+        return np.zeros(len(h), dtype=np.uint64)
+    return h >> np.uint64(64 - bits)
+
+
+def hash_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
+    """Write the shard's distinct window hashes with their first positions (see the
+    module docstring). Returns the number of windows."""
+    s = settings(cfg)
+    store = output_store(cfg)
+    column = read_docs(store, input_stage, shard).column("text")
+    hasher = sub.Hasher(cfg.seed)
+    units = sum(sub.count_units(d, o, s.unit) for _, d, o in sub.batches(column))
+    cap = _entries(s.max_memory - column.nbytes, HASH_ENTRY_BYTES)
+    pass_bits = _bits_for(units, cap)
+    bits = max(pass_bits, _bits_for(units, FILE_ENTRIES))
+    counts = np.zeros(1 << bits, dtype=np.int64)
+    n_windows, disk = 0, 0
+    for p in range(1 << pass_bits):
+        hs, ps = [], []
+        for row0, data, off in sub.batches(column):
+            w = sub.windows(hasher, data, off, s.min_tokens, s.unit)
+            if p == 0:
+                n_windows += len(w.hash)
+            sel = _top(w.hash, pass_bits) == np.uint64(p)
+            hs.append(w.hash[sel])
+            ps.append(sub.positions(row0 + w.doc[sel], w.index[sel]))
+        h, pos = sub.distinct(_cat(hs, np.uint64), _cat(ps, np.uint64))
+        del hs, ps
+        # The pass's hashes are sorted, so each file's entries are one slice.
+        first = p << (bits - pass_bits)
+        idx = np.arange(first, first + (1 << (bits - pass_bits)), dtype=np.uint64)
+        cuts = np.searchsorted(_top(h, bits), np.append(idx, idx[-1] + np.uint64(1)))
+        for i, a, b in zip(idx.tolist(), cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+            counts[i] = b - a
+            if b > a:
+                disk += _save(store, bucket_key(shard, bits, i), np.stack([h[a:b], pos[a:b]], 1))
+    marker = {
+        "bits": bits,
+        "counts": counts.tolist(),
+        "windows": n_windows,
+        "distinct": int(counts.sum()),
+        "passes": 1 << pass_bits,
+        "disk_bytes": disk,
+    }
+    store.put(windows_key(shard), json.dumps(marker, sort_keys=True).encode())
+    return n_windows
+
+
+def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+
+def _marker(store: Store, shard: str) -> dict[str, Any]:
+    return json.loads(store.get(windows_key(shard)))
+
+
+def _estimate(markers: list[dict[str, Any]], bits: int) -> np.ndarray:
+    """Entries each of the 2**bits partitions would hold: exact where a shard's files are
+    as fine, else its file's count split evenly (its hashes are distinct, so uniform)."""
+    out = np.zeros(1 << bits, dtype=np.float64)
+    for m in markers:
+        c = np.asarray(m["counts"], dtype=np.float64)
+        b = int(m["bits"])
+        if bits <= b:
+            out += c.reshape(1 << bits, -1).sum(axis=1)
+        else:
+            out += np.repeat(c / (1 << (bits - b)), 1 << (bits - b))
+    return out
+
+
+def partitions(cfg: PrepConfig, shards: list[str]) -> list[str]:
+    """The select step's items, "BB-QQQQQ": the 2**BB ranges of hash values (by top bits)
+    with the fewest BB such that no range holds more entries than max_memory allows."""
+    store = output_store(cfg)
+    markers = [_marker(store, s) for s in shards]
+    cap = _entries(settings(cfg).max_memory, SELECT_ENTRY_BYTES)
+    bits = 0
+    while bits < MAX_BITS and _estimate(markers, bits).max(initial=0) > cap:
+        bits += 1
+    return [f"{bits:02d}-{q:05d}" for q in range(1 << bits)]
+
+
+def _part_range(part: str) -> tuple[int, int]:
+    bits, q = part.split("-")
+    return int(bits), int(q)
+
+
+def _read_part(store: Store, shard: str, marker: dict[str, Any], bits: int, q: int):
+    """The shard's entries whose hashes fall in partition q of 2**bits: whole files where
+    they are finer, a filtered file where coarser."""
+    b = int(marker["bits"])
+    if bits <= b:
+        files = range(q << (b - bits), (q + 1) << (b - bits))
+    else:
+        files = range(q >> (bits - b), (q >> (bits - b)) + 1)
+    parts = [_load(store, bucket_key(shard, b, i)) for i in files if marker["counts"][i]]
+    arr = np.concatenate(parts) if parts else np.zeros((0, 2), np.uint64)
+    if bits > b:
+        arr = arr[_top(arr[:, 0], bits) == np.uint64(q)]
+    return arr
+
+
+def select(cfg: PrepConfig, prior: list[str], new: list[str], part: str) -> int:
+    """Find the repeated hashes of one partition over every shard of the version (earlier
+    versions' first, in input order) and write, for each of this run's shards that holds
+    some, its list: hash and the position that stays (sub.NONE: none)."""
+    s = settings(cfg)
+    store = output_store(cfg)
+    bits, q = _part_range(part)
+    shards = [*prior, *new]
+    hs, ps, gs = [], [], []
+    for g, shard in enumerate(shards):
+        arr = _read_part(store, shard, _marker(store, shard), bits, q)
+        hs.append(arr[:, 0])
+        ps.append(arr[:, 1])
+        gs.append(np.full(len(arr), g, dtype=np.int32))
+    h, p, g = _cat(hs, np.uint64), _cat(ps, np.uint64), _cat(gs, np.int32)
+    del hs, ps, gs
+    entries = len(h)
+    shard_of, dup_h, keep = sub.select(h, p, g, s.keep == "first")
+    del h, p, g
+    n_new = 0
+    # Entries come sorted by hash; a stable sort by shard keeps each shard's list sorted.
+    order = np.argsort(shard_of, kind="stable")
+    shard_of, dup_h, keep = shard_of[order], dup_h[order], keep[order]
+    cuts = np.searchsorted(shard_of, np.arange(len(shards) + 1))
+    for gi in range(len(prior), len(shards)):
+        a, b = int(cuts[gi]), int(cuts[gi + 1])
+        if b > a:
+            _save(store, dups_key(shards[gi], part), np.stack([dup_h[a:b], keep[a:b]], 1))
+            n_new += b - a
+    repeated = len(np.unique(dup_h))
+    record = {"entries": entries, "repeated_hashes": repeated, "new_entries": n_new}
+    version_store(cfg).put(select_key(part), json.dumps(record, sort_keys=True).encode())
+    return repeated
+
+
+def _shard_dups(store: Store, shard: str) -> tuple[np.ndarray, np.ndarray]:
+    """The shard's repeated hashes (sorted: partitions are ranges, listed in order) and
+    the position of each that stays."""
+    prefix = f"substring/dups/{shard}/"
+    keys = sorted(k for k in store.list(prefix) if k.endswith(".npy"))
+    parts = [_load(store, k) for k in keys]
+    arr = np.concatenate(parts) if parts else np.zeros((0, 2), np.uint64)
+    return arr[:, 0], arr[:, 1]
+
+
+def removed_ranges(
+    cfg: PrepConfig, column: pa.ChunkedArray, dup_hash: np.ndarray, dup_keep: np.ndarray
+) -> dict[int, list[tuple[int, int]]]:
+    """Per row with marked windows: the byte ranges to remove (merged, sorted; in bytes
+    mode shrunk to whole characters)."""
+    s = settings(cfg)
+    hasher = sub.Hasher(cfg.seed)
+    out: dict[int, list[tuple[int, int]]] = {}
+    for row0, data, off in sub.batches(column):
+        w = sub.windows(hasher, data, off, s.min_tokens, s.unit)
+        m = sub.marked(w, row0 + w.doc, dup_hash, dup_keep)
+        if not m.any():
+            continue
+        d, a, b = sub.union(w.doc[m], w.start[m], w.end[m])
+        for di, x, y in zip(d.tolist(), a.tolist(), b.tolist(), strict=True):
+            if s.unit == "bytes":
+                doc = data[off[di] : off[di + 1]].tobytes()
+                x, y = sub.char_aligned(doc, x, y)
+                if x >= y:
+                    continue
+            out.setdefault(row0 + di, []).append((x, y))
+    return out
+
+
+def apply_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
+    s = settings(cfg)
+    store = output_store(cfg)
+    docs = read_docs(store, input_stage, shard)
+    dup_hash, dup_keep = _shard_dups(store, shard)
+    ranges = removed_ranges(cfg, docs["text"], dup_hash, dup_keep)
+    del dup_hash, dup_keep
+    nbytes = pc.binary_length(docs["text"]).to_numpy(zero_copy_only=False)
+    sources = docs["source"].to_pylist()
+    edited_rows = sorted(ranges)
+    texts = docs["text"].take(pa.array(edited_rows, pa.int64())).to_pylist() if edited_rows else []
+    new_text: dict[int, str] = {}
+    drop: dict[int, str] = {}
+    per_source: dict[str, dict[str, int]] = {}
+    for row, text in zip(edited_rows, texts, strict=True):
+        rs = ranges[row]
+        out = sub.cut(text.encode("utf-8"), rs).decode("utf-8")
+        n_removed = int(nbytes[row]) - len(out.encode("utf-8"))
+        src = per_source.setdefault(
+            sources[row], {"edited": 0, "bytes_removed": 0, "spans_removed": 0}
+        )
+        if len(out.strip()) < s.min_doc_chars:
+            drop[row] = f"{n_removed} bytes in {len(rs)} repeated spans removed, " + (
+                f"{len(out.strip())} characters left"
+            )
+            continue
+        new_text[row] = out
+        src["edited"] += 1
+        src["bytes_removed"] += n_removed
+        src["spans_removed"] += len(rs)
+    stats = ShardStats()
+    dropped = DroppedRows()
+    keep = np.ones(docs.num_rows, dtype=bool)
+    if drop:
+        keep[list(drop)] = False
+    kept_bytes = nbytes.astype(np.int64).copy()
+    removed = np.zeros(docs.num_rows, dtype=np.int64)
+    for row, text in new_text.items():
+        kept_bytes[row] = len(text.encode("utf-8"))
+        removed[row] = int(nbytes[row]) - kept_bytes[row]
+    for row in range(docs.num_rows):
+        st = stats[sources[row]]
+        st.add_in(int(nbytes[row]))
+        if keep[row]:
+            st.add_kept(int(kept_bytes[row]))
+        else:
+            st.add_dropped(REASON, int(nbytes[row]))
+    if drop:
+        rows = sorted(drop)
+        taken = docs.take(pa.array(rows, pa.int64()))
+        for k, row in enumerate(rows):
+            dropped.add(
+                taken["id"][k].as_py(),
+                sources[row],
+                REASON,
+                drop[row],
+                doc_location(taken["meta"][k].as_py(), shard, row),
+                taken["text"][k].as_py(),
+            )
+    kept = docs.select(DOC_SCHEMA.names)
+    if new_text:
+        values = [new_text.get(r) for r in range(docs.num_rows)]
+        col = pc.coalesce(pa.array(values, pa.string()), kept["text"])
+        kept = kept.set_column(kept.schema.get_field_index("text"), "text", col)
+    kept = kept.filter(pa.array(keep))
+    _save(store, removed_key(shard), removed[keep])
+    return write_shard(
+        store,
+        STAGE,
+        shard,
+        kept.combine_chunks(),
+        dropped,
+        stats,
+        {"substring": dict(sorted(per_source.items()))},
+    )
+
+
+def removed_bytes(store: Store, shard: str) -> np.ndarray:
+    """Bytes the stage removed from each document it kept of `shard`, in its order."""
+    return _load(store, removed_key(shard))
+
+
+def summary(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
+    """The report's entry: per source, documents edited, bytes and spans removed from this
+    run's documents; the partitions select used, the repeated hashes it found, and the
+    bytes of window hashes the run's shards keep on disk (for later versions)."""
+    store = output_store(cfg)
+    edits: dict[str, dict[str, int]] = {}
+    disk, windows = 0, 0
+    for shard in shards:
+        for src, c in read_done(store, STAGE, shard).get("substring", {}).items():
+            e = edits.setdefault(src, {"edited": 0, "bytes_removed": 0, "spans_removed": 0})
+            for k in e:
+                e[k] += int(c.get(k, 0))
+        m = _marker(store, shard)
+        disk += int(m["disk_bytes"])
+        windows += int(m["windows"])
+    vstore = version_store(cfg)
+    parts = sorted(k for k in vstore.list("substring/select/") if k.endswith(".json"))
+    records = [json.loads(vstore.get(k)) for k in parts]
+    s = settings(cfg)
+    return {
+        "unit": s.unit,
+        "min_tokens": s.min_tokens,
+        "keep": s.keep,
+        "windows": windows,
+        "partitions": len(records),
+        "max_partition_entries": max((r["entries"] for r in records), default=0),
+        "repeated_hashes": sum(r["repeated_hashes"] for r in records),
+        "hash_disk_bytes": disk,
+        "sources": dict(sorted(edits.items())),
+    }
