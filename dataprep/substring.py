@@ -191,11 +191,12 @@ def positions(rows: np.ndarray, index: np.ndarray) -> np.ndarray:
 
 
 def distinct(hashes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One entry per hash, sorted by hash: its first position (`pos` ascends in input
-    order), with REPEATED set when the hash occurs more than once."""
+    """One entry per hash, sorted by hash: its first position, with REPEATED set when the
+    hash occurs more than once. `pos` ascends (windows come in input order), so a stable
+    sort by hash alone puts each hash's first position first."""
     if len(hashes) == 0:
         return hashes, pos
-    order = np.lexsort((pos, hashes))
+    order = np.argsort(hashes, kind="stable")
     h, p = hashes[order], pos[order]
     start = np.ones(len(h), dtype=bool)
     start[1:] = h[1:] != h[:-1]
@@ -208,10 +209,10 @@ def select(
     hashes: np.ndarray, pos: np.ndarray, shard: np.ndarray, keep_first: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The repeated hashes among the shards' distinct entries (`shard`: each entry's
-    shard index in input order; within a shard a hash appears once). Returns, for every
-    entry of a repeated hash: its shard, the hash, and the position in that shard to keep
-    (its first occurrence, when it is the corpus's first and keep_first) or NONE."""
-    order = np.lexsort((shard, hashes))
+    shard index in input order, ascending; within a shard a hash appears once). Returns,
+    for every entry of a repeated hash: its shard, the hash, and the position in that shard
+    to keep (its first occurrence, when it is the corpus's first and keep_first) or NONE."""
+    order = np.argsort(hashes, kind="stable")  # shards ascend: each hash's first shard first
     h, p, s = hashes[order], pos[order], shard[order]
     start = np.ones(len(h), dtype=bool)
     start[1:] = h[1:] != h[:-1]

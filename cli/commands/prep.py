@@ -111,6 +111,11 @@ def run(args: argparse.Namespace) -> int:
             f"{near['confirmed_pairs']:,} confirmed, {near['removed']:,} removed",
             markup=False,
         )
+    substring = report.get("substring")
+    if substring:
+        out.print(
+            substring_line(substring, report["stages"]["substring"]), markup=False, soft_wrap=True
+        )
     if report.get("dataset"):
         ds = shown_path(report["dataset"]["uri"])
         out.print(
@@ -130,6 +135,22 @@ def run(args: argparse.Namespace) -> int:
         soft_wrap=True,
     )
     return EXIT_OK
+
+
+def substring_line(summary: dict[str, Any], stage: dict[str, Any]) -> str:
+    """The substring stage in one line: what it cut and what it cost on disk."""
+    edits = summary["sources"].values()
+    edited = sum(e["edited"] for e in edits)
+    removed = sum(e["bytes_removed"] for e in edits)
+    spans = sum(e["spans_removed"] for e in edits)
+    dropped = stage["total"]["dropped"].get("substring_dup", 0)
+    return (
+        f"substring-dedup: windows of {summary['min_tokens']} {summary['unit']}, keep "
+        f"{summary['keep']}: {edited:,} documents edited ({spans:,} spans, "
+        f"{removed / 1e6:,.1f} MB removed), {dropped:,} dropped; {summary['windows']:,} "
+        f"windows in {summary['partitions']:,} partitions, "
+        f"{summary['hash_disk_bytes'] / 1e6:,.1f} MB of hashes kept"
+    )
 
 
 def relative_output_note(config: str, output: str, from_flag: bool) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -48,14 +49,17 @@ STAGE = "substring"
 REASON = "substring_dup"
 # The provenance statistic (core/provenance.py) of each kept document: bytes this stage cut.
 PROVENANCE_STAT = "substring.removed_bytes"
-# Bytes of working memory per entry: the hash step holds hash and position (16) and
-# their sort (an index, the sorted copies, the chunks before concatenation); select
-# holds hash, position and shard (20) and the same again for its sort.
-HASH_ENTRY_BYTES = 56
-SELECT_ENTRY_BYTES = 72
-# Taken off max_memory before entries: a batch's temporaries (~60 bytes per byte of
-# sub.BATCH_BYTES), the interpreter and numpy.
-FIXED_BYTES = 128 << 20
+# Bytes of working memory per entry at the step's peak: the hash step holds hash and
+# position (16), the stable sort's index (8), the sorted copies (16) and the distinct
+# entries (up to 16 more); select holds hash, position and shard (20), the sort's index,
+# the sorted copies and the repeated entries it returns (up to 20 more).
+HASH_ENTRY_BYTES = 64
+SELECT_ENTRY_BYTES = 80
+APPLY_ENTRY_BYTES = 24  # a repeated hash and its kept position, and slack for the lookup
+# Taken off max_memory before entries: the worker's interpreter and libraries (~200 MiB
+# of RSS with pyarrow and numpy loaded) and a batch's temporaries (~60 bytes per byte of
+# sub.BATCH_BYTES).
+FIXED_BYTES = 256 << 20
 MIN_ENTRIES = 1 << 12  # however small the bound, a pass holds at least this many
 FILE_ENTRIES = 1 << 20  # entries per hash file at most (16 MiB): select reads whole files
 MAX_BITS = 20  # at most 2**20 partitions (a corpus of ~10**13 windows at 1 GiB)
@@ -146,8 +150,11 @@ def hash_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
             sel = _top(w.hash, pass_bits) == np.uint64(p)
             hs.append(w.hash[sel])
             ps.append(sub.positions(row0 + w.doc[sel], w.index[sel]))
-        h, pos = sub.distinct(_cat(hs, np.uint64), _cat(ps, np.uint64))
-        del hs, ps
+        h = _cat(hs, np.uint64)
+        del hs
+        pos = _cat(ps, np.uint64)
+        del ps
+        h, pos = sub.distinct(h, pos)
         # The pass's hashes are sorted, so each file's entries are one slice.
         first = p << (bits - pass_bits)
         idx = np.arange(first, first + (1 << (bits - pass_bits)), dtype=np.uint64)
@@ -236,8 +243,12 @@ def select(cfg: PrepConfig, prior: list[str], new: list[str], part: str) -> int:
         hs.append(arr[:, 0])
         ps.append(arr[:, 1])
         gs.append(np.full(len(arr), g, dtype=np.int32))
-    h, p, g = _cat(hs, np.uint64), _cat(ps, np.uint64), _cat(gs, np.int32)
-    del hs, ps, gs
+    h = _cat(hs, np.uint64)
+    del hs
+    p = _cat(ps, np.uint64)
+    del ps
+    g = _cat(gs, np.int32)
+    del gs
     entries = len(h)
     shard_of, dup_h, keep = sub.select(h, p, g, s.keep == "first")
     del h, p, g
@@ -257,37 +268,67 @@ def select(cfg: PrepConfig, prior: list[str], new: list[str], part: str) -> int:
     return repeated
 
 
-def _shard_dups(store: Store, shard: str) -> tuple[np.ndarray, np.ndarray]:
-    """The shard's repeated hashes (sorted: partitions are ranges, listed in order) and
-    the position of each that stays."""
+def shard_dups(
+    store: Store, shard: str, cap: int | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The shard's repeated hashes and, for each, the position that stays: in groups of
+    whole partition files of at most `cap` entries (a file alone may be more: select
+    bounded it), each sorted by hash. None: one group."""
     prefix = f"substring/dups/{shard}/"
-    keys = sorted(k for k in store.list(prefix) if k.endswith(".npy"))
-    parts = [_load(store, k) for k in keys]
-    arr = np.concatenate(parts) if parts else np.zeros((0, 2), np.uint64)
-    return arr[:, 0], arr[:, 1]
+    sizes = store.list_sizes(prefix)
+    group: list[str] = []
+    held = 0
+    for key in sorted(k for k in sizes if k.endswith(".npy")):
+        n = sizes[key] // 16  # 16 bytes an entry (and a header of less than one entry)
+        if group and cap is not None and held + n > cap:
+            yield _dups(store, group)
+            group, held = [], 0
+        group.append(key)
+        held += n
+    if group:
+        yield _dups(store, group)
+
+
+def _dups(store: Store, keys: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    arr = np.concatenate([_load(store, k) for k in keys])
+    return arr[:, 0].copy(), arr[:, 1].copy()
 
 
 def removed_ranges(
-    cfg: PrepConfig, column: pa.ChunkedArray, dup_hash: np.ndarray, dup_keep: np.ndarray
+    cfg: PrepConfig,
+    column: pa.ChunkedArray,
+    dups: Iterable[tuple[np.ndarray, np.ndarray]],
 ) -> dict[int, list[tuple[int, int]]]:
     """Per row with marked windows: the byte ranges to remove (merged, sorted; in bytes
-    mode shrunk to whole characters)."""
+    mode shrunk to whole characters). `dups`: groups of repeated hashes (sorted) with the
+    position that stays, each group's windows marked in a pass of its own (a union of
+    the passes' ranges is the union of all), so only one group is held at a time."""
     s = settings(cfg)
     hasher = sub.Hasher(cfg.seed)
+    rows, starts, ends = [], [], []
+    for dup_hash, dup_keep in dups:
+        for row0, data, off in sub.batches(column):
+            w = sub.windows(hasher, data, off, s.min_tokens, s.unit)
+            m = sub.marked(w, row0 + w.doc, dup_hash, dup_keep)
+            if m.any():
+                d, a, b = sub.union(w.doc[m], w.start[m], w.end[m])
+                rows.append(d + row0)
+                starts.append(a)
+                ends.append(b)
+    if not rows:
+        return {}
+    d, a, b = sub.union(np.concatenate(rows), np.concatenate(starts), np.concatenate(ends))
     out: dict[int, list[tuple[int, int]]] = {}
-    for row0, data, off in sub.batches(column):
-        w = sub.windows(hasher, data, off, s.min_tokens, s.unit)
-        m = sub.marked(w, row0 + w.doc, dup_hash, dup_keep)
-        if not m.any():
-            continue
-        d, a, b = sub.union(w.doc[m], w.start[m], w.end[m])
-        for di, x, y in zip(d.tolist(), a.tolist(), b.tolist(), strict=True):
-            if s.unit == "bytes":
-                doc = data[off[di] : off[di + 1]].tobytes()
-                x, y = sub.char_aligned(doc, x, y)
-                if x >= y:
-                    continue
-            out.setdefault(row0 + di, []).append((x, y))
+    if s.unit == "bytes":  # whole characters only: the documents' bytes are needed
+        edited = np.unique(d)
+        texts = column.take(pa.array(edited, pa.int64())).to_pylist()
+        data_of = {int(r): t.encode("utf-8") for r, t in zip(edited, texts, strict=True)}
+    for r, x, y in zip(d.tolist(), a.tolist(), b.tolist(), strict=True):
+        if s.unit == "bytes":
+            x, y = sub.char_aligned(data_of[r], x, y)
+            if x >= y:
+                continue
+        out.setdefault(r, []).append((x, y))
     return out
 
 
@@ -295,9 +336,9 @@ def apply_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
     s = settings(cfg)
     store = output_store(cfg)
     docs = read_docs(store, input_stage, shard)
-    dup_hash, dup_keep = _shard_dups(store, shard)
-    ranges = removed_ranges(cfg, docs["text"], dup_hash, dup_keep)
-    del dup_hash, dup_keep
+    # The documents are held about three times (read, edited, kept) beside the groups.
+    cap = _entries(s.max_memory - 3 * docs.nbytes, APPLY_ENTRY_BYTES)
+    ranges = removed_ranges(cfg, docs["text"], shard_dups(store, shard, cap))
     nbytes = pc.binary_length(docs["text"]).to_numpy(zero_copy_only=False)
     sources = docs["source"].to_pylist()
     edited_rows = sorted(ranges)
