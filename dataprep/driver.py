@@ -150,6 +150,9 @@ def run_stages(
     for stage in stages:
         t0 = time.perf_counter()
         for step in stage.steps:
+            if step.plan is not None:
+                key, read = step.plan
+                run.extra[key] = runner.record(read, run)
             runner.map(StepWork(step, cfg, step.args(run), step.items(run)))
         for key, read in stage.reports:
             run.extra[key] = runner.record(read, run)

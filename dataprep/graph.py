@@ -85,6 +85,10 @@ class Step:
     versioned: bool = False
     # A run-once step's item: every shard of the version (Run.all_shards), not this run's.
     all_versions: bool = False
+    # (key, read): before the step's items are drawn, read(run) (which may open the
+    # output: the flow runs it as a task) goes into run.extra[key], for `over` to use. A
+    # stage's reports, read after its steps, may replace it.
+    plan: tuple[str, Callable[[Run], Any]] | None = None
 
     def title(self, cfg: PrepConfig) -> str:
         return self.label.format(cfg=cfg) if self.label else self.name
@@ -201,8 +205,12 @@ def _bucket_keys(bands: list[int]) -> tuple[str, ...]:
     return tuple(near.bucket_key(b) for b in bands)
 
 
+def _substring_plan(run: Run) -> dict[str, Any]:
+    return substring.plan(run.cfg, run.all_shards)
+
+
 def _substring_parts(run: Run) -> list[str]:
-    return substring.partitions(run.cfg, run.all_shards)
+    return substring.partitions(run.extra[substring.STAGE])
 
 
 def _substring_summary(run: Run) -> dict[str, Any]:
@@ -324,6 +332,7 @@ STAGES: list[Stage] = [
                 _substring_parts,
                 ("prior", "shards"),
                 versioned=True,
+                plan=(substring.STAGE, _substring_plan),
             ),
             Step(
                 "substring: apply",

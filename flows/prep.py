@@ -114,6 +114,14 @@ REPORT_TASKS: dict[Callable[..., Any], Task] = {
     for i, (key, read) in enumerate(st.reports)
 }
 
+# A step's plan (Step.plan), read before its items are drawn: "<step>-plan".
+PLAN_TASKS: dict[Callable[..., Any], Task] = {
+    s.plan[1]: task(s.plan[1], name=f"{_task_name(s)}-plan")
+    for st in STAGES
+    for s in st.steps
+    if s.plan is not None
+}
+
 
 @task(name="plan-inputs")
 def plan_task(cfg: PrepConfig, from_scratch: bool = False) -> Prepared:
@@ -165,6 +173,7 @@ DRIVER_TASKS: dict[Callable[..., Any], Callable[..., Any]] = {
     save_report: save_report_task,
     finish_version: finish_task,
     **REPORT_TASKS,
+    **PLAN_TASKS,
 }
 
 

@@ -197,15 +197,22 @@ def _estimate(markers: list[dict[str, Any]], bits: int) -> np.ndarray:
     return out
 
 
-def partitions(cfg: PrepConfig, shards: list[str]) -> list[str]:
-    """The select step's items, "BB-QQQQQ": the 2**BB ranges of hash values (by top bits)
-    with the fewest BB such that no range holds more entries than max_memory allows."""
+def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
+    """How select splits the hash values (once every shard is hashed): into 2**bits
+    ranges by top bits, the fewest such that no range holds more entries than
+    max_memory allows."""
     store = output_store(cfg)
     markers = [_marker(store, s) for s in shards]
     cap = _entries(settings(cfg).max_memory, SELECT_ENTRY_BYTES)
     bits = 0
     while bits < MAX_BITS and _estimate(markers, bits).max(initial=0) > cap:
         bits += 1
+    return {"partition_bits": bits}
+
+
+def partitions(planned: dict[str, Any]) -> list[str]:
+    """The select step's items, "BB-QQQQQ": range QQQQQ of 2**BB."""
+    bits = int(planned["partition_bits"])
     return [f"{bits:02d}-{q:05d}" for q in range(1 << bits)]
 
 
