@@ -102,23 +102,20 @@ class Windows:
 def tokens(data: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Start and end byte offsets (into `data`) of every token of the documents whose text
     is data[offsets[i]:offsets[i+1]]; a token never runs from one document into the next."""
-    n = len(data)
-    if n == 0:
+    if len(data) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    ws = _WS[data]
-    word = ~ws
-    lengths = np.diff(offsets)
-    first = np.zeros(n, dtype=bool)
-    first[offsets[:-1][lengths > 0]] = True
-    last = np.zeros(n, dtype=bool)
-    last[offsets[1:][lengths > 0] - 1] = True
-    before = np.ones(n, dtype=bool)
-    before[1:] = ws[:-1]
-    after = np.ones(n, dtype=bool)
-    after[:-1] = ws[1:]
-    starts = np.flatnonzero(word & (before | first))
-    ends = np.flatnonzero(word & (after | last)) + 1
-    return starts, ends
+    n = len(data)
+    word = np.zeros(n + 2, dtype=np.int8)  # 1 on token bytes, 0 around the batch
+    word[1:-1] = ~_WS[data]
+    edge = word[1:] - word[:-1]  # +1 where a token starts, -1 where one ended
+    is_start, is_end = edge == 1, edge == -1
+    # A token running over a document boundary is two: one ends there, one starts there.
+    inner = offsets[1:-1]
+    inner = inner[(inner > 0) & (inner < n)]
+    split = inner[(word[inner] == 1) & (word[inner + 1] == 1)]
+    is_start[split] = True
+    is_end[split] = True
+    return np.flatnonzero(is_start), np.flatnonzero(is_end)
 
 
 def count_units(data: np.ndarray, offsets: np.ndarray, unit: str) -> int:
@@ -191,28 +188,29 @@ def positions(rows: np.ndarray, index: np.ndarray) -> np.ndarray:
 
 
 def distinct(hashes: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One entry per hash, sorted by hash: its first position, with REPEATED set when the
-    hash occurs more than once. `pos` ascends (windows come in input order), so a stable
-    sort by hash alone puts each hash's first position first."""
+    """One entry per hash, sorted by hash: its first position (the least: positions
+    ascend in input order), with REPEATED set when the hash occurs more than once."""
     if len(hashes) == 0:
         return hashes, pos
-    order = np.argsort(hashes, kind="stable")
-    h, p = hashes[order], pos[order]
+    order = np.argsort(hashes)  # quicksort: 4x a stable sort; ties are settled below
+    h = hashes[order]
     start = np.ones(len(h), dtype=bool)
     start[1:] = h[1:] != h[:-1]
     firsts = np.flatnonzero(start)
+    first_pos = np.minimum.reduceat(pos[order], firsts)
     again = np.diff(np.append(firsts, len(h))) > 1
-    return h[firsts], p[firsts] | np.where(again, REPEATED, U64(0))
+    return h[firsts], first_pos | np.where(again, REPEATED, U64(0))
 
 
 def select(
     hashes: np.ndarray, pos: np.ndarray, shard: np.ndarray, keep_first: bool
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The repeated hashes among the shards' distinct entries (`shard`: each entry's
-    shard index in input order, ascending; within a shard a hash appears once). Returns,
-    for every entry of a repeated hash: its shard, the hash, and the position in that shard
-    to keep (its first occurrence, when it is the corpus's first and keep_first) or NONE."""
-    order = np.argsort(hashes, kind="stable")  # shards ascend: each hash's first shard first
+    shard index in input order; within a shard a hash appears once). Returns, for every
+    entry of a repeated hash, in hash order: its shard, the hash, and the position in that
+    shard to keep (its first occurrence, when it is the corpus's first and keep_first) or
+    NONE."""
+    order = np.argsort(hashes)  # quicksort; the first shard of each hash is found below
     h, p, s = hashes[order], pos[order], shard[order]
     start = np.ones(len(h), dtype=bool)
     start[1:] = h[1:] != h[:-1]
@@ -220,20 +218,38 @@ def select(
     sizes = np.diff(np.append(firsts, len(h)))
     repeated = (sizes > 1) | ((p[firsts] & REPEATED) != 0)
     take = np.repeat(repeated, sizes)
+    h, p, s = h[take], p[take], s[take]
     keep = np.full(len(h), NONE, dtype=np.uint64)
-    if keep_first:
-        keep[firsts] = p[firsts] & ~REPEATED
-    return s[take], h[take], keep[take]
+    if keep_first and len(h):
+        starts = np.flatnonzero(np.diff(h, prepend=~h[:1]) != 0)
+        lead = np.repeat(np.minimum.reduceat(s, starts), np.diff(np.append(starts, len(h))))
+        first = s == lead  # the hash's entry in its first shard (one: distinct per shard)
+        keep[first] = p[first] & ~REPEATED
+    return s, h, keep
 
 
-def marked(w: Windows, rows: np.ndarray, dup_hash: np.ndarray, dup_keep: np.ndarray) -> np.ndarray:
-    """Which windows are marked, given the shard's repeated hashes (sorted) and, for each,
-    the position that stays (NONE: none does); `rows`: each window's row in the shard."""
-    if len(dup_hash) == 0 or len(w.hash) == 0:
-        return np.zeros(len(w.hash), dtype=bool)
-    at = np.minimum(np.searchsorted(dup_hash, w.hash), len(dup_hash) - 1)
-    hit = dup_hash[at] == w.hash
-    return hit & (dup_keep[at] != positions(rows, w.index))
+class Repeated:
+    """A shard's repeated hashes (sorted) and, for each, the position that stays (NONE:
+    none does), with a bitmap of their top bits: most windows are not repeated, and one
+    bitmap probe turns them away faster than a binary search."""
+
+    def __init__(self, hashes: np.ndarray, keep: np.ndarray):
+        self.hash, self.keep = hashes, keep
+        self.bits = min(26, max(10, len(hashes).bit_length() + 4))
+        self.seen = np.zeros(1 << self.bits, dtype=bool)
+        self.seen[hashes >> U64(64 - self.bits)] = True
+
+    def marked(self, w: Windows, rows: np.ndarray) -> np.ndarray:
+        """Which windows are marked; `rows`: each window's row in the shard."""
+        out = np.zeros(len(w.hash), dtype=bool)
+        if len(self.hash) == 0 or len(w.hash) == 0:
+            return out
+        cand = np.flatnonzero(self.seen[w.hash >> U64(64 - self.bits)])
+        h = w.hash[cand]
+        at = np.minimum(np.searchsorted(self.hash, h), len(self.hash) - 1)
+        hit = self.hash[at] == h
+        out[cand] = hit & (self.keep[at] != positions(rows[cand], w.index[cand]))
+        return out
 
 
 def union(doc: np.ndarray, start: np.ndarray, end: np.ndarray):

@@ -55,7 +55,7 @@ PROVENANCE_STAT = "substring.removed_bytes"
 # the sorted copies and the repeated entries it returns (up to 20 more).
 HASH_ENTRY_BYTES = 64
 SELECT_ENTRY_BYTES = 80
-APPLY_ENTRY_BYTES = 24  # a repeated hash and its kept position, and slack for the lookup
+APPLY_ENTRY_BYTES = 48  # a repeated hash and its kept position (16), the bitmap (<= 32)
 # Taken off max_memory before entries: the worker's interpreter and libraries (~200 MiB
 # of RSS with pyarrow and numpy loaded) and a batch's temporaries (~60 bytes per byte of
 # sub.BATCH_BYTES).
@@ -314,9 +314,10 @@ def removed_ranges(
     hasher = sub.Hasher(cfg.seed)
     rows, starts, ends = [], [], []
     for dup_hash, dup_keep in dups:
+        repeated = sub.Repeated(dup_hash, dup_keep)
         for row0, data, off in sub.batches(column):
             w = sub.windows(hasher, data, off, s.min_tokens, s.unit)
-            m = sub.marked(w, row0 + w.doc, dup_hash, dup_keep)
+            m = repeated.marked(w, row0 + w.doc)
             if m.any():
                 d, a, b = sub.union(w.doc[m], w.start[m], w.end[m])
                 rows.append(d + row0)

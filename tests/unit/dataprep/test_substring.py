@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +18,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
+from core.store import open_store
 from dataprep import substring as sub
 from dataprep.config import ConfigError, parse_config
 from dataprep.pipeline import run_prep
-from tests.support.helpers import read_jsonl, shared_file, write_jsonl
+from dataprep.stages import substring as stage
+from tests.support.helpers import ROOT, read_jsonl, shared_file, write_jsonl
 
 # ---- the kernel against the reference ---------------------------------------------------
 VOCAB = ["a", "b", "cc", "dé", "日本", "x\ny", "🙂", "end."]
@@ -67,11 +73,11 @@ def kernel_ranges(
     for gi, (docs, col) in enumerate(zip(shards, cols, strict=True)):
         mine = shard_of == gi
         order = np.argsort(dup_h[mine])
-        dh, dk = dup_h[mine][order], dup_keep[mine][order]
+        repeated = sub.Repeated(dup_h[mine][order], dup_keep[mine][order])
         ranges: list[list[tuple[int, int]]] = [[] for _ in docs]
         for row0, data, off in sub.batches(col):
             w = sub.windows(hasher, data, off, k, unit)
-            m = sub.marked(w, row0 + w.doc, dh, dk)
+            m = repeated.marked(w, row0 + w.doc)
             docs_, starts, ends = (x.tolist() for x in sub.union(w.doc[m], w.start[m], w.end[m]))
             for d, a, b in zip(docs_, starts, ends, strict=True):
                 if unit == "bytes":
@@ -323,6 +329,16 @@ def test_a_tiny_memory_bound_gives_the_same_output(corpus, run, tmp_path: Path) 
         for s in r["shards"]
     ]
     assert max(passes) > 1
+    # Apply holds a shard's repeated hashes a group of partitions at a time when they
+    # exceed its share of the bound: the same ranges as from all at once.
+    cfg, store = parse_config(config(corpus[0], small)), open_store(str(small))
+    groups = []
+    for s in r["shards"]:
+        text = pq.read_table(small / "docs" / "ingest" / f"{s}.parquet")["text"]
+        whole = stage.removed_ranges(cfg, text, stage.shard_dups(store, s))
+        groups.append(len(list(stage.shard_dups(store, s, 16))))
+        assert stage.removed_ranges(cfg, text, stage.shard_dups(store, s, 16)) == whole
+    assert max(groups) > 1
     for s in r["shards"]:
         for d in ("docs", "dropped"):
             a, b = out / d / "substring" / f"{s}.parquet", small / d / "substring" / f"{s}.parquet"
@@ -421,3 +437,52 @@ def test_bad_values_name_the_key(tmp_path: Path) -> None:
     assert "dedup.substring.max_memory" in error(max_memory="10KiB")
     assert "dedup.substring.min_token: unknown key" in error(min_token=5)
     assert parse_config(config(tmp_path, tmp_path / "o", max_memory="2GB")).dedup.substring
+
+
+# ---- kill -9 and resume; Dask ------------------------------------------------------------
+def _cli(cfg: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", "prep", str(cfg), "--no-progress"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize("failpoint", ["substring: select:3", "substring: apply:2"])
+def test_killed_and_resumed_gives_the_same_bytes(corpus, tmp_path: Path, failpoint: str) -> None:
+    """A run SIGKILLed after the 3rd select partition (of many: a 1 MiB bound) or the 2nd
+    shard's apply, then run again, ends with every file of an uninterrupted run."""
+    ref, out = tmp_path / "ref", tmp_path / "killed"
+    prep(config(corpus[0], ref, max_memory="1MiB"), until=None)
+    cfg = tmp_path / "killed.yaml"
+    cfg.write_text(yaml.safe_dump(config(corpus[0], out, max_memory="1MiB")))
+    killed = _cli(cfg, env={"BALLAST_FAILPOINT": failpoint})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not (out / "v0001" / "report.json").exists()
+    resumed = _cli(cfg)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "substring-dedup: windows of 20 tokens, keep first: 43 documents edited" in (
+        resumed.stdout
+    )
+    assert snapshot(out) == snapshot(ref)
+
+
+def test_on_a_dask_cluster_the_output_is_the_local_pools(corpus, run, tmp_path: Path) -> None:
+    from distributed import LocalCluster
+
+    from dataprep.cluster import DaskRunner
+
+    out, _ = run
+    on_dask = tmp_path / "dask"
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster:
+        runner = DaskRunner(cluster.scheduler_address, progress=False)
+        try:
+            run_prep(parse_config(config(corpus[0], on_dask)), "substring", runner=runner)
+        finally:
+            runner.close()
+    assert snapshot(on_dask) == snapshot(out)
