@@ -345,6 +345,29 @@ def test_a_tiny_memory_bound_gives_the_same_output(corpus, run, tmp_path: Path) 
             assert a.exists() == b.exists() and (not a.exists() or a.read_bytes() == b.read_bytes())
 
 
+def test_hash_files_finer_than_the_partitions_give_the_same_output(
+    corpus, run, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shard's hash files split by more top bits than select's ranges (a large shard, or
+    an earlier version's shards under a bound that now needs fewer ranges): select reads
+    several files a range. workers 1 runs in this process, so the constant holds."""
+    out, _ = run
+    monkeypatch.setattr(stage, "FILE_ENTRIES", 64)
+    fine = tmp_path / "fine"
+    r = prep(config(corpus[0], fine))
+    bits = {
+        json.loads((fine / "substring" / "windows" / f"{s}.json").read_text())["bits"]
+        for s in r["shards"]
+    }
+    assert min(bits) > 3 and r["substring"]["partitions"] == 1
+    for s in r["shards"]:
+        a, b = (
+            out / "docs" / "substring" / f"{s}.parquet",
+            fine / "docs" / "substring" / f"{s}.parquet",
+        )
+        assert a.read_bytes() == b.read_bytes()
+
+
 def test_output_is_the_same_with_one_or_two_workers(corpus, run, tmp_path: Path) -> None:
     out, _ = run
     two = tmp_path / "two"
