@@ -45,6 +45,14 @@ class EnglishWords {
 
   // The text split last is no longer the one sentences() may read lines of.
   void forget() { words_text_ = {}; }
+  // How many whitespace-separated chunks `text` has, when it is the text split last
+  // (the same bytes in the same place); -1 otherwise.
+  int64_t chunk_count(std::string_view text) const {
+    if (words_text_.empty() || text.data() != words_text_.data() || text.size() != words_text_.size()) {
+      return -1;
+    }
+    return static_cast<int64_t>(chunk_views_.size());
+  }
   size_t misses() const { return cache_.misses(); }
   size_t in_context() const { return in_context_; }
 
