@@ -230,7 +230,8 @@ def scale(args: argparse.Namespace) -> None:
     runs = list(result["runs"].values())
     if len(runs) > 1:
         result["flatness_mb_per_s_ratio"] = round(runs[-1]["mb_per_s"] / runs[0]["mb_per_s"], 3)
-    result["targets"] = {"flatness_mb_per_s_ratio": 0.8, "peak_rss_mb": 2048, "mb_per_s": 5.0}
+    # mb_per_s: "Native speed" (issue 30) asks 10 MB/s on 2 cores at 1M and 10M documents.
+    result["targets"] = {"flatness_mb_per_s_ratio": 0.8, "peak_rss_mb": 2048, "mb_per_s": 10.0}
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
 
