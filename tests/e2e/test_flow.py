@@ -27,6 +27,9 @@ def flow_config(data: Path, out: Path) -> dict:
     cfg = prep_config(data, out, shard_docs=60)
     cfg["pack"] = {"seq_len": 512}
     cfg["dataset"] = {"pack_partitions": 2, "train_shards": 2}
+    # Substring dedup too: its select step draws its items from a plan the flow reads as
+    # a task (Step.plan), and its cuts must be the CLI's.
+    cfg["dedup"] = {"substring": {"min_tokens": 30}}
     return cfg
 
 
@@ -62,6 +65,7 @@ def test_prep_flow_matches_cli_output(prefect_api, corpus, tmp_path: Path):
     assert result["dataset"] == str(out / "dataset" / "v0001")
     report = result["report"]
     assert report["problems"] == []
+    assert report["substring"]["partitions"] >= 1 and "substring" in report["stages"]
     assert report["stages"]["ingest"]["total"]["docs_in"] == (
         planted["n_web_lines"] + planted["n_code"]
     )
