@@ -509,3 +509,18 @@ def test_on_a_dask_cluster_the_output_is_the_local_pools(corpus, run, tmp_path: 
         finally:
             runner.close()
     assert snapshot(on_dask) == snapshot(out)
+
+
+def test_output_on_s3_is_the_local_outputs(
+    corpus, run, s3_bucket, s3_client, moto_endpoint, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The output on a real S3-protocol server (moto_server on loopback): the stage reads
+    and writes only through the store (its hash files listed and sized there)."""
+    out, _ = run
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    cfg = config(corpus[0], out)
+    cfg["output"] = f"s3://{s3_bucket}/substring"
+    prep(cfg)
+    for f in sorted((out / "docs" / "substring").glob("*.parquet")):
+        key = f"substring/docs/substring/{f.name}"
+        assert s3_client.get_object(Bucket=s3_bucket, Key=key)["Body"].read() == f.read_bytes()
