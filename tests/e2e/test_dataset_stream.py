@@ -6,6 +6,7 @@ not hold a whole split in memory while doing it."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -259,8 +260,10 @@ import json, sys
 from pathlib import Path
 import pyarrow as pa
 from core.store import LocalStore
+from dataprep.stages import dataset
 from {__name__} import write_streaming
 root = Path(sys.argv[1])
+dataset.SHARD_THREADS = int(sys.argv[3])
 before = pa.default_memory_pool().max_memory()
 entries = write_streaming(LocalStore(root / "store"), LocalStore(root / "new"),
                           ["train/g00-p0000"], "train", int(sys.argv[2]), 3, "fp", root / "scratch")
@@ -290,19 +293,26 @@ def test_memory_stays_at_a_few_batches_not_the_split(tmp_path):
     del table, ids, mask
     (tmp_path / "scratch").mkdir()
 
-    repo = ROOT
-    proc = subprocess.run(
-        [sys.executable, "-c", MEASURE, str(tmp_path), str(seq_len)],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["rows"] == rows
-    peak = got["peak"] - got["before"]
+    def peak(threads: int) -> int:
+        shutil.rmtree(tmp_path / "new", ignore_errors=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", MEASURE, str(tmp_path), str(seq_len), str(threads)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert got["rows"] == rows
+        return got["peak"] - got["before"]
+
     batch_bytes = dataset.save_batch_size(rows, split_bytes) * dataset.row_nbytes(schema)
-    assert peak < 4 * batch_bytes, (peak, batch_bytes)
-    assert peak < split_bytes / 2, (peak, split_bytes)
+    # One shard writer streams: a few batches, not the split.
+    one = peak(1)
+    assert one < 4 * batch_bytes, (one, batch_bytes)
+    assert one < split_bytes / 2, (one, split_bytes)
+    # The step writes SHARD_THREADS shards at once: each streams the same way.
+    both = peak(dataset.SHARD_THREADS)
+    assert both < dataset.SHARD_THREADS * 4 * batch_bytes, (both, batch_bytes)

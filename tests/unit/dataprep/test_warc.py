@@ -279,3 +279,29 @@ def test_shared_crawl_every_record_accounted() -> None:
     # PROVENANCE.md: 1 warcinfo, 317 pages, 3 images, a 404, a 301, a CSS file.
     assert dict(c) == {"not_a_page": 1, "kept": 317, "not_html": 4, "http_status": 2}
     assert len(out) == len(offsets(SHARED_WARC))
+
+
+def test_every_web_reason_in_the_code_is_tested() -> None:
+    # Each reason the web readers and the extractor can give appears in an expectation of
+    # the web tests (the text formats' reasons are the adversarial corpus's).
+    import re
+
+    from tests.support.helpers import ROOT
+
+    src = ROOT / "dataprep"
+    code = "\n".join(
+        (src / f).read_text(encoding="utf-8")
+        for f in ("formats/warc.py", "formats/html.py", "extract.py")
+    )
+    in_code = set(re.findall(r'(?:BadRecord|\bbad)\(\s*"([a-z0-9_]+)"', code))
+    in_code |= set(re.findall(r'Extracted\([^)]*?"([a-z_]+)"', code))
+    assert {"not_html", "extract_timeout", "truncated"} <= in_code  # the scan finds them
+    # This test's own text (its literals above) is left out of what is searched.
+    tests = "\n".join(
+        (ROOT / "tests" / "unit" / "dataprep" / f)
+        .read_text(encoding="utf-8")
+        .split("def test_every_web_reason_in_the_code_is_tested")[0]
+        for f in ("test_warc.py", "test_warc_split.py", "test_extract.py", "test_web_prep.py")
+    )
+    untested = sorted(r for r in in_code if f'"{r}"' not in tests)
+    assert untested == []
