@@ -21,8 +21,11 @@ input order; they lose nothing themselves."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import tempfile
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -134,35 +137,27 @@ def hash_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
     s = settings(cfg)
     store = output_store(cfg)
     column = read_docs(store, input_stage, shard).column("text")
-    hasher = sub.Hasher(cfg.seed)
     units = sum(sub.count_units(d, o, s.unit) for _, d, o in sub.batches(column))
     cap = _entries(s.max_memory - column.nbytes, HASH_ENTRY_BYTES)
     pass_bits = _bits_for(units, cap)
     bits = max(pass_bits, _bits_for(units, FILE_ENTRIES))
     counts = np.zeros(1 << bits, dtype=np.int64)
-    n_windows, disk = 0, 0
-    for p in range(1 << pass_bits):
-        hs, ps = [], []
-        for row0, data, off in sub.batches(column):
-            w = sub.windows(hasher, data, off, s.min_tokens, s.unit)
-            if p == 0:
-                n_windows += len(w.hash)
-            sel = _top(w.hash, pass_bits) == np.uint64(p)
-            hs.append(w.hash[sel])
-            ps.append(sub.positions(row0 + w.doc[sel], w.index[sel]))
-        h = _cat(hs, np.uint64)
-        del hs
-        pos = _cat(ps, np.uint64)
-        del ps
-        h, pos = sub.distinct(h, pos)
-        # The pass's hashes are sorted, so each file's entries are one slice.
-        first = p << (bits - pass_bits)
-        idx = np.arange(first, first + (1 << (bits - pass_bits)), dtype=np.uint64)
-        cuts = np.searchsorted(_top(h, bits), np.append(idx, idx[-1] + np.uint64(1)))
-        for i, a, b in zip(idx.tolist(), cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
-            counts[i] = b - a
-            if b > a:
-                disk += _save(store, bucket_key(shard, bits, i), np.stack([h[a:b], pos[a:b]], 1))
+    disk = 0
+    with tempfile.TemporaryDirectory(prefix="ballast-substring-") as scratch:
+        n_windows, passes = _window_runs(cfg, column, pass_bits, scratch)
+        for p, entries in enumerate(passes):
+            h, pos = sub.distinct(entries[:, 0], entries[:, 1])
+            del entries
+            # The pass's hashes are sorted, so each file's entries are one slice.
+            first = p << (bits - pass_bits)
+            idx = np.arange(first, first + (1 << (bits - pass_bits)), dtype=np.uint64)
+            cuts = np.searchsorted(_top(h, bits), np.append(idx, idx[-1] + np.uint64(1)))
+            for i, a, b in zip(idx.tolist(), cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+                counts[i] = b - a
+                if b > a:
+                    disk += _save(
+                        store, bucket_key(shard, bits, i), np.stack([h[a:b], pos[a:b]], 1)
+                    )
     marker = {
         "bits": bits,
         "counts": counts.tolist(),
@@ -173,6 +168,52 @@ def hash_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
     }
     store.put(windows_key(shard), json.dumps(marker, sort_keys=True).encode())
     return n_windows
+
+
+def _window_runs(
+    cfg: PrepConfig, column: pa.ChunkedArray, pass_bits: int, scratch: str
+) -> tuple[int, Iterator[np.ndarray]]:
+    """Every window's (hash, position), as one (n, 2) array per pass (range of hash
+    values), and the number of windows. The text is hashed once: with one pass the entries
+    stay in memory; with more, each goes to its pass's file in local `scratch`, and a pass
+    reads back only its own."""
+    s = settings(cfg)
+    hasher = sub.Hasher(cfg.seed)
+    n_passes = 1 << pass_bits
+    mem: list[np.ndarray] = []
+    n_windows = 0
+    with contextlib.ExitStack() as stack:
+        files = [
+            stack.enter_context(open(os.path.join(scratch, f"{p:05d}"), "wb"))
+            for p in range(n_passes if n_passes > 1 else 0)
+        ]
+        for row0, data, off in sub.batches(column):
+            w = sub.windows(hasher, data, off, s.min_tokens, s.unit)
+            n_windows += len(w.hash)
+            entries = np.stack([w.hash, sub.positions(row0 + w.doc, w.index)], 1)
+            if not files:
+                mem.append(entries)
+                continue
+            top = _top(w.hash, pass_bits)
+            order = np.argsort(top, kind="stable")
+            entries, top = entries[order], top[order]
+            cuts = np.searchsorted(top, np.arange(n_passes + 1, dtype=np.uint64))
+            for p, f in enumerate(files):
+                entries[cuts[p] : cuts[p + 1]].tofile(f)
+
+    def passes() -> Iterator[np.ndarray]:
+        if n_passes == 1:
+            # Handed out without a reference kept here: the caller frees it when done.
+            one = [np.concatenate(mem) if mem else np.zeros((0, 2), np.uint64)]
+            mem.clear()
+            yield one.pop()
+            return
+        for p in range(n_passes):
+            path = os.path.join(scratch, f"{p:05d}")
+            yield np.fromfile(path, dtype=np.uint64).reshape(-1, 2)
+            os.unlink(path)
+
+    return n_windows, passes()
 
 
 def _cat(parts: list[np.ndarray], dtype: type) -> np.ndarray:
@@ -344,7 +385,8 @@ def apply_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
     s = settings(cfg)
     store = output_store(cfg)
     docs = read_docs(store, input_stage, shard)
-    # The documents are held about three times (read, edited, kept) beside the groups.
+    # The text is held about three times (read, a new column for the edited documents, the
+    # filtered table when some are dropped) beside the groups.
     cap = _entries(s.max_memory - 3 * docs.nbytes, APPLY_ENTRY_BYTES)
     ranges = removed_ranges(cfg, docs["text"], shard_dups(store, shard, cap))
     nbytes = pc.binary_length(docs["text"]).to_numpy(zero_copy_only=False)
@@ -370,6 +412,7 @@ def apply_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
         src["edited"] += 1
         src["bytes_removed"] += n_removed
         src["spans_removed"] += len(rs)
+    del texts
     stats = ShardStats()
     dropped = DroppedRows()
     keep = np.ones(docs.num_rows, dtype=bool)
@@ -399,18 +442,24 @@ def apply_shard(cfg: PrepConfig, input_stage: str, shard: str) -> dict:
                 doc_location(taken["meta"][k].as_py(), shard, row),
                 taken["text"][k].as_py(),
             )
+    # Each copy of the text is a shard's worth of memory: a new text column only when a
+    # document changed, a filtered table only when one was dropped, no combined chunks.
     kept = docs.select(DOC_SCHEMA.names)
+    del docs
     if new_text:
-        values = [new_text.get(r) for r in range(docs.num_rows)]
+        values = [new_text.pop(r, None) for r in range(kept.num_rows)]
         col = pc.coalesce(pa.array(values, pa.string()), kept["text"])
+        del values
         kept = kept.set_column(kept.schema.get_field_index("text"), "text", col)
-    kept = kept.filter(pa.array(keep))
+        del col
+    if drop:
+        kept = kept.filter(pa.array(keep))
     _save(store, removed_key(shard), removed[keep])
     return write_shard(
         store,
         STAGE,
         shard,
-        kept.combine_chunks(),
+        kept,
         dropped,
         stats,
         {"substring": dict(sorted(per_source.items()))},
