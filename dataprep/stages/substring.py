@@ -5,8 +5,9 @@ are cut out of the documents; a document left shorter than `min_doc_chars` is dr
 
     hash   (per shard)      every window's hash, one entry per distinct hash with its first
                             position, sorted and split by the hash's top bits into files
-                            substring/windows/<shard>/BB-IIIII.npy (in passes over ranges
-                            of hash values when the shard's windows exceed the bound)
+                            substring/windows/<shard>/BB-IIIII.npy (sorted a range of hash
+                            values at a time, from local scratch, when the shard's windows
+                            exceed the bound)
     select (per partition)  a range of hash values over every shard of the version: the
                             repeated hashes and the occurrence that stays ->
                             substring/dups/<shard>/BB-QQQQQ.npy for this run's shards; the
