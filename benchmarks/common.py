@@ -72,11 +72,13 @@ def du(path: Path) -> int:
 # ---- measuring ------------------------------------------------------------------------
 class TreeRSS:
     """Samples the summed RSS of a process and all its descendants (/proc); keeps the
-    (time, rss) samples so peaks can be attributed to steps."""
+    (time, rss) samples so peaks can be attributed to steps, and each process's own peak
+    (`per_pid`)."""
 
     def __init__(self, pid: int, interval: float = 0.05):
         self.pid, self.interval, self.peak, self._stop = pid, interval, 0, threading.Event()
         self.samples: list[tuple[float, int]] = []
+        self.per_pid: dict[int, int] = {}
         self._t = threading.Thread(target=self._run, daemon=True)
 
     def _tree(self, pid: int) -> list[int]:
@@ -95,7 +97,9 @@ class TreeRSS:
             try:
                 for line in Path(f"/proc/{p}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
+                        rss = int(line.split()[1]) * 1024
+                        total += rss
+                        self.per_pid[p] = max(self.per_pid.get(p, 0), rss)
             except OSError:
                 pass
         return total

@@ -184,27 +184,6 @@ def _scores(got: dict[str, list], want: dict[str, list]) -> dict[str, Any]:
     }
 
 
-class WorkerRSS(TreeRSS):
-    """TreeRSS that also keeps each process's own peak."""
-
-    def __init__(self, pid: int, interval: float = 0.05):
-        super().__init__(pid, interval)
-        self.per_pid: dict[int, int] = {}
-
-    def sample(self) -> int:
-        total = 0
-        for p in self._tree(self.pid):
-            try:
-                for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        rss = int(line.split()[1]) * 1024
-                        total += rss
-                        self.per_pid[p] = max(self.per_pid.get(p, 0), rss)
-            except OSError:
-                pass
-        return total
-
-
 def run_one(n_docs: int, args: argparse.Namespace) -> dict[str, Any]:
     import pyarrow.parquet as pq
     import yaml
@@ -241,7 +220,7 @@ def run_one(n_docs: int, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "cli.main", "prep", str(cfg_path), "--no-progress"]
     t0 = time.perf_counter()
     proc = subprocess.Popen([*cmd, "--until", "substring"], cwd=ROOT, stdout=subprocess.DEVNULL)
-    with WorkerRSS(proc.pid) as rss:
+    with TreeRSS(proc.pid) as rss:
         if proc.wait() != 0:
             raise SystemExit(f"ballast prep failed with exit code {proc.returncode}")
     wall = time.perf_counter() - t0

@@ -443,7 +443,8 @@ def write_dataset(
     parts = {"train": train_parts, "validation": validation_parts or ["validation"]}
     max_shards = {"train": cfg.dataset.train_shards, "validation": cfg.dataset.validation_shards}
     # Known before any shard is written: the shard boundaries depend on the totals.
-    rows = {name: packed_rows(store, ps) for name, ps in parts.items()}
+    part_rows = {name: [packed_rows(store, [p]) for p in ps] for name, ps in parts.items()}
+    rows = {name: sum(n) for name, n in part_rows.items()}
     files: dict[str, Any] = {}
     prov_splits: dict[str, list[dict[str, Any]]] = {}
     scratch.mkdir(parents=True, exist_ok=True)
@@ -453,7 +454,7 @@ def write_dataset(
         )
         for name, ps in parts.items():
             n = rows[name]
-            per_part = [int(json.loads(store.get(packed_done_key(p)))["rows"]) for p in ps]
+            per_part = part_rows[name]
 
             def rows_from(start: int, ps: list[str] = ps, per_part: list[int] = per_part):
                 return packed_batches(

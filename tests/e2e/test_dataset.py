@@ -182,6 +182,19 @@ def test_same_config_and_seed_give_identical_bytes(data, built, tmp_path):
         assert (out1 / "dataset" / f).read_bytes() == (out2 / "dataset" / f).read_bytes(), f
 
 
+def as_parquet(files: list[Path]) -> None:
+    """Rewrite Arrow IPC stream files as the Parquet files an older ballast wrote."""
+    for f in files:
+        pq.write_table(pa.ipc.open_stream(f.read_bytes()).read_all(), f.with_suffix(".parquet"))
+        f.unlink()
+
+
+def assert_same_dataset(out1: Path, out2: Path) -> None:
+    for f in sorted(p for p in (out1 / "dataset").rglob("*") if p.is_file()):
+        rel = f.relative_to(out1)
+        assert (out2 / rel).read_bytes() == f.read_bytes(), rel
+
+
 def test_resume_packs_pieces_scattered_as_parquet(data, built, tmp_path):
     # A run scattered by a ballast that wrote the mixture's partition pieces as Parquet,
     # then resumed by this one, packs from those pieces to the same dataset.
@@ -191,13 +204,9 @@ def test_resume_packs_pieces_scattered_as_parquet(data, built, tmp_path):
     run_prep(cfg, until="mixture", progress=False)
     pieces = sorted((out2 / "v0001" / "mix").rglob("*.arrows"))
     assert pieces
-    for f in pieces:
-        pq.write_table(pa.ipc.open_stream(f.read_bytes()).read_all(), f.with_suffix(".parquet"))
-        f.unlink()
+    as_parquet(pieces)
     run_prep(cfg, progress=False)
-    for f in sorted(p for p in (out1 / "dataset").rglob("*") if p.is_file()):
-        rel = f.relative_to(out1)
-        assert (out2 / rel).read_bytes() == f.read_bytes(), rel
+    assert_same_dataset(out1, out2)
 
 
 def test_dataset_from_partitions_packed_as_parquet(data, built, tmp_path):
@@ -210,13 +219,9 @@ def test_dataset_from_partitions_packed_as_parquet(data, built, tmp_path):
     shutil.rmtree(out2 / "dataset" / "v0001")
     packed = sorted((out2 / "v0001").glob("packed*/**/*.arrows"))
     assert len(packed) >= 4  # rows and spans of the train and validation partitions
-    for f in packed:
-        pq.write_table(pa.ipc.open_stream(f.read_bytes()).read_all(), f.with_suffix(".parquet"))
-        f.unlink()
+    as_parquet(packed)
     run_prep(cfg, progress=False)
-    for f in sorted(p for p in (out1 / "dataset").rglob("*") if p.is_file()):
-        rel = f.relative_to(out1)
-        assert (out2 / rel).read_bytes() == f.read_bytes(), rel
+    assert_same_dataset(out1, out2)
 
 
 def test_other_seed_changes_the_order(data, built, tmp_path):

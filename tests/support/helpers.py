@@ -90,15 +90,18 @@ def cli_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
 
 
-def run_cli(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
-    """`ballast ARGS` in a subprocess from the repository root, as a user runs it."""
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, **kw: object
+) -> subprocess.CompletedProcess[str]:
+    """`ballast ARGS` in a subprocess from the repository root, as a user runs it (`env`:
+    variables set on top of the test's own)."""
     return subprocess.run(
         [sys.executable, "-m", "cli.main", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
-        env=cli_env(),
+        env={**cli_env(), **(env or {})},
         **kw,
     )  # type: ignore[call-overload]
 

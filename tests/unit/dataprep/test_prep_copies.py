@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ from dataprep.stages import near
 from dataprep.stages.exact import text_hashes
 from tests.support.corpus import make_corpus
 from tests.support.factories import prep_config
-from tests.support.helpers import ROOT
+from tests.support.helpers import run_cli
 
 
 # ---- take_rows / text_hashes / doc_location -------------------------------------------
@@ -180,15 +179,8 @@ def test_cluster_kernel_matches_the_python_loop(tmp_path: Path, monkeypatch, see
 
 
 # ---- a killed run resumes to the same bytes --------------------------------------------
-def _cli(cfg: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "cli.main", "prep", str(cfg), "--no-progress"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
-    )
+def _cli(cfg: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return run_cli("prep", str(cfg), "--no-progress", env=env)
 
 
 def _same_files(a: Path, b: Path) -> None:

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +23,7 @@ from dataprep import substring as sub
 from dataprep.config import ConfigError, parse_config
 from dataprep.pipeline import run_prep
 from dataprep.stages import substring as stage
-from tests.support.helpers import ROOT, read_jsonl, shared_file, write_jsonl
+from tests.support.helpers import read_jsonl, run_cli, shared_file, write_jsonl
 
 # ---- the kernel against the reference ---------------------------------------------------
 VOCAB = ["a", "b", "cc", "dé", "日本", "x\ny", "🙂", "end."]
@@ -464,14 +462,7 @@ def test_bad_values_name_the_key(tmp_path: Path) -> None:
 
 # ---- kill -9 and resume; Dask ------------------------------------------------------------
 def _cli(cfg: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli.main", "prep", str(cfg), "--no-progress"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, **(env or {})},
-    )
+    return run_cli("prep", str(cfg), "--no-progress", env=env)
 
 
 @pytest.mark.parametrize("failpoint", ["substring: select:3", "substring: apply:2"])
