@@ -7,11 +7,12 @@ from a reader's point of view: a key either holds the whole object or does not e
 from __future__ import annotations
 
 import errno
+import io
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -24,10 +25,14 @@ __all__ = [
     "LocalStore",
     "NotFound",
     "ObjectInfo",
+    "RangedFile",
     "StorageError",
     "StorageOptions",
     "Store",
+    "check_range",
     "join",
+    "open_file",
+    "open_ranged",
     "open_store",
 ]
 
@@ -97,6 +102,12 @@ class Store(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
     def put_if_absent(self, key: str, data: bytes) -> bool: ...
     def get(self, key: str) -> bytes: ...
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """Bytes [start, start + length) of `key`, clipped at its end as a slice is (b""
+        from a start at or past the end); NotFound if the key does not exist. Length 0
+        answers b"" without looking at the key."""
+        ...
+
     def exists(self, key: str) -> bool: ...
     def list(self, prefix: str = "") -> list[str]: ...
     def list_sizes(self, prefix: str = "") -> dict[str, int]: ...
@@ -107,8 +118,47 @@ class Store(Protocol):
     def local_path(self, key: str) -> Path | None: ...
 
 
+def copy_key(src: Store, src_key: str, dst: Store, dst_key: str) -> None:
+    """`src_key` of `src` to `dst_key` of `dst` without reading it where that can be done:
+    a hard link between local stores on one filesystem (files of a finished dataset are
+    never written again, so sharing their inode is safe), a server-side copy between S3
+    stores; otherwise read and written."""
+    s, d = src.local_path(src_key), dst.local_path(dst_key)
+    if s is not None and d is not None:
+        d.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = temp_beside(d)
+        os.close(fd)
+        os.unlink(tmp)
+        try:
+            try:
+                os.link(s, tmp)
+            except OSError:  # another filesystem, or links not allowed
+                shutil.copyfile(s, tmp)
+            os.replace(tmp, d)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return
+    from core.s3 import S3Store
+
+    if isinstance(src, S3Store) and isinstance(dst, S3Store) and same_endpoint(src, dst):
+        dst.copy_from(src, src_key, dst_key)
+        return
+    dst.put(dst_key, src.get(src_key))
+
+
+def same_endpoint(a: Any, b: Any) -> bool:
+    return bool(a.client.meta.endpoint_url == b.client.meta.endpoint_url)
+
+
 def join(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def check_range(start: int, length: int) -> None:
+    """Refuse what a slice would read from the end: a ranged read starts at an offset."""
+    if start < 0 or length < 0:
+        raise ValueError(f"a byte range needs start >= 0 and length >= 0, got {start}, {length}")
 
 
 class LocalStore:
@@ -192,6 +242,16 @@ class LocalStore:
         except FileNotFoundError:
             raise NotFound(f"{self.uri}/{key} does not exist") from None
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        check_range(start, length)
+        if length == 0:
+            return b""
+        try:
+            with open(self._path(key), "rb") as f:
+                return os.pread(f.fileno(), length, start)
+        except FileNotFoundError:
+            raise NotFound(f"{self.uri}/{key} does not exist") from None
+
     def get_file(self, key: str, path: str | Path) -> None:
         src = self._path(key)
         if not src.is_file():
@@ -246,6 +306,87 @@ class LocalStore:
         if not p.is_file():
             return None
         return ObjectInfo(st.st_size, None, f"{st.st_size}-{st.st_mtime_ns}")
+
+
+class RangedFile(io.RawIOBase):
+    """A read-only, seekable file over one key's ranged reads, for readers that seek to
+    the parts they need (a zip's directory and one member, a .npy header, a parquet footer
+    and some column chunks) on a store without local files, where opening the file would
+    otherwise mean downloading it whole. Each read is one request: wrap it in
+    io.BufferedReader (open_ranged) so that small reads share one. `fetched` counts the
+    bytes the store returned. The size is asked (one HEAD) only when a reader seeks from
+    the end."""
+
+    def __init__(self, store: Store, key: str) -> None:
+        super().__init__()
+        self.store, self.key = store, key
+        self.fetched = 0
+        self._pos = 0
+        self._size: int | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def size(self) -> int:
+        if self._size is None:
+            info = self.store.stat(self.key)
+            if info is None:
+                raise NotFound(f"{self.store.uri}/{self.key} does not exist")
+            self._size = info.size
+        return self._size
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos}.get(whence)
+        pos = offset + (self.size() if base is None else base)
+        if pos < 0:
+            raise ValueError(f"negative seek position {pos}")
+        self._pos = pos
+        return pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.store.get_range(self.key, self._pos, len(view))
+        view[: len(data)] = data
+        self._pos += len(data)
+        self.fetched += len(data)
+        return len(data)
+
+    def readall(self) -> bytes:
+        # RawIOBase's readall would ask in DEFAULT_BUFFER_SIZE pieces: one request each.
+        data = self.store.get_range(self.key, self._pos, max(self.size() - self._pos, 0))
+        self._pos += len(data)
+        self.fetched += len(data)
+        return data
+
+
+# What a small read of a RangedFile fetches at least: a zip entry's or .npy's header is
+# tens of bytes, read in several pieces; one request of 8 KiB answers them together
+# without reading much past a small member.
+RANGED_READAHEAD = 8 * 1024
+
+
+def open_ranged(store: Store, key: str) -> tuple[io.BufferedReader, RangedFile]:
+    """A buffered file over `key`'s ranged reads, and its raw file (for `fetched`)."""
+    raw = RangedFile(store, key)
+    return io.BufferedReader(raw, RANGED_READAHEAD), raw
+
+
+def open_file(store: Store, key: str) -> BinaryIO:
+    """`key` as a seekable binary file for reading parts of it: the local file where the
+    store has one, else ranged reads of the object (never a whole download)."""
+    local = store.local_path(key)
+    if local is None:
+        return open_ranged(store, key)[0]
+    try:
+        return open(local, "rb")
+    except FileNotFoundError:
+        raise NotFound(f"{store.uri}/{key} does not exist") from None
 
 
 def open_store(uri: str | Path, options: StorageOptions | None = None) -> Store:

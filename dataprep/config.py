@@ -365,10 +365,25 @@ class OutputDatasetConfig(Strict):
             "when the plan has over ~8M tokens a partition)."
         ),
     )
+    versions: Literal["whole", "append"] = Field(
+        default="whole",
+        description=(
+            "How a later version (a run that takes in new data) builds its dataset. `whole`: "
+            "the mixture and packing are planned anew over all of the version's documents, "
+            "so earlier documents' rows move. `append`: only the new documents are mixed "
+            "and packed, and their rows follow the previous version's, which are kept as "
+            "they are (hard links, or server-side copies on S3): a nightly run's cost "
+            "follows the new data, and every earlier row keeps its place (row i of the "
+            "previous version is row i of this one). The mixture's weights and caps then "
+            "apply to each version's new documents; `mixture.total_tokens` cannot be used "
+            "with it. Not part of the fingerprint: a version is finished in the mode it began "
+            "in."
+        ),
+    )
 
 
 # The keys that say how or where a run works, not what it makes: outside the fingerprint.
-UNFINGERPRINTED = ("workers", "output", "version")
+UNFINGERPRINTED = ("workers", "output", "version", "max_task_memory")
 
 
 class PrepConfig(Strict):
@@ -383,6 +398,20 @@ class PrepConfig(Strict):
         default=0, description=("MinHash permutations and the mixture's sampling derive from it.")
     )
     workers: int = Field(default=2, ge=1, description="Processes for `ballast prep`.")
+    max_task_memory: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Working memory per task of the steps that see the whole corpus, e.g. `256MB`, "
+            "`1GiB` (bytes as a number): exact select then runs as tasks over ranges of hash "
+            "values, as many as needed for no range to hold more documents than the bound "
+            "allows at the step's measured bytes per document (the worker's interpreter and "
+            "one shard's own data come on top), near clustering over partitions of the "
+            "candidate graph's components, and the mixture plan as steps over one shard "
+            "each. The output is the same bytes whatever the bound. Unset: one task each. "
+            "docs/scale.md says how each is split."
+        ),
+    )
     sources: list[SourceConfig] = Field(
         min_length=1, description=("The inputs, one entry per source.")
     )
@@ -450,6 +479,21 @@ class PrepConfig(Strict):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _append_budget(self) -> PrepConfig:
+        if self.dataset.versions == "append" and self.mixture.total_tokens is not None:
+            raise ValueError(
+                "dataset.versions: append mixes each version's new documents alone, so "
+                "mixture.total_tokens (one budget for the whole mix) cannot apply: unset "
+                "it, or use dataset.versions: whole"
+            )
+        return self
+
+    @field_validator("max_task_memory", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> Any:
+        return parse_size(v)
+
     @field_validator("quality")
     @classmethod
     def _check_quality(cls, v: list[Any]) -> list[Any]:
@@ -483,7 +527,10 @@ class PrepConfig(Strict):
 
     def fingerprint(self) -> str:
         """A stable hash of everything that changes the output."""
-        body = self.model_dump(mode="json", exclude=set(UNFINGERPRINTED))
+        body = self.model_dump(
+            mode="json",
+            exclude={**dict.fromkeys(UNFINGERPRINTED, True), "dataset": {"versions"}},
+        )
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -37,10 +37,13 @@ from dataprep.layout import LAYOUT, READABLE_LAYOUTS, RUN_KEY, output_store, ver
 from dataprep.report import build as build_report
 from dataprep.report import write as write_report
 from dataprep.stages.dataset import dataset_uri
-from dataprep.stages.ingest import plan_units
+from dataprep.stages.ingest import Splits, plan_units
 from dataprep.versions import Prepared, finish_version, prepare_version
 
 T = TypeVar("T")
+# A repeated step (Step.repeat) that has not ended after this many rounds is a bug, not a
+# large input: large-star / small-star converges in O(log^2 n) rounds.
+MAX_ROUNDS = 400
 
 
 class OutputConflict(RuntimeError):
@@ -150,10 +153,20 @@ def run_stages(
     for stage in stages:
         t0 = time.perf_counter()
         for step in stage.steps:
-            if step.plan is not None:
-                key, read = step.plan
-                run.extra[key] = runner.record(read, run)
-            runner.map(StepWork(step, cfg, step.args(run), step.items(run)))
+            if not step.when(cfg):
+                continue
+            for _round in range(MAX_ROUNDS):
+                if step.plan is not None:
+                    key, read = step.plan
+                    run.extra[key] = runner.record(read, run)
+                work = StepWork(step, cfg, step.args(run), step.items(run))
+                if step.repeat and not work.items:
+                    break
+                runner.map(work)
+                if not step.repeat:
+                    break
+            else:
+                raise RuntimeError(f"{step.name}: no end after {MAX_ROUNDS} rounds")
         for key, read in stage.reports:
             run.extra[key] = runner.record(read, run)
         seconds[stage.name] = time.perf_counter() - t0
@@ -244,9 +257,15 @@ def prepare_output(
     every input into units, claim the output, and decide which dataset version this run
     builds from what the inputs hold now (dataprep/versions.py)."""
     check_overlap(cfg)  # before anything is read or written
-    units = plan_units(cfg)  # every input resolved before any work starts
-    claim_output(output_store(cfg), cfg)
-    return prepare_version(cfg, units, log, from_scratch)
+    store = output_store(cfg)
+    # A cache only: read before the claim, written once the run goes ahead (a refused run
+    # writes nothing).
+    splits = Splits.load(store)
+    units = plan_units(cfg, splits=splits)  # every input resolved before any work starts
+    claim_output(store, cfg)
+    prepared = prepare_version(cfg, units, log, from_scratch)
+    splits.save(store)
+    return prepared
 
 
 def run_extra(prepared: Prepared) -> dict[str, Any]:

@@ -18,20 +18,24 @@ lambdas): a process pool or a Dask worker then imports them by name.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 from dataprep.config import PrepConfig
+from dataprep.graph_parts import EXACT_PARTITIONED, MIXTURE_PARTITIONED, NEAR_PARTITIONED
 from dataprep.inputs import listed, marker_parts, with_parts
-from dataprep.layout import done_key, output_store, read_done, version_store
+from dataprep.layout import done_key, output_store, read_done
 from dataprep.stages import (
     dataset,
     exact,
+    exact_ranges,
     ingest,
     lines,
     mixture,
+    mixture_parts,
     near,
+    near_index,
+    near_parts,
     pack,
     quality,
     substring,
@@ -39,121 +43,15 @@ from dataprep.stages import (
 )
 from dataprep.stages.ingest import Unit, ingest_unit
 
-
-@dataclass
-class Run:
-    """What a run knows as it goes: steps draw their items and inputs from it."""
-
-    cfg: PrepConfig
-    units: list[Unit]
-    prev: str = ingest.STAGE  # the stage whose documents the next stage reads
-    # The report's entries besides the accounting; the stages' summaries land here
-    # (Stage.reports), "shards" and "inputs" among them.
-    extra: dict[str, Any] = field(default_factory=dict)
-    # The shards of the earlier dataset versions this version builds on (dataprep/versions.py):
-    # new documents are deduplicated against them; the mixture and packing take them in.
-    prior: list[str] = field(default_factory=list)
-    prior_units: list[str] = field(default_factory=list)  # their ingest units
-
-    @property
-    def shards(self) -> list[str]:
-        """This run's shards: those its units ingested."""
-        return self.extra["shards"]
-
-    @property
-    def all_shards(self) -> list[str]:
-        """Every shard of the version: the earlier versions' it builds on, then this run's."""
-        return [*self.prior, *self.shards]
-
-
-@dataclass(frozen=True)
-class Step:
-    # The step's name in progress bars, timings, failpoints ("near: signatures:3") and,
-    # as "near-signatures", in task names.
-    name: str
-    fn: Callable[..., Any]
-    # An item's output keys (one or several); all present = the item is done.
-    done: Callable[[Any], str | tuple[str, ...]]
-    # The items to map over; None: run once, with the list of every shard as the item.
-    over: Callable[[Run], Sequence[Any]] | None = None
-    # Run attributes passed after cfg and before the item: "prev", "shards".
-    inputs: tuple[str, ...] = ()
-    # The name shown when the config completes it, formatted with cfg ("pack: {cfg...}").
-    label: str = ""
-    # Its done keys are in the version's store (layout.version_store), not the output's:
-    # a step over all of a version's documents, made anew for each version.
-    versioned: bool = False
-    # A run-once step's item: every shard of the version (Run.all_shards), not this run's.
-    all_versions: bool = False
-    # (key, read): before the step's items are drawn, read(run) (which may open the
-    # output: the flow runs it as a task) goes into run.extra[key], for `over` to use. A
-    # stage's reports, read after its steps, may replace it.
-    plan: tuple[str, Callable[[Run], Any]] | None = None
-
-    def title(self, cfg: PrepConfig) -> str:
-        return self.label.format(cfg=cfg) if self.label else self.name
-
-    def args(self, run: Run) -> tuple[Any, ...]:
-        return tuple(getattr(run, name) for name in self.inputs)
-
-    def items(self, run: Run) -> list[Any]:
-        if self.over is not None:
-            return list(self.over(run))
-        return [run.all_shards if self.all_versions else run.shards]
-
-    def is_done(self, cfg: PrepConfig, item: Any) -> bool:
-        store = version_store(cfg) if self.versioned else output_store(cfg)
-        keys = self.done(item)
-        return all(store.exists(k) for k in ((keys,) if isinstance(keys, str) else keys))
-
-
-def _always(_cfg: PrepConfig) -> bool:
-    return True
-
-
-def _shards(run: Run) -> list[str]:
-    return run.shards
-
-
-def _all_shards(run: Run) -> list[str]:
-    return run.all_shards
-
-
-@dataclass(frozen=True)
-class Stage:
-    name: str  # as `--until` names it
-    steps: tuple[Step, ...]
-    enabled: Callable[[PrepConfig], bool] = _always
-    # The names whose _done/<stage>/<name>.json hold the stage's document accounting;
-    # the stage's documents are then what the next stage reads. None: the stage works on
-    # rows, not documents, and is reported apart.
-    accounting: Callable[[Run], list[str]] | None = _shards
-    # (key, read) each: read(run), once the steps are done, goes into the report under key.
-    reports: tuple[tuple[str, Callable[[Run], Any]], ...] = ()
-    # Its accounting markers are in the version's store (a stage over all of a version's
-    # documents), not the output's.
-    versioned: bool = False
-    # The names of its accounting over every version the run builds on.
-    accounting_all: Callable[[Run], list[str]] = _all_shards
-    # Its kept documents are text, in docs/<stage>/ (dataprep/layout.py), for the next such
-    # stage to read; False for the stages after the text is gone (tokens, mixture, rows).
-    docs: bool = True
-
-    def all_versions(self, run: Run) -> list[str]:
-        return self.accounting_all(run)
-
-
-def item_name(item: Any) -> str:
-    """A short name of a work item, for task names and logs."""
-    if isinstance(item, str):
-        return item
-    if isinstance(item, Unit):
-        return item.name
-    return str(item[0]) if isinstance(item, list | tuple) and item else "all"
-
-
-def _key(key: str, _item: Any) -> str:
-    return key
+# Run, Stage, Step and item_name live in dataprep/steps.py; the graph's users import them
+# from here, as before the split.
+from dataprep.steps import Run as Run
+from dataprep.steps import Stage as Stage
+from dataprep.steps import Step as Step
+from dataprep.steps import fixed_key as _key
+from dataprep.steps import item_name as item_name
+from dataprep.steps import mix_shards_of as _mix_shards
+from dataprep.steps import shards_of as _shards
 
 
 def _units(run: Run) -> list[Unit]:
@@ -195,6 +93,14 @@ def _near_on(cfg: PrepConfig) -> bool:
 
 def _lines_summary(run: Run) -> dict[str, Any]:
     return lines.summary(run.cfg, run.shards)
+
+
+def _exact_index(run: Run) -> dict[str, Any] | None:
+    return exact.index_record(run.cfg)
+
+
+def _near_index(run: Run) -> dict[str, Any] | None:
+    return near_index.index_record(run.cfg)
 
 
 def _band_groups(run: Run) -> list[list[int]]:
@@ -268,10 +174,13 @@ STAGES: list[Stage] = [
                 None,
                 ("prev", "prior"),
                 versioned=True,
+                when=exact_ranges.single,
             ),
+            *EXACT_PARTITIONED,
             Step("exact: apply", exact.apply_shard, _applied(exact.STAGE), _shards, ("prev",)),
         ),
         enabled=_exact_on,
+        reports=(("exact_index", _exact_index),),
     ),
     Stage(
         near.STAGE,
@@ -292,11 +201,13 @@ STAGES: list[Stage] = [
                 None,
                 ("prev", "prior"),
                 versioned=True,
+                when=near_parts.single,
             ),
+            *NEAR_PARTITIONED,
             Step("near: apply", near.apply_shard, _applied(near.STAGE), _shards, ("prev",)),
         ),
         enabled=_near_on,
-        reports=(("near", _near_summary),),
+        reports=(("near", _near_summary), ("near_index", _near_index)),
     ),
     Stage(
         lines.STAGE,
@@ -380,16 +291,18 @@ STAGES: list[Stage] = [
                 partial(_key, mixture.PLAN_KEY),
                 versioned=True,
                 all_versions=True,
+                when=mixture_parts.single,
             ),
+            *MIXTURE_PARTITIONED,
             Step(
                 "mixture: order",
                 mixture.scatter_shard,
                 _applied(mixture.STAGE),
-                _all_shards,
+                _mix_shards,
                 versioned=True,
             ),
         ),
-        accounting=_all_shards,
+        accounting=_mix_shards,
         reports=(("mixture", _mixture_plan),),
         versioned=True,
         docs=False,
@@ -402,7 +315,7 @@ STAGES: list[Stage] = [
                 pack.pack_partition,
                 pack.packed_done_key,
                 _partitions,
-                ("all_shards",),
+                ("mix_shards",),
                 label="pack: {cfg.pack.strategy}",
                 versioned=True,
             ),

@@ -69,7 +69,7 @@ class PoolRunner:
 
     def map(self, work: StepWork) -> None:
         todo = work.pending()
-        if work.once and not todo:
+        if (work.once or not work.items) and not todo:
             return
         desc = work.desc
         t0, start = time.perf_counter(), time.time()
@@ -79,8 +79,9 @@ class PoolRunner:
             e.add_note(f"{STEP_NOTE}{desc}")  # `ballast prep` names the step that failed
             raise
         finally:
-            self.seconds[desc] = round(time.perf_counter() - t0, 3)
-            self.times[desc] = (round(start, 3), round(time.time(), 3))
+            # A repeated step's rounds add up; its window runs from its first round's start.
+            self.seconds[desc] = round(self.seconds.get(desc, 0.0) + time.perf_counter() - t0, 3)
+            self.times[desc] = (self.times.get(desc, (round(start, 3),))[0], round(time.time(), 3))
 
     def call(self, name: str, fn: Callable[..., T], *args: Any) -> T:
         start = time.time()

@@ -259,7 +259,7 @@ def prepare_version(
                 "new version from all current inputs instead, re-run with --from-scratch"
             )
         prepared = Prepared(
-            vcfg,
+            with_mode(vcfg, _mode(cfg, rec, log)),
             vunits,
             prior=lineage(store, latest, "shards"),
             parent=latest,
@@ -272,6 +272,7 @@ def prepare_version(
         "prior": prepared.prior,
         "prior_units": prepared.prior_units,
         "added": prepared.added,
+        "versions": prepared.cfg.dataset.versions,
         "units": [u.to_json() for u in prepared.units],
         "inventory": [f.to_json() for f in current],
         "created": time.time(),
@@ -289,9 +290,32 @@ def _added_line(added: Sequence[dict[str, Any]]) -> str:
     return ", ".join(f"{n} {k} file{'s' if n > 1 else ''}" for k, n in sorted(kinds.items()))
 
 
+def with_mode(cfg: PrepConfig, mode: str) -> PrepConfig:
+    """`cfg` building its version in `mode` (dataset.versions)."""
+    if cfg.dataset.versions == mode:
+        return cfg
+    return cfg.model_copy(update={"dataset": cfg.dataset.model_copy(update={"versions": mode})})
+
+
+def _mode(cfg: PrepConfig, parent: dict[str, Any], log: Callable[[str], None]) -> str:
+    """How a new version builds on `parent` (its record): append needs the parent's
+    dataset (its rows, its document index); a parent prepared `--until` an earlier stage
+    has none, and the version is then planned whole."""
+    if cfg.dataset.versions == "append" and not parent.get("dataset"):
+        log(
+            f"version {version_name(parent['version'])} has no dataset to append to: this "
+            "version is mixed and packed whole"
+        )
+        return "whole"
+    return cfg.dataset.versions
+
+
 def _from_plan(cfg: PrepConfig, plan: dict[str, Any]) -> Prepared:
+    # A version is finished in the mode it began in (dataset.versions is outside the
+    # fingerprint: the config may have changed since); plans before the setting: whole.
+    mode = plan.get("versions", "whole") if plan.get("parent") is not None else cfg.dataset.versions
     return Prepared(
-        cfg.model_copy(update={"version": int(plan["version"])}),
+        with_mode(cfg, mode).model_copy(update={"version": int(plan["version"])}),
         [Unit.from_json(u) for u in plan["units"]],
         prior=list(plan["prior"]),
         parent=plan.get("parent"),

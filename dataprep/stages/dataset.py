@@ -32,7 +32,8 @@ from core.store import Store, open_store
 from dataprep.config import PrepConfig
 from dataprep.layout import output_store, provenance_key, under, version_dir, version_store
 from dataprep.records import PARQUET_OPTIONS
-from dataprep.stages.mixture import read_doc_index
+from dataprep.stages.dataset_append import Base, shard_file
+from dataprep.stages.mixture import appended_parent, read_doc_index
 from dataprep.stages.pack import legacy_key, packed_done_key, packed_key, spans_key
 from dataprep.stages.tokenize import TOKENIZER_KEY, load_run_tokenizer
 
@@ -127,7 +128,7 @@ def split_state(fingerprint: str, num_shards: int) -> bytes:
         "_output_all_columns": False,
         "_split": None,
         "_data_files": [
-            {"filename": f"data-{i:05d}-of-{num_shards:05d}.arrow"} for i in range(num_shards)
+            {"filename": Path(shard_file("", i, num_shards)).name} for i in range(num_shards)
         ],
     }
     return _json_bytes(state, sort_keys=True)
@@ -315,10 +316,13 @@ def write_split(
     fingerprint: str,
     schema: pa.Schema,
     scratch: Path,
+    first: int = 0,
+    total: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Write `rows` rows (`batches_from(start)`: the rows from `start` on) as the split
     `name` (shards, state.json, dataset_info.json) in `Dataset.save_to_disk`'s layout
-    and bytes; returns the manifest entries of its files."""
+    and bytes; returns the manifest entries of its files. An appending version's new
+    shards are numbered from `first` among `total` (the parent's come first)."""
     from datasets import Features
     from datasets.arrow_writer import ArrowWriter
 
@@ -326,10 +330,11 @@ def write_split(
     seq_len = schema.field(0).type.list_size
     batch_rows = save_batch_size(rows, rows * row_nbytes(schema))
     bounds = shard_bounds(rows, num_shards)
+    total = num_shards if total is None else total
 
     def write(i: int, start: int, end: int) -> dict[str, Any]:
         reader = _RowReader(batches_from(start), schema)
-        rel = f"{name}/data-{i:05d}-of-{num_shards:05d}.arrow"
+        rel = shard_file(name, first + i, total)
         with _staged(target, rel, scratch) as path:
             writer = ArrowWriter(features=features, path=str(path), embed_local_files=True)
             try:
@@ -349,7 +354,7 @@ def write_split(
     for entry in _each_shard(bounds, write):
         files.update(entry)
     files[f"{name}/state.json"] = _put(
-        target, f"{name}/state.json", split_state(fingerprint, num_shards)
+        target, f"{name}/state.json", split_state(fingerprint, total)
     )
     files[f"{name}/dataset_info.json"] = _put(
         target, f"{name}/dataset_info.json", split_info(features)
@@ -392,14 +397,19 @@ def write_spans(
     return files
 
 
-def copy_doc_tables(cfg: PrepConfig, target: Store) -> tuple[dict[str, Any], list[dict]]:
+def copy_doc_tables(
+    cfg: PrepConfig, target: Store, skip: int = 0
+) -> tuple[dict[str, Any], list[dict]]:
     """Every document table of the version (the quality stage's, one per shard) into the
-    dataset, numbered by the global document index. Returns the files' manifest entries
-    and the provenance's `docs` list."""
+    dataset, numbered by the global document index, less the first `skip` (an appending
+    version's parent's, carried). Returns the files' manifest entries and the
+    provenance's `docs` list."""
     store = output_store(cfg)
     files: dict[str, Any] = {}
     docs = []
     for k, (shard, first, n) in enumerate(read_doc_index(cfg)):
+        if k < skip:
+            continue
         data = store.get(provenance_key(shard))
         rows = pq.read_metadata(pa.BufferReader(data)).num_rows
         if rows != n:
@@ -411,6 +421,14 @@ def copy_doc_tables(cfg: PrepConfig, target: Store) -> tuple[dict[str, Any], lis
         files[rel] = _put(target, rel, data)
         docs.append({"file": rel, "shard": shard, "first_doc": first, "docs": n})
     return files, docs
+
+
+def append_base(cfg: PrepConfig) -> Base | None:
+    parent = appended_parent(cfg)
+    if parent is None:
+        return None
+    store = open_store(dataset_uri(parent), cfg.storage)
+    return Base(parent.version, store, json.loads(store.get(MANIFEST)))
 
 
 def write_dataset(
@@ -436,6 +454,7 @@ def write_dataset(
         manifest = json.loads(target.get(MANIFEST))
         if manifest.get("config_fingerprint") == cfg.fingerprint():
             return manifest
+    base = append_base(cfg)
     seq_len = cfg.pack.seq_len
     schema = row_schema(seq_len)
     tok = load_run_tokenizer(cfg)
@@ -472,6 +491,13 @@ def write_dataset(
                     part_rows=per_part,
                 )
 
+            carried: list[dict[str, Any]] = []
+            if base is None:
+                first, new = 0, max(1, min(max_shards[name], n))
+            else:
+                first, new = len(base.files(name)), base.new_shards(name, n, max_shards[name])
+                carried_files, carried = base.carry_split(target, name, first + new)
+                files.update(carried_files)
             # A fixed fingerprint: `datasets` would otherwise draw one from a path, and
             # state.json would differ per run.
             split_files = write_split(
@@ -479,10 +505,12 @@ def write_dataset(
                 name,
                 rows_from,
                 n,
-                max(1, min(max_shards[name], n)),
+                new,
                 f"{fp}-{name}",
                 schema,
                 scratch,
+                first,
+                first + new,
             )
             files.update(split_files)
             shards = [
@@ -492,15 +520,29 @@ def write_dataset(
             ]
             span_files = write_spans(target, name, spans_from, shards, scratch)
             files.update(span_files)
-            prov_splits[name] = [
+            prov_splits[name] = carried + [
                 {"file": rel, "rows": e["rows"]} for rel, e in sorted(span_files.items())
             ]
-        doc_files, prov_docs = copy_doc_tables(cfg, target)
+        prov_docs: list[dict[str, Any]] = []
+        if base is not None:
+            doc_files, prov_docs = base.carry_docs(target)
+            files.update(doc_files)
+        doc_files, new_docs = copy_doc_tables(cfg, target, skip=len(prov_docs))
         files.update(doc_files)
+        prov_docs += new_docs
     finally:
         _drop_scratch(scratch)
     # One tokenizer for every version of an output (token ids must mean the same).
     files["tokenizer.json"] = _put(target, "tokenizer.json", output_store(cfg).get(TOKENIZER_KEY))
+    total_rows = {name: n + (base.rows(name) if base else 0) for name, n in rows.items()}
+    if base is not None:
+        extra = {
+            **extra,
+            "appended_to": {
+                "version": base.version,
+                "rows": {name: base.rows(name) for name in rows},
+            },
+        }
     manifest = {
         "format": FORMAT,
         "config_fingerprint": fp,
@@ -527,7 +569,7 @@ def write_dataset(
                     r for r in files if r.startswith(f"{name}/") and r.endswith(".arrow")
                 ),
             }
-            for name, n in rows.items()
+            for name, n in total_rows.items()
         },
         "files": files,
         "provenance": {

@@ -38,6 +38,7 @@ from dataprep.layout import (
     write_shard,
 )
 from dataprep.records import DOC_SCHEMA
+from dataprep.stages.exact import npy_rows
 
 STAGE = "lines"
 COMMON_KEY = "lines/common.npy"  # written once select is done
@@ -102,11 +103,8 @@ def count_shard(cfg: PrepConfig, input_stage: str, shard: str) -> int:
 
 
 def _rows(store: Store, shard: str) -> int:
-    """Rows of a shard's hash file, from its header alone when the store is local."""
-    local = store.local_path(hashes_key(shard))
-    if local is not None:
-        return int(np.load(local, mmap_mode="r").shape[0])
-    return int(_load(store, hashes_key(shard)).shape[0])
+    """Rows of a shard's hash file, from its header alone."""
+    return npy_rows(store, hashes_key(shard))
 
 
 def select(cfg: PrepConfig, prior: list[str], new: list[str]) -> int:

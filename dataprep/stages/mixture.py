@@ -21,7 +21,14 @@ import pyarrow.parquet as pq
 
 from core.store import NotFound, Store
 from dataprep.config import PrepConfig
-from dataprep.layout import DroppedRows, ShardStats, output_store, version_store, write_shard
+from dataprep.layout import (
+    DroppedRows,
+    ShardStats,
+    done_key,
+    output_store,
+    version_store,
+    write_shard,
+)
 from dataprep.mixture import doc_keys, expand_repeats, order_keys, plan_mixture, select_documents
 from dataprep.stages.tokenize import read_tokens, tokens_key
 
@@ -56,6 +63,33 @@ def first_doc_key(shard: str) -> str:
 
 def read_doc_index(cfg: PrepConfig) -> list[tuple[str, int, int]]:
     return [(s, int(f), int(n)) for s, f, n in json.loads(version_store(cfg).get(DOC_INDEX_KEY))]
+
+
+def appended_parent(cfg: PrepConfig) -> PrepConfig | None:
+    """The config of the version this one appends to (dataset.versions: append, a version
+    that builds on another); None when the version is mixed whole."""
+    if cfg.dataset.versions != "append" or cfg.version == 1:
+        return None
+    from dataprep.versions import plan_key  # it imports the stages
+
+    parent = json.loads(output_store(cfg).get(plan_key(cfg.version))).get("parent")
+    return None if parent is None else cfg.model_copy(update={"version": int(parent)})
+
+
+def append_base(cfg: PrepConfig) -> list[tuple[str, int, int]]:
+    """What an appending version starts from: its parent's document index (the new
+    documents are numbered on from it), with the parent's mixture accounting of those
+    documents carried into this version's store, so that the report over all versions
+    reads one store (a small marker a shard; no document is read). [] for a version
+    mixed whole."""
+    parent = appended_parent(cfg)
+    if parent is None:
+        return []
+    before = read_doc_index(parent)
+    pstore, vstore = version_store(parent), version_store(cfg)
+    for shard, _, _ in before:
+        vstore.put(done_key(STAGE, shard), pstore.get(done_key(STAGE, shard)))
+    return before
 
 
 def part_key(part: str, shard: str) -> str:
@@ -156,37 +190,27 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
     """The mixture plan and each document's repeat count (mixture/repeats/<shard>.npy:
     0 = left out, k = used k times; validation documents are used once, as they are).
     `shards`: every shard of the version, earlier versions' too: the mixture is planned
-    anew for each version, over all of its documents."""
+    anew for each version, over all of its documents (with dataset.versions: append,
+    this run's shards only: its documents follow the parent's). With max_task_memory the same plan
+    is made in steps that each hold one shard (dataprep/stages/mixture_parts.py)."""
     store, vstore = output_store(cfg), version_store(cfg)
     if vstore.exists(PLAN_KEY):
         return json.loads(vstore.get(PLAN_KEY))
-    by_lang = {s.name for s in cfg.sources if s.languages is not None}
-    cols = ["id", "source", "split", "n_tokens", *(["language"] if by_lang else [])]
     # Mixture components: a source, or one language of a source mixed per language.
     per: dict[str, list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]] = {}
     sizes = []
     val_tokens = 0
     for si, shard in enumerate(shards):
-        t = read_tokens(store, shard, cols)
-        sizes.append(t.num_rows)
-        comp = np.asarray(t["source"].to_pylist(), dtype=object)
-        if by_lang:
-            lang = np.asarray([x or "und" for x in t["language"].to_pylist()], dtype=object)
-            split_rows = np.isin(comp, list(by_lang))
-            comp[split_rows] = comp[split_rows] + "/" + lang[split_rows]
-        train = np.asarray(t["split"].to_pylist(), dtype=object) == "train"
-        keys = doc_keys(t["id"].to_pylist(), cfg.seed)
-        ntok = t["n_tokens"].to_numpy()
+        comp, train, keys, ntok = shard_rows(cfg, store, shard)
+        sizes.append(len(comp))
         val_tokens += int(ntok[~train].sum())
         for name in sorted(set(comp[train].tolist())):
             rows = np.flatnonzero((comp == name) & train)
             per.setdefault(name, []).append((si, rows, keys[rows], ntok[rows]))
     available = {c: int(sum(int(p[3].sum()) for p in per.get(c, []))) for c in components(cfg, per)}
-    weights, alpha = component_weights(cfg, available)
-    caps = {c: _source(cfg, c).max_epochs or cfg.mixture.max_epochs for c in available}
-    plans = plan_mixture(available, weights, alpha, caps, cfg.mixture.total_tokens)
+    plans = plan_components(cfg, available)
     repeats = [np.ones(n, dtype=np.int32) for n in sizes]  # validation rows: 1
-    sources: dict[str, Any] = {}
+    realised: dict[str, int] = {}
     for p in plans:
         parts = per.get(p.source, [])
         if parts:
@@ -197,15 +221,73 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
             for si, rows, _, _ in parts:
                 repeats[si][rows] = counts[pos : pos + len(rows)]
                 pos += len(rows)
-            realised = int((counts.astype(np.int64) * ntok).sum())
+            realised[p.source] = int((counts.astype(np.int64) * ntok).sum())
         else:
-            realised = 0
+            realised[p.source] = 0
+    for shard, r in zip(shards, repeats, strict=True):
+        vstore.put(repeats_key(shard), _npy(r))
+    write_doc_index(vstore, shards, sizes, append_base(cfg))
+    result = plan_summary(cfg, plans, realised, val_tokens)
+    vstore.put(PLAN_KEY, json.dumps(result, indent=2, sort_keys=True).encode())
+    return result
+
+
+def shard_rows(
+    cfg: PrepConfig, store: Store, shard: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A token shard's documents as the plan sees them: each one's mixture component (its
+    source, or "<source>/<language>" for a source mixed per language), whether it is in
+    the train split, its sampling key and its token count."""
+    by_lang = {s.name for s in cfg.sources if s.languages is not None}
+    cols = ["id", "source", "split", "n_tokens", *(["language"] if by_lang else [])]
+    t = read_tokens(store, shard, cols)
+    comp = np.asarray(t["source"].to_pylist(), dtype=object)
+    if by_lang:
+        lang = np.asarray([x or "und" for x in t["language"].to_pylist()], dtype=object)
+        split_rows = np.isin(comp, list(by_lang))
+        comp[split_rows] = comp[split_rows] + "/" + lang[split_rows]
+    train = np.asarray(t["split"].to_pylist(), dtype=object) == "train"
+    keys = doc_keys(t["id"].to_pylist(), cfg.seed)
+    return comp, train, keys, t["n_tokens"].to_numpy()
+
+
+def plan_components(cfg: PrepConfig, available: dict[str, int]) -> list[Any]:
+    """The plan of every component, given its available train tokens."""
+    weights, alpha = component_weights(cfg, available)
+    caps = {c: _source(cfg, c).max_epochs or cfg.mixture.max_epochs for c in available}
+    return plan_mixture(available, weights, alpha, caps, cfg.mixture.total_tokens)
+
+
+def write_doc_index(
+    vstore: Store,
+    shards: list[str],
+    sizes: list[int],
+    before: list[tuple[str, int, int]] | None = None,
+) -> None:
+    """Each shard's first global document index, read by its scatter (one small key a
+    shard, not the whole index); the index itself for the dataset step. `before`: the
+    index an appending version numbers its shards on from (append_base)."""
+    index: list[Any] = [list(e) for e in before or []]
+    first = sum(n for _, _, n in before or [])
+    for shard, n in zip(shards, sizes, strict=True):
+        vstore.put(first_doc_key(shard), json.dumps(first).encode())
+        index.append([shard, first, n])
+        first += n
+    vstore.put(DOC_INDEX_KEY, json.dumps(index).encode())
+
+
+def plan_summary(
+    cfg: PrepConfig, plans: list[Any], realised: dict[str, int], val_tokens: int
+) -> dict[str, Any]:
+    """The plan's record (PLAN_KEY, the report's and the manifest's "mixture")."""
+    sources: dict[str, Any] = {}
+    for p in plans:
         sources[p.source] = {
             "available_tokens": p.available_tokens,
             "target_share": p.target_share,
             "planned_tokens": p.planned_tokens,
             "planned_epochs": p.planned_epochs,
-            "realised_tokens": realised,
+            "realised_tokens": realised[p.source],
             "capped": p.capped,
             "shortfall_tokens": p.shortfall_tokens,
             "warning": p.warning,
@@ -215,17 +297,7 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
     for s in sources.values():
         s["planned_share"] = s["planned_tokens"] / planned_total
         s["realised_share"] = s["realised_tokens"] / total
-    first = 0
-    index = []
-    for shard, r in zip(shards, repeats, strict=True):
-        vstore.put(repeats_key(shard), _npy(r))
-        # Each shard's first global document index, read by its scatter (one small key a
-        # shard, not the whole index); the index itself for the dataset step.
-        vstore.put(first_doc_key(shard), json.dumps(first).encode())
-        index.append([shard, first, len(r)])
-        first += len(r)
-    vstore.put(DOC_INDEX_KEY, json.dumps(index).encode())
-    result = {
+    return {
         "sources": sources,
         "total_planned_tokens": planned_total,
         "total_realised_tokens": total,
@@ -233,8 +305,6 @@ def plan(cfg: PrepConfig, shards: list[str]) -> dict[str, Any]:
         "validation_partitions": max(1, -(-val_tokens // PARTITION_TOKENS)),
         "warnings": [s["warning"] for s in sources.values() if s["warning"]],
     }
-    vstore.put(PLAN_KEY, json.dumps(result, indent=2, sort_keys=True).encode())
-    return result
 
 
 def _source(cfg: PrepConfig, component: str) -> Any:

@@ -17,29 +17,38 @@ from __future__ import annotations
 import io
 import json
 import os
+import struct
 import tempfile
+import zipfile
 from array import array
+from collections.abc import Callable
+from functools import partial
+from typing import BinaryIO
 
 import numpy as np
 
-from core.store import Store
-from dataprep import minhash, native
+from core.store import Store, open_file
+from dataprep import dedup_index, minhash, native
 from dataprep.config import NearDedupConfig, PrepConfig
 from dataprep.layout import output_store, read_docs, version_store
 from dataprep.stages.exact import apply_dups, write_dups
+from dataprep.stages.near_index import (
+    _band_name,
+    _npz,
+    _npz_member,
+    bucket_key,
+    bucket_with_index,
+    sig_key,
+)
 
 STAGE = "near"
 CLUSTER_KEY = "near/cluster.json"
 BATCH_DOCS = 1000
+# Earlier members of its bucket a member is checked against, at most (cluster's loop).
+MAX_CHECKS = 8
 # Texts are shingled from their first MAX_CHARS characters: enough to judge
 # near-duplication, and one gigantic document cannot blow up a batch.
 MAX_CHARS = 1_000_000
-
-
-def sig_key(shard: str) -> str:
-    """Band keys of a shard (small; what bucketing reads). Written last: its presence
-    means the shard's signatures are done."""
-    return f"near/sig/{shard}.npz"
 
 
 def shingles_key(shard: str) -> str:
@@ -48,20 +57,10 @@ def shingles_key(shard: str) -> str:
     return f"near/shingles/{shard}.npz"
 
 
-def bucket_key(band: int) -> str:
-    return f"near/buckets/band-{band:03d}.npz"
-
-
 def bands_rows(near: NearDedupConfig) -> tuple[int, int]:
     if near.bands and near.rows:
         return near.bands, near.rows
     return minhash.choose_bands(near.threshold, near.num_perm, near.recall_at_threshold)
-
-
-def _npz(**arrays: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    return buf.getvalue()
 
 
 def _load_npz(data: bytes) -> dict[str, np.ndarray]:
@@ -114,18 +113,6 @@ def band_groups(cfg: PrepConfig, per_task: int = 5) -> list[list[int]]:
     return [list(range(i, min(i + per_task, bands))) for i in range(0, bands, per_task)]
 
 
-def _band_name(band: int) -> str:
-    return f"b{band:03d}"
-
-
-def _npz_member(store: Store, key: str, name: str) -> np.ndarray:
-    """One array of an .npz in the store; read alone from disk when the store is local
-    (a zip member is read by itself), else from the object's bytes."""
-    local = store.local_path(key)
-    with np.load(local if local is not None else io.BytesIO(store.get(key))) as z:
-        return z[name]
-
-
 # Documents one bucketing pass sorts at once. A larger corpus is bucketed in passes over
 # ranges of key values, so memory stays bounded however many documents there are.
 BUCKET_PASS_DOCS = 1 << 21
@@ -140,7 +127,15 @@ def bucket_bands(cfg: PrepConfig, prior: list[str], new: list[str], bands: list[
 
     `prior`: the shards of earlier dataset versions (their signatures are the index new
     documents are deduplicated against), first in input order. Only groups holding a new
-    document are kept: earlier versions never change, so their own groups decide nothing."""
+    document are kept: earlier versions never change, so their own groups decide nothing.
+
+    With earlier versions, their band keys are looked up in the dedup index
+    (dataprep/stages/near_index.py) instead of read whole: the same files come out. This
+    path (BALLAST_DEDUP_INDEX=0) is its oracle."""
+    if prior and dedup_index.enabled():
+        groups = bucket_with_index(cfg, prior, new, bands)
+        if groups is not None:
+            return groups
     store = output_store(cfg)
     shards = [*prior, *new]
     live: list[np.ndarray] = []  # rows with band keys (not empty), per shard
@@ -234,6 +229,61 @@ def _new_groups(store: Store, bands: int) -> tuple[list[tuple[np.ndarray, np.nda
     return out, docs
 
 
+def shard_sets(
+    store: Store, shards: list[str], si: int, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows `rows` of shard `si`'s shingle sets, concatenated, and their lengths. Only
+    those rows' sets are read, from a local file or by ranged reads of the object (an
+    earlier version's shard is asked for the few documents a new one nearly copies, not
+    its whole text's worth of sets)."""
+    key = shingles_key(shards[si])
+    with open_file(store, key) as f:
+        got = _stored_rows(f, rows)
+    if got is not None:
+        return got
+    z = _load_npz(store.get(key))
+    sh, off = z["shingles"], z["offsets"]
+    lens = off[rows + 1] - off[rows]
+    parts = [sh[off[r] : off[r + 1]] for r in rows.tolist()]
+    return (np.concatenate(parts).astype(np.uint32) if parts else np.zeros(0, np.uint32)), lens
+
+
+def _stored_member(f: BinaryIO, info: zipfile.ZipInfo) -> tuple[int, tuple[int, ...], np.dtype]:
+    """Where an uncompressed .npy member of an open .npz starts its data, its shape and
+    dtype (np.savez stores members uncompressed: a slice of one is a ranged read)."""
+    f.seek(info.header_offset + 26)
+    name_len, extra_len = struct.unpack("<HH", f.read(4))
+    f.seek(info.header_offset + 30 + name_len + extra_len)
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, _fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    else:
+        shape, _fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    return f.tell(), shape, dtype
+
+
+def _stored_rows(f: BinaryIO, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """shard_sets from an open shingles file by ranged reads: its zip directory, its
+    offsets, then each row's set. None when the file is not laid out so (a compressed
+    member)."""
+    with zipfile.ZipFile(f) as zf:  # a file passed in stays open
+        infos = {i.filename: i for i in zf.infolist()}
+    wanted = ("shingles.npy", "offsets.npy")
+    if any(n not in infos or infos[n].compress_type != zipfile.ZIP_STORED for n in wanted):
+        return None
+    at, shape, dtype = _stored_member(f, infos["offsets.npy"])
+    f.seek(at)
+    off = np.frombuffer(f.read(int(np.prod(shape)) * dtype.itemsize), dtype)
+    at, _shape, sdtype = _stored_member(f, infos["shingles.npy"])
+    lens = off[rows + 1] - off[rows]
+    parts = []
+    for r in rows.tolist():
+        f.seek(at + int(off[r]) * sdtype.itemsize)
+        parts.append(np.frombuffer(f.read(int(off[r + 1] - off[r]) * sdtype.itemsize), sdtype))
+    sets = np.concatenate(parts).astype(np.uint32) if parts else np.zeros(0, np.uint32)
+    return sets, lens
+
+
 class _ShingleScratch:
     """Shingle sets of the candidate documents, copied once into a local scratch file
     laid out for random access (each shard's file is read once, whatever the order of
@@ -241,20 +291,25 @@ class _ShingleScratch:
     for by the candidate's rank in `docs` (sorted), so nothing here grows with the corpus."""
 
     def __init__(
-        self, store: Store, shards: list[str], offsets: np.ndarray, docs: np.ndarray, path: str
+        self,
+        store: Store,
+        shards: list[str],
+        offsets: np.ndarray,
+        docs: np.ndarray,
+        path: str,
+        sets: Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]] | None = None,
     ):
+        """`sets(shard index, rows)`: those rows' sets concatenated and their lengths;
+        by default from the shard's shingles file (a partitioned cluster reads its own
+        pieces: dataprep/stages/near_parts.py)."""
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         bounds = np.zeros(len(docs) + 1, dtype=np.int64)
         pos = 0
         shard_of = np.searchsorted(offsets, docs, side="right") - 1  # ascending, as docs
+        read = sets or partial(shard_sets, store, shards)
         for si in np.unique(shard_of).tolist():
             lo, hi = (int(x) for x in np.searchsorted(shard_of, [si, si + 1]))
-            sel = docs[lo:hi] - offsets[si]
-            z = _load_npz(store.get(shingles_key(shards[si])))
-            sh, off = z["shingles"], z["offsets"]
-            lens = off[sel + 1] - off[sel]
-            parts = [sh[off[r] : off[r + 1]] for r in sel.tolist()]
-            chunk = np.concatenate(parts).astype(np.uint32) if parts else np.zeros(0, np.uint32)
+            chunk, lens = read(si, docs[lo:hi] - offsets[si])
             os.pwrite(self.fd, chunk.tobytes(), pos * 4)
             bounds[lo + 1 : hi + 1] = pos + np.cumsum(lens)
             pos += len(chunk)
@@ -271,7 +326,11 @@ class _ShingleScratch:
 
 
 def cluster(
-    cfg: PrepConfig, input_stage: str, prior: list[str], new: list[str], max_checks: int = 8
+    cfg: PrepConfig,
+    input_stage: str,
+    prior: list[str],
+    new: list[str],
+    max_checks: int = MAX_CHECKS,
 ) -> dict:
     """Union-find over bucket members, documents of `input_stage` (the stage before this
     one in the graph). Each member is linked to an earlier member of its bucket whose

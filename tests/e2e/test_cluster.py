@@ -192,11 +192,34 @@ def objects(client: Any, bucket: str, prefix: str) -> dict[str, bytes]:
     return out
 
 
-def assert_same_output(world: dict[str, Any], out: str) -> None:
+# What only a run with max_task_memory writes (exact select's and the mixture plan's
+# partitioned files), or only one without (the single select's marker): left out where
+# the two are compared.
+ONE_FORM_ONLY = (
+    "v0001/exact/ranges/",
+    "exact/split/",
+    "v0001/near/cc/",
+    "v0001/near/ranges/",
+    "v0001/exact/dups.json",
+    *(
+        f"v0001/mixture/{k}"
+        for k in ("keys/", "hist/", "boundary/", "cut.json", "taken.npy", "resolved.json")
+    ),
+)
+
+
+def assert_same_output(world: dict[str, Any], out: str, partitioned: bool = False) -> None:
     """Every object of the cluster run equals the reference run's, byte for byte; the
-    three records of the run itself agree apart from ids, times and the output's name."""
+    three records of the run itself agree apart from ids, times and the output's name.
+    `partitioned`: the run split exact select by hash range (the reference did not)."""
     ref = objects(world["client"], world["bucket"], "local")
     got = objects(world["client"], world["bucket"], out)
+    if partitioned:
+        assert any(k.startswith(ONE_FORM_ONLY[0]) for k in got)
+        assert "v0001/mixture/cut.json" in got
+        ref, got = (
+            {k: v for k, v in d.items() if not k.startswith(ONE_FORM_ONLY)} for d in (ref, got)
+        )
     assert sorted(got) == sorted(ref)
     assert any(k.startswith("dataset/") for k in got) and any("near" in k for k in got)
     for key in ref:
@@ -207,6 +230,11 @@ def assert_same_output(world: dict[str, Any], out: str) -> None:
         for k in ("stage_seconds", "step_seconds", "step_epoch_seconds"):
             r.pop(k, None)
         r["dataset"].pop("uri")
+    if partitioned:
+        assert rep.pop("exact_ranges")["partitions"] > 1
+        assert rep.pop("near_parts")["parts"] > 1  # components over several partitions
+        for k in ("near_replay", "near_round"):
+            rep.pop(k)
     assert rep == ref_rep
     assert rep["problems"] == []
     planted = world["planted"]
@@ -216,10 +244,15 @@ def assert_same_output(world: dict[str, Any], out: str) -> None:
 
 
 def ballast_prep(
-    world: dict[str, Any], tmp_path: Path, out: str, address: str, timeout: float = 300
+    world: dict[str, Any],
+    tmp_path: Path,
+    out: str,
+    address: str,
+    timeout: float = 300,
+    extra: dict[str, Any] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     cfg_path = tmp_path / f"{out}.yaml"
-    cfg_path.write_text(yaml.safe_dump(s3_config(world["bucket"], out)))
+    cfg_path.write_text(yaml.safe_dump({**s3_config(world["bucket"], out), **(extra or {})}))
     return subprocess.run(
         [str(BIN / "ballast"), "prep", str(cfg_path), "--dask", address, "--no-progress"],
         env=world["env"],
@@ -247,6 +280,21 @@ def test_cluster_output_is_byte_identical_to_the_local_pool(s3_world, tmp_path):
             if p.is_file() and "ballast" in p.name
         ]
         assert left == []
+
+
+def test_partitioned_exact_select_on_the_cluster_writes_the_local_bytes(s3_world, tmp_path):
+    """max_task_memory small enough for several hash ranges: exact select's ranges, the
+    kept ids and the per-shard lists, and the mixture plan's steps, run as cluster tasks,
+    and the output is the local pool's single-task run's, byte for byte."""
+    cluster = start_cluster(tmp_path / "cluster", s3_world["env"])
+    try:
+        r = ballast_prep(
+            s3_world, tmp_path, "parted", cluster.address, extra={"max_task_memory": "4KB"}
+        )
+    finally:
+        cluster.stop()
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_same_output(s3_world, "parted", partitioned=True)
 
 
 def test_a_worker_killed_in_near_dedup_costs_nothing(s3_world, tmp_path):

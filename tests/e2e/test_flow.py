@@ -131,3 +131,28 @@ def test_dask_runner_gives_identical_bytes(prefect_api, corpus, tmp_path: Path):
     result = with_runner("dask", workers=2)(str(tmp_path / "dask.yaml"))
     assert result["dataset"] == str(dask / "dataset" / "v0001")
     assert_same_bytes(local, dask)
+
+
+def test_partitioned_flow_matches_cli_single_task(prefect_api, corpus, tmp_path: Path):
+    """max_task_memory in the flow: exact select's ranges, near clustering's rounds (a
+    step the driver repeats: a task per partition and round) and the mixture plan's
+    steps run as the flow's tasks, and the output is the single-task CLI run's."""
+    from flows.prep import prep
+
+    data, _planted = corpus
+    cfg = {**flow_config(data, tmp_path / "flow-out"), "max_task_memory": "16KB"}
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg))
+    report = prep(str(cfg_path))["report"]
+    assert report["exact_ranges"]["partitions"] > 1
+    assert report["near_parts"]["parts"] > 1 and report["near_round"]["round"] > 1
+    ref = tmp_path / "cli-out"
+    single = {k: v for k, v in cfg.items() if k != "max_task_memory"}
+    run_prep(parse_config({**single, "output": str(ref)}), progress=False)
+    out = tmp_path / "flow-out"
+    # The duplicates' pieces on their way to exact/dups and near/dups: the partitioned
+    # form's own intermediate files.
+    files = [f for f in output_files(out) if "ranges" not in f.parts]
+    assert files == output_files(ref)
+    for f in files:
+        assert (ref / f).read_bytes() == (out / f).read_bytes(), f

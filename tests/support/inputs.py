@@ -90,3 +90,22 @@ def build(
     data = make_corpus(factory.mktemp(f"{name}-data"))
     out = factory.mktemp(f"{name}-out") / "run"
     return data, out, run(cfg_dict(data, out))
+
+
+def copy_output(data: Path, out: Path, at: Path) -> tuple[Path, Path]:
+    """A copy of a corpus and the output made from it (at/data, at/out), its records
+    naming the copy's inputs as a run of its own would (claim, inventory)."""
+    import shutil
+
+    from dataprep.config import parse_config
+
+    d, o = at / "data", at / "out"
+    shutil.copytree(data, d)
+    shutil.copytree(out, o)
+    for rel in ("_inputs.json", "_versions/v0001.json"):
+        p = o / rel
+        p.write_text(p.read_text().replace(str(data), str(d)))
+    claim = json.loads((o / "_run.json").read_text())
+    claim["config_fingerprint"] = parse_config(cfg_dict(d, o)).fingerprint()
+    (o / "_run.json").write_text(json.dumps(claim))
+    return d, o

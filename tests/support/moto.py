@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 # Recognisable fake credentials: tests assert these strings never surface in errors.
 FAKE_ACCESS_KEY_ID = "AKIABALLASTFAKE7Q2X"
@@ -73,3 +74,18 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+def set_aws_env(mp: Any, endpoint: str, root: Path) -> None:
+    """The environment of a test's S3 client against `endpoint` (what conftest's per-test
+    `aws_env` sets, for a module-scoped fixture: `mp` a pytest.MonkeyPatch context), with
+    no AWS config or credentials of the machine's read (`root`: where they are not)."""
+    mp.setenv("AWS_ACCESS_KEY_ID", FAKE_ACCESS_KEY_ID)
+    mp.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET_ACCESS_KEY)
+    mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    mp.setenv("AWS_ENDPOINT_URL", endpoint)
+    mp.setenv("AWS_CONFIG_FILE", str(root / "no-aws-config"))
+    mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(root / "no-aws-credentials"))
+    mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL_S3", "AWS_REGION"):
+        mp.delenv(name, raising=False)

@@ -471,3 +471,33 @@ def test_local_delete_drops_emptied_directories(tmp_path):
     s.delete("step-1/b")
     assert not (tmp_path / "store" / "step-1").exists()
     assert (tmp_path / "store").is_dir() and s.list("") == ["keep"]
+
+
+def test_copy_key_does_not_read_the_object(store: Store, tmp_path: Path) -> None:
+    """copy_key: a hard link between local stores, a server-side copy (multipart past the
+    threshold) between S3 stores; the copy reads back verified, and no byte of the
+    object came through this process (the source's reads are refused)."""
+    from core.store import copy_key
+
+    data = os.urandom(12 * MIB)
+    store.put("a/x.bin", data)
+    other = (
+        LocalStore(tmp_path / "other")
+        if isinstance(store, LocalStore)
+        else S3Store(store.uri + "-other", store.options)  # type: ignore[attr-defined]
+    )
+
+    def refused(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("copy_key read the object")
+
+    for name in ("get", "get_file", "get_range"):
+        setattr(store, name, refused)
+    copy_key(store, "a/x.bin", other, "b/y.bin")
+    assert other.get("b/y.bin") == data
+    if isinstance(store, LocalStore):
+        assert (tmp_path / "store" / "a" / "x.bin").stat().st_ino == (
+            tmp_path / "other" / "b" / "y.bin"
+        ).stat().st_ino
+    else:
+        info = other.stat("b/y.bin")
+        assert info is not None and info.sha256 == hashlib.sha256(data).hexdigest()

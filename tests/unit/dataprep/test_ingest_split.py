@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import os
 import pickle
 import re
 from dataclasses import replace
@@ -25,7 +26,7 @@ from dataprep.formats import BadRecord, InputFile, RawDoc, jsonl
 from dataprep.layout import SourceStats, dropped_key, output_store, read_docs, read_done
 from dataprep.readers import read_file, resolve_inputs, split_input
 from dataprep.records import parquet_bytes_to_table
-from dataprep.stages.ingest import Unit, ingest_unit, plan_units
+from dataprep.stages.ingest import SPLITS_KEY, Splits, Unit, ingest_unit, plan_units
 
 OPTS = StorageOptions()
 MAX_DOC = 64  # small, so that a modest record is `too_large` by max_doc_bytes
@@ -350,3 +351,39 @@ def test_parquet_one_row_group_stays_whole(tmp_path: Path) -> None:
     assert split_input(f, 1) == [f]
     cfg = prep_config([p], tmp_path / "out")
     assert [u.files for u in plan_units(cfg, unit_bytes=1)] == [(replace(f, source="web"),)]
+
+
+def test_a_later_plan_takes_an_unchanged_files_parts_from_the_output(tmp_path: Path) -> None:
+    """Splits: the parts are kept in the output and reused while the file's size and
+    version tag stand; the proof it was not read again: bytes changed under the same size
+    and mtime still give the recorded parts, where a fresh split finds other ones."""
+    d = tmp_path / "in"
+    d.mkdir()
+    big = d / "big.jsonl"
+    big.write_bytes(tricky_jsonl())
+    cfg = prep_config([big], tmp_path / "out")
+    store = output_store(cfg)
+    first = Splits.load(store)
+    units = plan_units(cfg, unit_bytes=300, splits=first)
+    first.save(store)
+    assert store.exists(SPLITS_KEY) and len(units) > 5
+
+    st = big.stat()
+    data = big.read_bytes()
+    moved = data.replace(b"\n", b" ", 3)  # the first line starts move, the size stays
+    big.write_bytes(moved)
+    os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns))
+    again = Splits.load(store)
+    assert plan_units(cfg, unit_bytes=300, splits=again) == units
+    assert plan_units(cfg, unit_bytes=300) != units  # what reading the file gives now
+    before = store.get(SPLITS_KEY)
+    again.save(store)
+    assert store.get(SPLITS_KEY) == before  # nothing new: not rewritten
+
+    # A touched file (a new tag) is split afresh, and the record follows it.
+    os.utime(big, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    touched = Splits.load(store)
+    fresh = plan_units(cfg, unit_bytes=300, splits=touched)
+    assert fresh == plan_units(cfg, unit_bytes=300) != units
+    touched.save(store)
+    assert len(json.loads(store.get(SPLITS_KEY))) == 1  # the old file's entry is gone

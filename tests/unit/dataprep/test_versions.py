@@ -23,6 +23,7 @@ from tests.support.inputs import (
     build,
     cfg_dict,
     cli,
+    copy_output,
     jsonl_rows,
     make_corpus,
     mtimes,
@@ -63,16 +64,7 @@ def first(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[st
 def copy(first, tmp_path: Path) -> tuple[Path, Path, dict[str, Any]]:
     """The first version, copied (data and output) for a test to add to."""
     data, out, report = first
-    d, o = tmp_path / "data", tmp_path / "out"
-    shutil.copytree(data, d)
-    shutil.copytree(out, o)
-    # The copy's claim and inventory name the copy's inputs, as a run of its own would.
-    for rel in ("_inputs.json", "_versions/v0001.json"):
-        p = o / rel
-        p.write_text(p.read_text().replace(str(data), str(d)))
-    claim = json.loads((o / "_run.json").read_text())
-    claim["config_fingerprint"] = parse_config(cfg_dict(d, o)).fingerprint()
-    (o / "_run.json").write_text(json.dumps(claim))
+    d, o = copy_output(data, out, tmp_path)
     return d, o, report
 
 

@@ -112,7 +112,9 @@ def test_a_chunk_of_letters_is_one_token() -> None:
             continue
         assert spacy_en.chunk_tokens(w) == [w], w
         checked += 1
-    assert checked > 20_000
+    # the random strings alone are ~19k distinct words (the shared corpora add ~44k when
+    # present): the loop cannot pass by checking nothing
+    assert checked > 15_000
     # ... and the tokenizer, which takes the shortcut, gives the same.
     sample = sorted(words)[:2000]
     spacy_en._CACHE.clear()
