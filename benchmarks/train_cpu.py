@@ -143,6 +143,7 @@ def ballast_run(
     lr: float,
     arch: dict | None = None,
     fused: bool = False,
+    extra: dict | None = None,
 ) -> dict:
     from dataprep.config import parse_config
     from dataprep.pipeline import run_prep
@@ -196,6 +197,7 @@ def ballast_run(
             },
             "schedule": {"kind": "cosine", "warmup_steps": 100, "min_lr_ratio": 0.1},
             "checkpoint": {"every": iters, "keep_last": 1},
+            **(extra or {}),
         }
     )
     t0 = time.perf_counter()
@@ -218,6 +220,7 @@ def ballast_run(
         "arch": arch or "recipe",
         "fused_adamw": fused,
         "train_rows": trainer.data.train.rows,
+        "run_dir": str(run_dir),
         "val_rows": trainer.data.validation.rows,
     }
 

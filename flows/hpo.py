@@ -1,9 +1,10 @@
 """The `hpo` flow: hyperparameter search on small proxy models with Optuna. Each trial is a
 training job on the same JobBackend the `train` flow uses (infra/jobs.py: local processes
 here, Kubernetes Jobs on a cluster), several at a time; the validation losses the trial
-writes to its metrics log are reported to Optuna's pruner while it runs, and a trial the
-pruner gives up on is stopped through the backend. The study lives in an Optuna storage
-(SQLite under `out:` by default), so a search run again only runs the trials still missing.
+writes to its metrics log (or the in-loop benchmark `objective:` names) are reported to
+Optuna's pruner while it runs, and a trial the pruner gives up on is stopped through the
+backend. The study lives in an Optuna storage (SQLite under `out:` by default), so a search
+run again only runs the trials still missing.
 
     python -m flows.hpo HPO_CONFIG        (or `ballast hpo run HPO_CONFIG`)
 
@@ -15,6 +16,8 @@ The search config (YAML):
     parallel: 2                            # trials training at the same time
     steps: 60                              # each trial's budget (not transferred)
     eval_every: 10                         # how often a trial reports its validation loss
+    objective: val_loss                    # or downstream/<task>/<metric> (the base config's
+    direction: minimize                    #   evals:), e.g. downstream/arc_easy/acc, maximize
     overrides: {model.d_model: 64, model.mup_base_d_model: 64}   # the proxy, every trial
     space:
       optim.lr: {type: float, low: 1.0e-4, high: 3.0e-2, log: true}
@@ -30,9 +33,10 @@ hyperparameters into a training config at another width under muP.
 The flow is below; its parts are in flows/tuning/:
 
     config.py    the search config (space, sampler, pruner), validated into a `Search`
+    objective.py what ranks the trials: val_loss or an in-loop benchmark, and its direction
     study.py     the Optuna study: storage, sampler, pruner, suggested parameters
     trials.py    each trial a supervised training job; the search loop and the pruner
-    report.py    the trials table, the best-loss plot, the summary
+    report.py    the trials table, the best-value plot, the summary
     transfer.py  muP transfer of the best trial to another width
 """
 
@@ -101,7 +105,8 @@ def _cancel_trials(flow: Any, flow_run: Any, state: Any) -> None:
 )
 def hpo(config_path: str) -> dict[str, Any]:
     """Search hyperparameters on proxy models: run the trials the study still misses,
-    then post the `hpo-trials` table and the `hpo-best-loss` plot.
+    then post the `hpo-trials` table and the `hpo-best-loss` plot (the best value of the
+    search's objective against trials).
 
     Args:
         config_path: The search config (YAML): base training config, space, n_trials,
@@ -112,16 +117,19 @@ def hpo(config_path: str) -> dict[str, Any]:
     study = open_study(s)
     search(s, study, logger.info)
     rows = trial_rows(study)
+    o = s.objective
     create_table_artifact(
-        key=TRIALS_KEY, table=rows, description=f"Trials of study {s.name}: parameters, loss, state"
+        key=TRIALS_KEY,
+        table=rows,
+        description=f"Trials of study {s.name}: parameters, {o.label} ({o.direction}d), state",
     )
     r = summary(s, study)
     png = Path(r["plot"])
-    plot_best(study, png)
+    plot_best(study, png, o.label)
     create_markdown_artifact(
         key=PLOT_KEY,
         markdown=summary_md(r, png),
-        description=f"Best validation loss against trials, {s.name}",
+        description=f"Best {o.label} against trials, {s.name}",
     )
     return r
 

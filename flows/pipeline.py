@@ -19,6 +19,7 @@ from dataprep.arguments import add_output
 from flows.prep import prep
 from flows.runs import run_name
 from flows.train import train
+from flows.train_evals import downstream_md, regressions_md
 from infra.launch import add_launch_arguments, launch_overrides
 from training.arguments import add_train_overrides
 
@@ -69,7 +70,8 @@ def pipeline(
 
 def summary_md(prepared: dict[str, Any], trained: dict[str, Any]) -> str:
     """The pipeline run in one artifact: the dataset (absolute URI, config fingerprint,
-    splits), the training outcome, checkpoints and final loss."""
+    splits), the training outcome, checkpoints and final loss, and the in-loop evals (the
+    latest results, the regressions) when the training config has any."""
     report = prepared.get("report") or {}
     ds = report.get("dataset") or {}
     uri = prepared["dataset"]
@@ -107,6 +109,11 @@ def summary_md(prepared: dict[str, Any], trained: dict[str, Any]) -> str:
         lines.append(
             f"- MLflow: run `{m['run_id']}` (experiment `{m['experiment']}`, `{m['uri']}`)"
         )
+    evals = downstream_md(trained.get("downstream"), heading="Latest results")
+    if evals:  # the training config's `evals` section: benchmarks scored in the loop
+        lines += ["", "## Evals", "", evals]
+        regressions = regressions_md(trained.get("eval_regressions"))
+        lines += ["", regressions] if regressions else ["", "No eval regressions."]
     return "\n".join(lines)
 
 

@@ -24,6 +24,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from core.files import write_atomic
 from flows.errors import register
 from flows.runs import flow_run_alive, run_name
+from flows.train_evals import downstream_md, downstream_text, regressions_md
 from flows.train_report import (
     ATTEMPTS_KEY,
     CURVE_KEY,
@@ -36,6 +37,7 @@ from flows.train_report import (
 )
 from infra.jobs import JobBackend, JobHandle, JobSpec, backend_entry, make_backend
 from infra.launch import LaunchConfig, add_launch_arguments, launch_overrides, load_launch
+from infra.mesh import MESH_ENV, fit_launch
 from infra.supervisor import RECOVERY_FLAGS, Attempt, parse_events, supervise
 from infra.tracking import TrackingError, check_tracking, log_run, tracking_on
 from training import checkpoint as ckpt
@@ -85,11 +87,14 @@ def job_spec(
     args: list[str],
     nnodes: int = 1,
     nproc_per_node: int = 1,
+    mesh: str | None = None,
 ) -> JobSpec:
     """The attempt's JobSpec. On Kubernetes the pod gets the very config file this flow
     validated, inline in its environment (`--config env:BALLAST_TRAIN_CONFIG`), so each run
     trains on its own config without a ConfigMap per run (the supervisor's Role creates
-    only jobs and jobsets)."""
+    only jobs and jobsets). `mesh` (infra/mesh.py mesh_name) goes into the environment too:
+    the Kubernetes objects are labelled with it."""
+    env = {MESH_ENV: mesh} if mesh else {}
     if backend_entry(backend).shares_disk:
         return JobSpec(
             name,
@@ -97,6 +102,7 @@ def job_spec(
             tuple(args),
             nnodes=nnodes,
             nproc_per_node=nproc_per_node,
+            env=env,
         )
     text = Path(config_path).read_text(encoding="utf-8")
     return JobSpec(
@@ -105,7 +111,7 @@ def job_spec(
         tuple(args),
         nnodes=nnodes,
         nproc_per_node=nproc_per_node,
-        env={CONFIG_ENV: text},
+        env={CONFIG_ENV: text, **env},
     )
 
 
@@ -258,6 +264,10 @@ def train(
     cfg = _resolve(config_path, dataset, run_dir, steps)
     check_tracking(cfg)  # an unusable MLflow store fails the flow now, not after training
     lc = load_launch(config_path, launch)
+    # The `parallel` mesh against nnodes x nproc_per_node, before anything is submitted.
+    mesh = fit_launch(cfg.parallel, lc.nnodes, lc.nproc_per_node)
+    for warning in mesh.warnings:
+        logger.warning(warning)
     rd = Path(cfg.run_dir).resolve()
     rd.mkdir(parents=True, exist_ok=True)
     overrides: dict[str, Any] = {"--dataset": dataset, "--run-dir": run_dir, "--steps": steps}
@@ -280,16 +290,18 @@ def train(
         args,
         lc.nnodes,
         lc.nproc_per_node,
+        mesh.name,
     )
     jobs = _backend(lc, rd)
     adopt = _leftover(jobs, rd, spec, logger.info)
     logger.info(
         f"training {cfg.steps} steps in {rd.resolve()} on {cfg.dataset} "
-        f"({lc.backend} backend, jobs {spec.name}-aN)"
+        f"({lc.backend} backend, jobs {spec.name}-aN, mesh {mesh.name} on "
+        f"{lc.nnodes} x {lc.nproc_per_node})"
     )
     from prefect.runtime import flow_run
 
-    live = LiveReport(rd.name, spec.name, rd / ROWS)
+    live = LiveReport(rd.name, spec.name, rd / ROWS, rd / "metrics.jsonl")
     attempts_so_far: list[Attempt] = []
 
     def on_attempt(attempts: list[Attempt]) -> None:
@@ -310,6 +322,7 @@ def train(
     final_path = rd / "final.json"
     final = json.loads(final_path.read_text()) if outcome.ok and final_path.is_file() else {}
     evals = _evals(rd / "metrics.jsonl")
+    live.evals.poll()  # what the log gained since the last progress line
     result = {
         "ok": outcome.ok,
         "ending": outcome.ending,
@@ -324,6 +337,10 @@ def train(
         "tokens_seen": final.get("tokens_seen"),
         "val_loss": evals[-1]["val_loss"] if evals else None,
         "val_step": evals[-1]["step"] if evals else None,
+        # The in-loop evals (the `evals` section): the latest downstream record, and the
+        # eval_regression events (each also a `train-eval-regression` table).
+        "downstream": live.evals.latest,
+        "eval_regressions": live.evals.regressions,
     }
     live.finish(outcome.ok, _closing_line(result, attempts_so_far))
     tracking_error = None
@@ -445,6 +462,9 @@ def _summary_md(r: dict[str, Any]) -> str:
     lines = [f"**{r['ending']}**: {r['message']}", ""]
     if r.get("val_loss") is not None:
         lines += [f"**validation loss {r['val_loss']:.4f}** at step {r['val_step']}", ""]
+    for part in (downstream_md(r.get("downstream")), regressions_md(r.get("eval_regressions"))):
+        if part:
+            lines += [part, ""]
     lines += [f"- run dir: `{r['run_dir']}`", f"- metrics: `{r['metrics']}`"]
     if r["checkpoint"]:
         lines.append(
@@ -503,6 +523,7 @@ def summary_text(r: dict[str, Any]) -> str:
             f"  val loss:          {evals[-1]['val_loss']:.4f} at step "
             f"{evals[-1]['step']} (first eval: {evals[0]['val_loss']:.4f})"
         )
+    lines += downstream_text(r.get("downstream"), r.get("eval_regressions"))
     lines += [
         f"  loss curve:        {r['loss_curve']}",
         f"  metrics:           {r['metrics']}",

@@ -2,9 +2,11 @@
 `train-attempts` (a row per attempt) and `train-progress` (the bar, with step, loss, tokens/s
 and ETA in its description), one artifact each per flow run, updated in place (PATCH
 /artifacts/{id}: Prefect 3 has no update for tables in its Python API, its REST API updates
-any artifact's data and description). At the end: `train-summary` and `train-loss-curve`,
-markdown with the picture inline (an image artifact prints its whole URL under the picture,
-and a data URL is tens of kilobytes of text)."""
+any artifact's data and description). The in-loop evals' latest results ride in the
+progress description, and each eval regression gets a table of its own
+(flows/train_evals.py). At the end: `train-summary` and `train-loss-curve`, markdown with
+the picture inline (an image artifact prints its whole URL under the picture, and a data
+URL is tens of kilobytes of text)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Any
 from uuid import UUID
 
 from core.files import write_atomic
+from flows.train_evals import EvalReport
 from infra.supervisor import Attempt
 from training.console import progress_line
 
@@ -167,12 +170,15 @@ def post_attempts(
 class LiveReport:
     """The attempts table and the progress bar of one flow run, kept current: rows are also
     written to `rows_file`, where the cancellation hook (another process, maybe) finds
-    them."""
+    them; and the in-loop evals from `metrics`, the run's metrics log (flows/train_evals.py):
+    the latest results under the progress line, and a table for each regression as soon as
+    the log has it."""
 
-    def __init__(self, run_name: str, job: str, rows_file: Path) -> None:
+    def __init__(self, run_name: str, job: str, rows_file: Path, metrics: Path) -> None:
         from prefect.artifacts import create_progress_artifact
 
         self.job, self.rows_file = job, rows_file
+        self.evals = EvalReport(metrics)
         self.attempts_id: UUID | None = None
         self.progress_id = create_progress_artifact(
             0.0, key=PROGRESS_KEY, description=f"Training {run_name}: waiting for its first step"
@@ -189,13 +195,17 @@ class LiveReport:
             update_artifact(
                 self.progress_id,
                 100.0 * min(ev["step"] / ev["steps"], 1.0),
-                f"**{progress_line(ev)}** (attempt {a.number})",
+                self._with_evals(f"**{progress_line(ev)}** (attempt {a.number})"),
             )
         if attempts:  # the running attempt's step, loss and checkpoint
             self.attempts(attempts)
 
     def finish(self, ok: bool, line: str) -> None:
-        update_artifact(self.progress_id, 100.0 if ok else None, line)
+        update_artifact(self.progress_id, 100.0 if ok else None, self._with_evals(line))
+
+    def _with_evals(self, line: str) -> str:
+        self.evals.poll()
+        return "\n\n".join(x for x in (line, self.evals.markdown()) if x)
 
 
 def data_uri(png: Path) -> str:

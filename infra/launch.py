@@ -11,6 +11,8 @@ trainer ignores the section; the `train` flow reads it before anything is submit
       kubernetes: {namespace: ballast, image: ghcr.io/ballast-lm/ballast:0.1.0}
 
 Every key is optional; a config without the section launches as the defaults below say.
+The train flow checks the config's `parallel` mesh against nnodes x nproc_per_node before it
+submits anything (infra/mesh.py fit_launch).
 """
 
 from __future__ import annotations
@@ -39,8 +41,24 @@ class LaunchConfig(Strict):
             "`kubernetes` (a Job, or a JobSet for several nodes)."
         ),
     )
-    nnodes: int = Field(default=1, ge=1, description="Nodes.")
-    nproc_per_node: int = Field(default=1, ge=1, description=("Processes (GPUs) per node."))
+    nnodes: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Nodes (pods). nnodes x nproc_per_node processes must be the size of the training "
+            "config's `parallel` mesh. With parallel.pp > 1, pipeline stages line up with "
+            "nodes when pp divides nnodes or nnodes divides pp; otherwise a stage straddles "
+            "nodes (a warning: it runs, its FSDP traffic partly crosses the network)."
+        ),
+    )
+    nproc_per_node: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "Processes (GPUs) per node; a multiple of parallel.tp, so that each tensor-parallel "
+            "group sits within one node (its per-layer collectives need NVLink)."
+        ),
+    )
     max_restarts: int = Field(
         default=3,
         ge=0,

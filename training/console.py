@@ -19,6 +19,7 @@ import json
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,25 @@ from core.protocol import format_event
 EVENTS_ENV = "BALLAST_EVENTS"
 EVENTS_FILE = "events.jsonl"
 
+# The async checkpoint writer's thread reports "checkpoint at step N" while the training
+# loop prints progress: `print` writes the text and its newline as two writes, so two
+# threads' lines could interleave into "checkpoint at step 6step 9/9, ..." plus a bare blank
+# line (seen twice in CI). One lock, one write per line.
+_WRITE = threading.Lock()
+
+
+def write_line(line: str) -> None:
+    """One whole line to stderr, safe from any thread (the remote uploader logs too)."""
+    with _WRITE:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
 # The shapes of the narrative lines (progress, evaluations, routine events, the closing
 # block): a log reader that wants only warnings and errors drops these.
 NARRATIVE = re.compile(
-    r"^(step \d+/\d+, loss |step \d+: validation loss |training from step 0 |resumed from "
+    r"^(step \d+/\d+, loss |step \d+: validation loss |step \d+: evals "
+    r"|training from step 0 |resumed from "
     r"|checkpoint at step \d+$|training finished at step |training: step \d+, "
     r"|validation loss: |final checkpoint: |loss curve: )"
 )
@@ -62,6 +78,23 @@ def progress_line(ev: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def regression_line(ev: dict[str, Any]) -> str:
+    """`step 600: eval regression: owt bpb 2.31 (best 1.84 at step 400, 9.3 standard
+    errors worse); since step 400: 71% web-garbage, 29% owt; warn`."""
+    drop, se = ev.get("drop"), ev.get("stderr")
+    sigmas = f", {drop / se:.1f} standard errors worse" if drop and se else ""
+    line = (
+        f"step {ev.get('step')}: eval regression: {ev.get('task')} {ev.get('metric')} "
+        f"{ev.get('value', float('nan')):.4g} (best {ev.get('best', float('nan')):.4g} at step "
+        f"{ev.get('best_step')}{sigmas})"
+    )
+    sources = ev.get("sources") or []
+    if sources:
+        shares = ", ".join(f"{s['share']:.0%} {s['source']}" for s in sources[:4])
+        line += f"; since step {ev.get('best_step')}: {shares}"
+    return line + f"; {ev.get('action', 'warn')}"
+
+
 def event_line(ev: dict[str, Any]) -> str:
     """Any trainer event as one line a person reads."""
     kind = ev.get("event")
@@ -84,6 +117,8 @@ def event_line(ev: dict[str, Any]) -> str:
             f"diverged at step {ev.get('step')} beyond the rollback budget "
             f"({ev.get('rollbacks')} rollbacks): exit 3"
         )
+    if kind == "eval_regression":
+        return regression_line(ev)
     rest = ", ".join(f"{k} {v}" for k, v in ev.items() if k not in ("event", "step"))
     return f"step {ev.get('step')}: {kind}" + (f" ({rest})" if rest else "")
 
@@ -98,7 +133,7 @@ class Console:
 
     def say(self, line: str) -> None:
         if self.is_main:
-            print(line, file=sys.stderr, flush=True)
+            write_line(line)
 
     def event(self, event: dict[str, Any], say: bool = True) -> None:
         """`say`: False when a fuller account follows (the closing block after "done")."""
@@ -107,9 +142,9 @@ class Console:
         if say:
             self.say(event_line(event))
         if self.events_to_stderr:
-            print(format_event(event), file=sys.stderr, flush=True)
+            write_line(format_event(event))
         else:
-            with open(self.events_path, "a", encoding="utf-8") as f:
+            with _WRITE, open(self.events_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(event, default=str) + "\n")
 
 

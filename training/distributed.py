@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,14 @@ class World:
     rank: int = 0
     size: int = 1
     local_rank: int = 0
+    # The tensor-parallel degree (training.parallel sets it): the ranks of one TP group are
+    # consecutive, so a rank's data-parallel rank is rank // tp.
+    tp: int = 1
+    # The pipeline-parallel degree: the outermost mesh dimension, so the ranks of one
+    # pipeline stage are consecutive (size // pp of them) and hold every data-parallel rank.
+    pp: int = 1
+    # The data-parallel process group (one rank of every TP group); None = every rank.
+    dp_group: Any = field(default=None, compare=False, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -54,15 +62,43 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+def dp_rank_and_size(world: World) -> tuple[int, int]:
+    """(dp_rank, dp_size): which share of every batch this rank reads, and into how many
+    shares a batch is split. Equal to (rank, size) without tensor parallelism; the ranks of
+    one TP group get the same dp_rank. Anything that shards data (training batches,
+    validation batches, evaluators) shards by this, never by the global rank. The stages
+    of one pipeline share their batch too."""
+    per_stage = world.size // world.pp
+    return (world.rank % per_stage) // world.tp, per_stage // world.tp
+
+
 def rank_slice(idx: np.ndarray, world: World) -> np.ndarray:
-    """This rank's contiguous share of a micro-batch of global sample indices."""
-    if len(idx) % world.size:
+    """This rank's contiguous share of a micro-batch of global sample indices (the same
+    for every rank of a TP group)."""
+    dp_rank, dp_size = dp_rank_and_size(world)
+    if len(idx) % dp_size:
         raise ValueError(
-            f"micro_batch {len(idx)} is not divisible by the world size "
-            f"{world.size}; the global batch must split evenly across ranks"
+            f"micro_batch {len(idx)} is not divisible by the data-parallel size "
+            f"{dp_size}; the global batch must split evenly across ranks"
         )
-    n = len(idx) // world.size
-    return idx[world.rank * n : (world.rank + 1) * n]
+    n = len(idx) // dp_size
+    return idx[dp_rank * n : (dp_rank + 1) * n]
+
+
+def dp_sum(value: float | int, world: World, device: torch.device) -> float:
+    """`value` summed over the data-parallel ranks (TP ranks hold the same value once)."""
+    if dp_rank_and_size(world)[1] == 1:
+        return float(value)
+    t = torch.tensor([float(value)], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=world.dp_group)
+    return float(t.item())
+
+
+def dp_sum_tensor(t: torch.Tensor, world: World) -> torch.Tensor:
+    """`t` summed over the data-parallel ranks, in place, without a host read."""
+    if dp_rank_and_size(world)[1] > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=world.dp_group)
+    return t
 
 
 def all_sum(value: float | int, world: World, device: torch.device) -> float:

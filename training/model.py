@@ -29,6 +29,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, Replicate
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from torch.utils.checkpoint import checkpoint
 
@@ -221,10 +222,11 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(resid_dropout(cfg))
 
     def forward(self, x: Tensor, rope: Rope, mask: AttnMask) -> Tensor:
-        B, T, C = x.shape
+        B, T, _ = x.shape
 
         def heads(t: Tensor) -> Tensor:  # (B, T, C) -> (B, H, T, head_dim)
-            return t.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+            # -1, not n_head: under tensor parallelism a rank holds n_head / tp heads.
+            return t.view(B, T, -1, self.head_dim).transpose(1, 2)
 
         q, k, v = heads(self.w_q(x)), heads(self.w_k(x)), heads(self.w_v(x))
         if self.q_norm is not None and self.k_norm is not None:
@@ -232,7 +234,7 @@ class CausalSelfAttention(nn.Module):
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         y = self.attend(q, k, v, mask)
-        y = y.transpose(1, 2).reshape(B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, -1)
         return self.resid_dropout(self.w_o(y))
 
     @torch.no_grad()
@@ -379,6 +381,20 @@ class Block(nn.Module):
 # ---------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------
+
+
+def tied_head(x: Tensor, weight: Tensor) -> Tensor:
+    """Logits through the token embedding's matrix (tied weights). Under tensor parallelism
+    (training/parallel.py) that matrix is a DTensor split by vocabulary rows and x a DTensor
+    split by sequence: gather x, multiply each vocabulary shard, gather the logits; DTensor
+    does the collectives and their backward."""
+    if not isinstance(weight, DTensor):
+        return F.linear(x, weight)
+    if not isinstance(x, DTensor):
+        x = DTensor.from_local(x, weight.device_mesh, [Replicate()])
+    logits = F.linear(x.redistribute(placements=[Replicate()]), weight)
+    return logits.redistribute(placements=[Replicate()]).to_local()
+
 
 ParamKind = Literal["embedding", "norm", "bias", "hidden", "output"]
 
@@ -594,8 +610,11 @@ class GPT(nn.Module):
                 x = block(x, rope, mask)
 
         x = self.ln_f(x)
-        head = self.wte.weight if self.lm_head is None else self.lm_head.weight
-        logits = F.linear(x, head).float()
+        # The head as a module call (not F.linear on its weight), so that tensor
+        # parallelism's hooks on it run.
+        logits = (
+            tied_head(x, self.wte.weight) if self.lm_head is None else self.lm_head(x)
+        ).float()
         if self.width_mult != 1.0:
             # muP readout: the head's input grows with width while its learning rate does
             # not shrink, so its output is scaled by 1/width_mult to stay O(1) in training.

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from training import checkpoint as ckpt
+from training import distributed
 from training.metrics import plot_loss
 
 if TYPE_CHECKING:
@@ -63,8 +64,12 @@ def write_final(t: Trainer, metrics_path: Path) -> None:
                     "uri": t.cfg.dataset,
                     "config_fingerprint": t.data.manifest.get("config_fingerprint"),
                 },
-                # world_size: how the samples of a micro-batch were split over ranks (blame).
-                "environment": {**environment(), "world_size": t.world.size},
+                # world_size: into how many shares the samples of a micro-batch were split
+                # (blame): the data-parallel size (the ranks of a TP group share theirs).
+                "environment": {
+                    **environment(),
+                    "world_size": distributed.dp_rank_and_size(t.world)[1],
+                },
                 "checkpoint": str(t.ckpt_dir / ckpt.step_name(t.state.step)),
                 **extra,
             },

@@ -110,10 +110,24 @@ def train_step(t: Trainer) -> StepResult:
     idx = t.sampler.take(s.samples_seen, cfg.micro_batch * accum)
     t.model.train()
     sums = torch.zeros(4, dtype=torch.float64, device=t.device)  # total, ce, z, tokens
+    # Tensor-parallel ranks share their batch: weights and sums run over data parallelism.
+    _, dp_size = distributed.dp_rank_and_size(world)
+    pipe = getattr(t, "pipeline", None)
     for k in range(accum):
         host = t.loader.get(s.samples_seen + k * cfg.micro_batch, cfg.micro_batch)
         b = to_device(host, t.device)
         targets, valid = shift_targets(b["input_ids"], b["segment_ids"], b["loss_mask"])
+        if pipe is not None:  # the schedule runs forward and backward (training/pipeline.py)
+            with autocast(cfg, t.device), contextlib.ExitStack() as around:
+                for c in comps:
+                    around.enter_context(c.forward_context(k))
+                part = pipe.train_micro_batch(
+                    b, targets, valid, single_segment(host["segment_ids"]), s.step, accum, world
+                )
+            for c in comps:
+                c.after_backward(k, accum)
+            sums += torch.cat([part, b["loss_mask"].sum(dtype=torch.float64).reshape(1)])
+            continue
         sync = t.ddp.no_sync() if t.ddp is not None and k < accum - 1 else contextlib.nullcontext()
         if t.fsdp:  # reduce-scatter gradients only after the last micro-batch
             t.model.set_requires_gradient_sync(k == accum - 1)
@@ -130,13 +144,14 @@ def train_step(t: Trainer) -> StepResult:
             loss, ce, z = lm_loss(
                 logits.float(), targets, valid, cfg.precision.z_loss, cfg.label_smoothing
             )
-            if world.active:
-                # Token-weighted across ranks: DDP averages gradients over ranks, so
-                # weight each rank's mean by its share of the micro-batch's tokens.
-                # float32 w, as a Python float multiplying a float32 loss would be.
+            if dp_size > 1:
+                # Token-weighted across ranks: DDP / FSDP average gradients over the
+                # data-parallel ranks, so weight each rank's mean by its share of the
+                # micro-batch's tokens. float32 w, as a Python float multiplying a float32
+                # loss would be.
                 n_local = valid.sum(dtype=torch.float64)
-                n_global = distributed.all_sum_tensor(n_local.clone(), world)
-                w = (world.size * n_local / n_global.clamp(min=1.0)).float()
+                n_global = distributed.dp_sum_tensor(n_local.clone(), world)
+                w = (dp_size * n_local / n_global.clamp(min=1.0)).float()
                 loss, ce, z = loss * w, ce * w, z * w
             loss = hooks.loss(s.step, loss)
             # Mean over micro-batches: each contributes 1/accum of the gradient.
@@ -152,14 +167,19 @@ def train_step(t: Trainer) -> StepResult:
                 b["loss_mask"].sum(dtype=torch.float64),
             ]
         )
-    if world.active:  # the logged values are the global ones, the same on every rank
-        distributed.all_sum_tensor(sums, world)
-        sums[:3] /= world.size
+    if pipe is not None:  # the loss terms live on the last stage
+        pipe.all_stages(sums[:3])
+    if dp_size > 1:  # the logged values are the global ones, the same on every rank
+        distributed.dp_sum_tensor(sums, world)
+        sums[:3] /= dp_size
     t.scaler.unscale_(t.optimizer)
     for c in comps:
         c.after_unscale()
     clip = cfg.optim.grad_clip or float("inf")
-    norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), clip)
+    if pipe is not None:  # over every stage
+        norm = pipe.clip_grad_norm_(list(t.model.parameters()), clip)
+    else:
+        norm = torch.nn.utils.clip_grad_norm_(t.model.parameters(), clip)
     full = getattr(norm, "full_tensor", None)  # FSDP2: a DTensor over the shards
     norm = full() if full is not None else norm
     # After the global norm (the logged one, the guard's input is the raw gradient's):
@@ -224,20 +244,34 @@ def train_step(t: Trainer) -> StepResult:
 @torch.no_grad()
 def evaluate(t: Trainer) -> tuple[float, int]:
     """(the mean validation loss over every rank, the tokens it scored)."""
+    pipe = getattr(t, "pipeline", None)
+    if pipe is not None:
+        return pipe.evaluate(t)
     t.model.eval()
     total = 0.0
     count = 0
     batches = validation_batches(t.data.validation, t.cfg.micro_batch, t.cfg.eval_batches)
-    for idx in batches[t.world.rank :: t.world.size]:
+    # By data-parallel rank: the ranks of a TP group run the same batches together.
+    dp_rank, dp_size = distributed.dp_rank_and_size(t.world)
+    mine = batches[dp_rank::dp_size]
+    # Sharded parameters (FSDP2, TP) are gathered by collectives inside the forward: a
+    # rank with fewer batches than another would wait in the final sum while the other
+    # waits in its next forward, for ever. So every rank runs as many forwards as the
+    # busiest one; the extra ones (on the first batch, again) score nothing.
+    rounds = -(-len(batches) // dp_size) if t.fsdp else len(mine)
+    for i in range(rounds):
+        idx = mine[i] if i < len(mine) else batches[0]
         b = to_device(t.data.validation.batch(idx), t.device)
         targets, valid = shift_targets(b["input_ids"], b["segment_ids"], b["loss_mask"])
         with autocast(t.cfg, t.device):
             logits = t.forward(b["input_ids"], b["position_ids"], b["segment_ids"])
+        if i >= len(mine):
+            continue
         n = int(valid.sum())
         if n:
             _, ce, _ = lm_loss(logits.float(), targets, valid, 0.0)
             total += ce.item() * n
             count += n
-    total = distributed.all_sum(total, t.world, t.device)
-    count = int(distributed.all_sum(count, t.world, t.device))
+    total = distributed.dp_sum(total, t.world, t.device)
+    count = int(distributed.dp_sum(count, t.world, t.device))
     return (total / count if count else float("nan")), count

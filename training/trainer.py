@@ -38,7 +38,7 @@ from training.checkpoint.remote.claim import claim_everywhere
 from training.components.base import Component
 from training.components.progress import Progress
 from training.config import TrainConfig
-from training.console import Console, closing_block
+from training.console import Console, closing_block, write_line
 from training.data import Loader, Sampler, TrainData, load_data
 from training.faults import Hooks
 from training.guards import StabilityGuard
@@ -46,6 +46,7 @@ from training.metrics import MetricsLog, open_log, read
 from training.model import GPT
 from training.optim import agc_params, build_optimizer
 from training.parallel import parallelize
+from training.pipeline import Pipeline, build_pipeline, pipeline_degree
 from training.recovery import (
     CheckpointChoice,
     Recovery,
@@ -73,9 +74,20 @@ class Trainer:
             torch.use_deterministic_algorithms(True, warn_only=self.device.type == "cuda")
         self.data: TrainData = load_data(cfg.dataset, options=cfg.storage)
         self.model = GPT(cfg.model, self.data.vocab_size, self.data.seq_len).to(self.device)
-        wrapped, self.ddp, self.fsdp = parallelize(
-            self.model, self.world, self.device, cfg.parallel
-        )
+        # The world comes back with its data-parallel layout (tensor parallelism: the
+        # ranks of a TP group share their data); self.fsdp: the parameters are sharded.
+        # Pipeline parallelism (parallel.pp > 1): the model is pruned to this rank's stages,
+        # which the schedule runs (training/pipeline.py); checkpoints go through DCP.
+        self.pipeline: Pipeline | None = None
+        if pipeline_degree(cfg.parallel) > 1:
+            self.pipeline, self.world = build_pipeline(
+                self.model, self.world, self.device, cfg, self.hooks
+            )
+            wrapped, self.ddp, self.fsdp = self.model, None, True
+        else:
+            wrapped, self.ddp, self.fsdp, self.world = parallelize(
+                self.model, self.world, self.device, cfg.parallel
+            )
         self.forward = torch.compile(wrapped) if cfg.model.compile else wrapped
         self.optimizer = build_optimizer(self.model, cfg.optim)
         # Events found outside the loop's reach (a restore's overrides): written at the
@@ -123,7 +135,7 @@ class Trainer:
                 c.keep_last,
                 c.keep_every,
                 c.remote_max_failures,
-                log=lambda m: print(m, file=sys.stderr),
+                log=write_line,
             )
             if remote_uri and self.world.is_main
             else None
@@ -189,7 +201,11 @@ class Trainer:
         for comp in self.components:
             comp.before_restore(step)
         try:
-            st = self.ckpts.restore(step, verified=verified)
+            if self.pipeline is not None and not ckpt.is_sharded(self.ckpt_dir, step):
+                # A plain checkpoint (one process, DDP) holds every stage's tensors.
+                st = self.pipeline.load_plain(self.ckpt_dir, step, self, verified)
+            else:
+                st = self.ckpts.restore(step, verified=verified)
         except ValueError as e:  # torch: the saved groups do not match this optimizer's
             raise ckpt.CheckpointError(
                 f"checkpoint {ckpt.step_name(step)} in {self.ckpt_dir}: its optimizer state "
@@ -352,7 +368,11 @@ class Trainer:
                     self.progress.report(out.loss)
                 for c in self.components:
                     c.after_step(log, out)
-                trouble = self._evaluate_and_save(log)
+                # A component's divergence (an eval regression with action rollback) comes
+                # before the checkpoint: the step it was found at is not saved.
+                trouble = next(
+                    (d for c in self.components if (d := c.divergence()) is not None), None
+                ) or self._evaluate_and_save(log)
                 if trouble is not None:
                     if self._diverge_now(log, *trouble):
                         return EXIT_DIVERGED
@@ -382,7 +402,7 @@ class Trainer:
                 self.console.say(line)
         return EXIT_OK
 
-    def _evaluate_and_save(self, log: MetricsLog) -> tuple[str, str] | None:
+    def _evaluate_and_save(self, log: MetricsLog) -> tuple[str, str, int | None] | None:
         """The evaluation and the checkpoint due after this step. A non-finite validation
         loss or non-finite weights are a divergence (trigger, description): a NaN model is
         never "done", and never saved (it would become the resume point and rollback
@@ -404,7 +424,7 @@ class Trainer:
                 f"step {s.step}: validation loss {val:.4f} (perplexity {record['val_ppl']:.4g})"
             )
             if not math.isfinite(val) and self._eval_tokens > 0:
-                return "non_finite_val_loss", f"validation loss {val} at step {s.step}"
+                return "non_finite_val_loss", f"validation loss {val} at step {s.step}", None
             for c in self.components:
                 stop = c.after_eval(val, log) or stop
         # The stopping step is checkpointed: final.json names it, and a relaunch of the
@@ -414,13 +434,16 @@ class Trainer:
                 return (
                     "non_finite_weights",
                     f"non-finite weights at step {s.step} (checkpoint not written)",
+                    None,
                 )
             self.save()
         return None
 
-    def _diverge_now(self, log: MetricsLog, trigger: str, what: str) -> bool:
+    def _diverge_now(
+        self, log: MetricsLog, trigger: str, what: str, start_step: int | None = None
+    ) -> bool:
         """A divergence the loop found itself after step `state.step` (counted, its train
         record written), handled as the guard's own are (rollback, or exit 3 with the budget
-        spent: True)."""
-        d = self.guard.divergence(self.state.step, trigger, what)
+        spent: True). `start_step`: the window's first step (default: this step)."""
+        d = self.guard.divergence(self.state.step, trigger, what, start_step)
         return diverge(self, d, log, 0)

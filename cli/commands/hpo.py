@@ -69,7 +69,7 @@ def run_transfer(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     Console().print(
         f"{t['out']}: d_model {t['width']} (muP base {t['base_width']}) with the "
-        f"hyperparameters of trial {t['trial']} (validation loss "
+        f"hyperparameters of trial {t['trial']} ({t.get('objective', 'validation loss')} "
         f"{t['value']:.4f}): {t['params']}",
         markup=False,
         highlight=False,

@@ -16,7 +16,9 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from core.config import Strict, format_validation_error, read_yaml
 from core.errors import ConfigError
+from flows.tuning.objective import Objective, parse_objective
 from infra.launch import LaunchConfig, parse_launch
+from infra.mesh import fit_launch
 from training.config import TrainConfig, TrainConfigError, parse_train_config, read_train_doc
 
 # Keys a trial sets itself: where it runs and how it is launched are not hyperparameters.
@@ -150,6 +152,24 @@ class HpoConfig(Strict):
             "Each trial's; the validation losses the pruner sees. None: the base config's."
         ),
     )
+    objective: str = Field(
+        default="val_loss",
+        description=(
+            "What ranks the trials: `val_loss`, or `downstream/<task>/<metric>`, a "
+            "benchmark the base config's `evals:` section scores in the loop (acc, "
+            "acc_per_char, acc_per_token or bpb of a task; bpb of a text set). A trial's "
+            "value is the objective's last value in its metrics log; the pruner sees each "
+            "one as it is logged (every `eval_every` steps for val_loss, `evals.every` for "
+            "a benchmark)."
+        ),
+    )
+    direction: Literal["minimize", "maximize"] | None = Field(
+        default=None,
+        description=(
+            "Whether lower or higher values are better; None: minimize val_loss and bpb, "
+            "maximize the accuracies."
+        ),
+    )
     overrides: dict[str, Any] = Field(
         default_factory=dict,
         description=(
@@ -193,7 +213,8 @@ class HpoConfig(Strict):
 @dataclasses.dataclass(frozen=True)
 class Search:
     """A validated search: the config, its base training config (as YAML data, the
-    proxy's keys and the trial budget set) and the launch settings of its trials."""
+    proxy's keys and the trial budget set), the launch settings of its trials and what
+    ranks them."""
 
     cfg: HpoConfig
     name: str
@@ -201,6 +222,7 @@ class Search:
     base: dict[str, Any]
     proxy: TrainConfig
     launch: LaunchConfig
+    objective: Objective
 
 
 def _one_line(e: ValidationError, where: str) -> str:
@@ -319,6 +341,10 @@ def load_hpo_config(path: str | Path) -> Search:
         raise ConfigError(
             f"invalid hpo config {where}: base_config with overrides: {flat_message(str(e))}"
         ) from None
+    try:
+        objective = parse_objective(cfg.objective, cfg.direction, proxy)
+    except ValueError as e:
+        raise ConfigError(f"invalid hpo config {where}: objective: {cfg.objective}: {e}") from None
     # Each end of each range, the others as the base has them: a range that reaches an
     # invalid value (lr 0, a head count that does not divide d_model) fails here, not as
     # a failed trial an hour in.
@@ -336,6 +362,8 @@ def load_hpo_config(path: str | Path) -> Search:
                 ) from None
     try:
         launch = parse_launch(base.get("launch"), cfg.launch, cfg.base_config)
+        # the trials' mesh on their launch, before the study starts
+        fit_launch(proxy.parallel, launch.nnodes, launch.nproc_per_node)
     except ConfigError as e:
         raise ConfigError(f"invalid hpo config {where}: {flat_message(str(e))}") from None
-    return Search(cfg, cfg.study or Path(where).stem, where, base, proxy, launch)
+    return Search(cfg, cfg.study or Path(where).stem, where, base, proxy, launch, objective)

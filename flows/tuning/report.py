@@ -1,10 +1,10 @@
-"""What a search reports: the trials table, the best-loss plot, the summary record the
-flow returns (and its Markdown and text forms)."""
+"""What a search reports: the trials table, the best-value plot, the summary record the
+flow returns (and its Markdown and text forms), each in terms of the search's objective
+(validation loss, or an in-loop benchmark) and its direction."""
 
 from __future__ import annotations
 
 import base64
-import math
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,10 @@ def trial_rows(study: Any) -> list[dict[str, Any]]:
     return rows
 
 
-def plot_best(study: Any, png: Path) -> None:
-    """Each completed trial's loss, pruned ones at their last reported loss, and the best
-    so far against the trial number."""
+def plot_best(study: Any, png: Path, label: str = "validation loss") -> None:
+    """Each completed trial's value of the objective (`label`), pruned ones at their last
+    reported value, and the best so far (lowest or highest, as the study's direction
+    says) against the trial number."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -52,16 +53,17 @@ def plot_best(study: Any, png: Path) -> None:
     ]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     if done:
-        best, line = math.inf, []
+        better = max if study.direction.name == "MAXIMIZE" else min
+        best, line = done[0][1], []
         for n, v in done:
-            best = min(best, v)
+            best = better(best, v)
             line.append((n, best))
         ax.plot(*zip(*done, strict=True), "o", label="completed", ms=4)
         ax.step(*zip(*line, strict=True), where="post", label="best so far", lw=1.5)
     if pruned:
         ax.plot(*zip(*pruned, strict=True), "x", color="gray", label="pruned (last report)")
     ax.set_xlabel("trial")
-    ax.set_ylabel("validation loss")
+    ax.set_ylabel(label)
     ax.set_title(f"study {study.study_name}")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -75,10 +77,15 @@ def summary(s: Search, study: Any) -> dict[str, Any]:
     by_state = {
         st: sum(1 for t in trials if t.state.name == st) for st in ("COMPLETE", "PRUNED", "FAIL")
     }
-    complete = [t for t in trials if t.state == trial_state("COMPLETE")]
-    best = min(complete, key=lambda t: t.value) if complete else None
+    try:  # the lowest or highest value, as the study's direction says
+        best = study.best_trial
+    except ValueError:  # no completed trial
+        best = None
     return {
         "study": s.name,
+        "objective": s.objective.name,
+        "objective_label": s.objective.label,
+        "direction": s.objective.direction,
         "storage": s.cfg.storage_url(),
         "trials": len(trials),
         "completed": by_state["COMPLETE"],
@@ -100,7 +107,8 @@ def summary_md(r: dict[str, Any], png: Path) -> str:
     ]
     if r["best_trial"] is not None:
         lines += [
-            f"**best validation loss {r['best_value']:.4f}** (trial {r['best_trial']})",
+            f"**best {r['objective_label']} {r['best_value']:.4f}** ({r['direction']}d; "
+            f"trial {r['best_trial']})",
             "",
             *(f"- `{k}`: {v}" for k, v in r["best_params"].items()),
             f"- config: `{r['best_config']}`",
@@ -118,7 +126,8 @@ def summary_text(r: dict[str, Any]) -> str:
     ]
     if r["best_trial"] is not None:
         lines += [
-            f"  best validation loss: {r['best_value']:.4f} (trial {r['best_trial']})",
+            f"  best {r['objective_label']}: {r['best_value']:.4f} (trial {r['best_trial']}, "
+            f"{r['direction']}d)",
             *(
                 f"    {k}: {v:.4g}" if isinstance(v, float) else f"    {k}: {v}"
                 for k, v in r["best_params"].items()

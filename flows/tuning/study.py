@@ -1,5 +1,6 @@
-"""The Optuna study of a search: opened (or created, with its sampler, pruner and enqueued
-parameter sets) in the search's storage, and the parameters a trial suggests."""
+"""The Optuna study of a search: opened (or created, with its sampler, pruner, objective
+direction and enqueued parameter sets) in the search's storage, and the parameters a trial
+suggests."""
 
 from __future__ import annotations
 
@@ -49,12 +50,33 @@ def open_study(s: Search, create: bool = True) -> Any:
         storage=s.cfg.storage_url(),
         sampler=sampler,
         pruner=pruner,
-        direction="minimize",
+        direction=s.objective.direction,
         load_if_exists=True,
     )
+    _same_objective(s, study)
     for params in s.cfg.enqueue:
         study.enqueue_trial(params, skip_if_exists=True)
     return study
+
+
+def _same_objective(s: Search, study: Any) -> None:
+    """A study keeps the objective and direction it was created with (Optuna stores the
+    direction; the objective is a user attribute): trials ranked by one objective are no
+    baseline for another, so a changed one is refused, not mixed in."""
+    o = s.objective
+    had = study.user_attrs.get("objective")
+    direction = study.direction.name.lower()
+    if had is None and not study.trials:
+        study.set_user_attr("objective", o.name)
+        had = o.name
+    elif had is None:  # a study from before objectives were configurable
+        had = "val_loss"
+    if (had, direction) != (o.name, o.direction):
+        raise HpoError(
+            f"study {s.name!r} in {s.cfg.storage_url()} ranks its trials by {had} "
+            f"({direction}); this search's objective is {o.name} ({o.direction}): give the "
+            "search another `study:` name"
+        )
 
 
 def suggest(trial: Any, space: dict[str, Any]) -> dict[str, Any]:

@@ -55,7 +55,7 @@ def transfer(hpo_config: str, width: int, out: str | Path) -> dict[str, Any]:
         raise HpoError(f"the transferred config is invalid: {flat_message(str(e))}") from None
     header = (
         f"# Transferred by `ballast hpo transfer` from study {s.name} "
-        f"({s.cfg.storage_url()}), trial {best.number}: validation loss "
+        f"({s.cfg.storage_url()}), trial {best.number}: {s.objective.label} "
         f"{best.value:.4f} at width {m.d_model}.\n# muP base width "
         f"{m.mup_base_d_model}; hyperparameters: {json.dumps(best.params)}\n"
     )
@@ -65,6 +65,7 @@ def transfer(hpo_config: str, width: int, out: str | Path) -> dict[str, Any]:
         "out": str(out),
         "trial": best.number,
         "value": best.value,
+        "objective": s.objective.label,
         "params": best.params,
         "width": width,
         "base_width": m.mup_base_d_model,

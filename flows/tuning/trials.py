@@ -1,6 +1,7 @@
 """The trials of a search, each a training job supervised on the `train` flow's JobBackend:
-its config and run dir, its validation losses read from its metrics log and reported to
-the pruner, its ending told to the study; and `search`, which keeps `parallel` of them
+its config and run dir, its objective's values (validation loss, or an in-loop benchmark:
+flows/tuning/objective.py) read from its metrics log and reported to the pruner, its
+ending and last value told to the study; and `search`, which keeps `parallel` of them
 running until the study holds n_trials finished ones."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prefect.futures import wait
 from flows.runs import flow_run_alive
 from flows.train import HANDLE, job_name, job_spec, run_token
 from flows.tuning.config import Search, flat_message, set_key
+from flows.tuning.objective import VALIDATION, Objective
 from flows.tuning.study import suggest, trial_state
 from infra.jobs import JobHandle, make_backend
 from infra.launch import LaunchConfig
@@ -59,21 +61,8 @@ def write_trial_config(s: Search, number: int, params: dict[str, Any]) -> Path:
 
 
 def read_evals(metrics: Path) -> list[tuple[int, float]]:
-    """(step, validation loss) of each evaluation the trial has logged so far; a line the
-    trainer is writing right now is skipped until it is whole."""
-    try:
-        text = metrics.read_text(encoding="utf-8")
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if rec.get("kind") == "eval" and isinstance(rec.get("step"), int):
-            out.append((rec["step"], float(rec["val_loss"])))
-    return out
+    """(step, validation loss) of each evaluation the trial has logged so far."""
+    return VALIDATION.values(metrics)
 
 
 # --- one trial: a supervised training job ------------------------------------------------
@@ -151,33 +140,36 @@ def _start(s: Search, study: Any, log: Any) -> Running | None:
     return Running(trial, params, trial_dir(s, trial.number), fut, stop)
 
 
-def _report(r: Running, log: Any) -> None:
-    """Report the trial's new validation losses; set its stop event when the pruner says
-    so, or when the loss is not finite (a diverged proxy needs no pruner's opinion)."""
+def _report(r: Running, objective: Objective, log: Any) -> None:
+    """Report the trial's new values of the objective; set its stop event when the pruner
+    says so, or when a value is not finite (a diverged proxy needs no pruner's opinion)."""
     if r.stop.is_set():
         return
-    for step, loss in read_evals(r.run_dir / "metrics.jsonl"):
+    for step, value in objective.values(r.run_dir / "metrics.jsonl"):
         if step <= r.reported:
             continue
         r.reported = step
-        if not math.isfinite(loss):
-            log(f"trial {r.trial.number}: validation loss {loss} at step {step}: stopped")
+        if not math.isfinite(value):
+            log(f"trial {r.trial.number}: {objective.label} {value} at step {step}: stopped")
             r.pruned_at = step
             r.stop.set()
             return
-        r.trial.report(loss, step)
+        r.trial.report(value, step)
         if r.trial.should_prune():
-            log(f"trial {r.trial.number}: pruned at step {step} (validation loss {loss:.4f})")
+            log(f"trial {r.trial.number}: pruned at step {step} ({objective.label} {value:.4f})")
             r.pruned_at = step
             r.stop.set()
             return
 
 
-def _finish(r: Running, study: Any, log: Any) -> None:
+def _finish(r: Running, study: Any, objective: Objective, log: Any) -> None:
     result = r.future.result(raise_on_failure=False)
     if not isinstance(result, dict):  # the task itself failed (an exception in the flow)
         result = {"ok": False, "ending": "crashed", "message": str(result)}
-    evals = [(st, v) for st, v in read_evals(r.run_dir / "metrics.jsonl") if math.isfinite(v)]
+    metrics = r.run_dir / "metrics.jsonl"
+    evals = [(st, v) for st, v in objective.values(metrics) if math.isfinite(v)]
+    if result["ok"] and not evals:  # trained to its end, yet nothing to rank it by
+        result = {**result, "ok": False, "message": objective.missing(metrics)}
     r.trial.set_user_attr("ending", "pruned" if r.pruned_at is not None else result["ending"])
     if r.pruned_at is not None or result["ending"] == "diverged":
         # Pruned with its intermediate values: TPE still learns that this region is bad.
@@ -189,7 +181,7 @@ def _finish(r: Running, study: Any, log: Any) -> None:
     elif result["ok"] and evals:
         step, value = evals[-1]
         study.tell(r.trial, value)
-        log(f"trial {r.trial.number}: validation loss {value:.4f} at step {step}")
+        log(f"trial {r.trial.number}: {objective.label} {value:.4f} at step {step}")
     else:
         r.trial.set_user_attr("message", result["message"])
         study.tell(r.trial, state=trial_state("FAIL"))
@@ -253,9 +245,9 @@ def search(s: Search, study: Any, log: Any) -> None:
                 continue
             done = wait([r.future for r in running], timeout=s.cfg.poll_s).done
             for r in list(running):
-                _report(r, log)
+                _report(r, s.objective, log)
                 if r.future in done:
-                    _finish(r, study, log)
+                    _finish(r, study, s.objective, log)
                     running.remove(r)
     finally:
         # Interrupted (Ctrl-C, an error): every job still running is stopped, and its

@@ -61,7 +61,9 @@ def test_a_run_by_hand_prints_lines_for_people_and_files_its_events(train_datase
     assert any(ln.startswith("training: step 6, ") for ln in err), err
     assert any(ln.startswith("validation loss: ") and "(best " in ln for ln in err), err
     assert f"final checkpoint: {run_dir}/checkpoints/step-00000006" in err
-    assert all(is_narrative(ln) for ln in err), [ln for ln in err if not is_narrative(ln)]
+    # Blank lines are neither warnings nor errors: once in CI (not reproduced since) a
+    # third-party library wrote a bare newline to stderr during a run.
+    assert all(is_narrative(ln) for ln in err if ln.strip()), r.stderr
     assert (
         f"loss curve: {run_dir.resolve()}/loss.png; metrics: "
         f"{run_dir.resolve()}/metrics.jsonl; run record: "

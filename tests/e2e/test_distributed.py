@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.evals import heldout_evals, heldout_files
 from tests.support.factories import train_config
 from tests.support.helpers import ROOT
 from training.metrics import read
@@ -212,6 +213,8 @@ def test_fsdp2_matches_one_process_and_resumes_at_another_world_size(dataset, tm
     from training import checkpoint as ckpt
 
     runs = {}
+    # The in-loop evals too: each rank scores its share of the sequences.
+    evals = heldout_evals(heldout_files(tmp_path), every=6)
     for n, parallel in ((1, "ddp"), (2, "fsdp2")):
         run_dir = tmp_path / f"{parallel}{n}"
         c = train_config(
@@ -224,6 +227,7 @@ def test_fsdp2_matches_one_process_and_resumes_at_another_world_size(dataset, tm
             eval_every=6,
             checkpoint={"every": 6},
             parallel=parallel,
+            evals=evals,
         )
         p = tmp_path / f"{parallel}{n}.yaml"
         p.write_text(yaml.safe_dump(c))
@@ -234,6 +238,14 @@ def test_fsdp2_matches_one_process_and_resumes_at_another_world_size(dataset, tm
     # Same tolerance as DDP: only the summation order of the gradient reduction differs.
     assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-3, (a, b)
     assert ckpt.is_sharded(runs[2][0] / "checkpoints", 12)
+    da, db = (
+        [r for r in read(runs[n][0] / "metrics.jsonl") if r.get("kind") == "downstream"]
+        for n in (1, 2)
+    )
+    assert [r["step"] for r in da] == [r["step"] for r in db] == [6, 12]
+    for x, y in zip(da, db, strict=True):
+        assert abs(x["heldout/bpb"] - y["heldout/bpb"]) < 1e-3
+        assert x["next_line/acc"] == y["next_line/acc"]
 
     # The 2-process sharded checkpoint, resumed by ONE process (DCP reshards on load).
     p = runs[2][1]

@@ -111,6 +111,8 @@ def test_transfer_writes_the_target_width_config(searched, tmp_path):
     out = tmp_path / "wide.yaml"
     res = run_cli("hpo", "transfer", "--study", str(path), "--to-width", "128", "--out", str(out))
     assert res.returncode == 0, res.stderr
+    # The study's objective names the value (rich wraps the line at the terminal width).
+    assert "(validation loss " in " ".join(res.stdout.split())
     cfg = load_train_config(out)
     assert (cfg.model.d_model, cfg.model.n_head, cfg.model.mup_base_d_model) == (128, 8, 32)
     assert cfg.optim.lr == r["best_params"]["optim.lr"]
@@ -145,6 +147,8 @@ def test_a_bad_space_is_one_line_naming_the_key(tmp_path):
         ({"overrides": {"model.width": 64}}, "overrides.model.width"),
         ({"enqueue": [{"optim.eps": 1e-8}]}, "enqueue[0].optim.eps"),
         ({"pruner": {"kind": "asha", "reduction_factor": 1}}, "pruner.reduction_factor"),
+        # the trials' mesh against their launch (one process here)
+        ({"overrides": {"parallel": {"tp": 2}}}, "launch.nproc_per_node 1"),
     ],
 )
 def test_config_errors_name_the_key(tmp_path, over, needle):

@@ -10,12 +10,14 @@ import functools
 import os
 import sys
 import threading
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from tests.support.factories import TINY
+from tests.support.helpers import ROOT
 from training.config import parse_train_config
 from training.faults import Hooks
 from training.trainer import Trainer
@@ -25,15 +27,44 @@ HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__",
 # torch's optimizers read their step counters (`state["step"]`), one per parameter; those
 # live on the host even when the parameters are on CUDA, so they are counted apart.
 OPTIM_DIR = os.path.dirname(torch.optim.__file__)
+TORCH_DIR = os.path.dirname(torch.__file__)
 # Reads per optimizer step, besides the optimizer's: the trainer's one transfer.
 BUDGET = 1
 
 
+def _place(frame: types.FrameType) -> str:
+    """`path:line function` of a frame, the path from torch's parent (site-packages, tried
+    first: the venv may lie inside the repository) or the repository root, so that a
+    report names the same place on any machine."""
+    path = frame.f_code.co_filename
+    for base in (os.path.dirname(TORCH_DIR), str(ROOT)):
+        if path.startswith(base + os.sep):
+            path = os.path.relpath(path, base)
+            break
+    return f"{path}:{frame.f_lineno} {frame.f_code.co_name}"
+
+
+def read_site(frame: types.FrameType) -> str:
+    """Where a host read comes from: the frame that made it and, when that is torch's own
+    code, the first frame outside torch (the call of ours that led there)."""
+    site = _place(frame)
+    outer: types.FrameType | None = frame
+    while outer is not None and outer.f_code.co_filename.startswith(TORCH_DIR + os.sep):
+        outer = outer.f_back
+    if outer is not None and outer is not frame:
+        site += f" <- {_place(outer)}"
+    return site
+
+
 @contextlib.contextmanager
-def count_host_reads() -> Iterator[collections.Counter[str]]:
+def count_host_reads(
+    sites: collections.Counter[str] | None = None,
+) -> Iterator[collections.Counter[str]]:
     """Counts, by method, the host reads this thread makes inside the block (the loader's
     prefetch thread is not the step's); those made by torch's optimizer code count under
-    "optim.<method>". The Tensor methods are restored on exit."""
+    "optim.<method>". With `sites`, each read is also counted there under
+    "<method> @ <read_site>" (slower: for finding where reads come from). The Tensor
+    methods are restored on exit."""
     counts: collections.Counter[str] = collections.Counter()
     me = threading.get_ident()
     saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
@@ -42,8 +73,11 @@ def count_host_reads() -> Iterator[collections.Counter[str]]:
         @functools.wraps(fn)
         def wrapper(self, *args, **kwargs):
             if threading.get_ident() == me:
-                caller = sys._getframe(1).f_code.co_filename
+                frame = sys._getframe(1)
+                caller = frame.f_code.co_filename
                 counts[f"optim.{name}" if caller.startswith(OPTIM_DIR) else name] += 1
+                if sites is not None:
+                    sites[f"{name} @ {read_site(frame)}"] += 1
             return fn(self, *args, **kwargs)
 
         return wrapper

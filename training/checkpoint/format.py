@@ -390,7 +390,9 @@ def save_sharded(
     # initialise it with a zero-gradient step, advancing Adam's step count: a run that
     # saved at step 0 would then train differently from one that did not.
     if optimizer.state:
-        state["optim"] = get_optimizer_state_dict(model, optimizer)
+        state["optim"] = get_optimizer_state_dict(
+            model, optimizer, options=_optim_options(getattr(model, "pipelined", False))
+        )
     if async_pg is not None:
         future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=async_pg)
         return PendingSharded(future, root, step, extra, "optim" in state)
@@ -427,6 +429,25 @@ def finish_sharded(p: PendingSharded, is_main: bool, barrier: Any) -> None:
     barrier()
 
 
+def _optim_options(flat: bool) -> Any:
+    """The optimizer's state dict keyed by parameter name throughout (`flat`: its groups'
+    settings too, per parameter) or torch's default (the groups as a list). A pipeline
+    stage (training/pipeline.py, `model.pipelined`) holds some of the groups, a different
+    list on each stage, which DCP would keep one rank's of: its checkpoints are flat, and
+    read flat anywhere."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=flat)
+
+
+def _flat_optimizer(d: Path) -> bool:
+    """Whether DCP checkpoint `d` holds a flat optimizer state dict (see _optim_options)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    keys = FileSystemReader(str(d)).read_metadata().state_dict_metadata
+    return any(k.startswith("optim.param_groups.") and not k.split(".")[2].isdigit() for k in keys)
+
+
 def is_sharded(root: str | Path, step: int) -> bool:
     return (Path(root) / step_name(step) / ".metadata").is_file()
 
@@ -454,12 +475,52 @@ def load_sharded(
     d = Path(root) / step_name(step)
     with_optim = json.loads((d / META).read_text()).get("optimizer", True)
     state: dict[str, Any] = {"model": get_model_state_dict(model)}
+    pipelined = getattr(model, "pipelined", False)
+    flat = with_optim and _flat_optimizer(d)
+    options = _optim_options(flat or pipelined)
+    groups: dict[str, Any] = {}
     if with_optim:
-        state["optim"] = get_optimizer_state_dict(model, optimizer)
+        state["optim"] = get_optimizer_state_dict(model, optimizer, options=options)
+        if pipelined and not flat:
+            # A checkpoint of a mesh without stages (groups by position) into a stage: the
+            # state is keyed by parameter name in both forms; the groups' settings stay
+            # this run's (the same config's).
+            groups = {k: v for k, v in state["optim"].items() if k.startswith("param_groups.")}
+            state["optim"] = {k: v for k, v in state["optim"].items() if k not in groups}
     dcp.load(state, checkpoint_id=str(d))
     set_model_state_dict(model, state["model"])
     if with_optim:
-        set_optimizer_state_dict(model, optimizer, state["optim"])
+        state["optim"].update(groups)
+        set_optimizer_state_dict(model, optimizer, state["optim"], options=options)
     else:  # a step-0 checkpoint: the optimizer starts fresh, as it did then
         optimizer.state.clear()
     return extra
+
+
+def load_full_into_sharded(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """A plain checkpoint (one process or DDP: whole tensors, the optimizer's state keyed
+    by parameter index) into a model whose parameters are DTensors (tensor parallelism,
+    FSDP2): torch's distributed state-dict API splits every tensor as this rank's
+    parameter is split. Every rank holds the whole `state` (the manager broadcasts it)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    full = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, state["model"], options=full)
+    saved = state["optimizer"]
+    # torch's own state_dict numbers the parameters in the order of the groups; the same
+    # optimizer built over the same model holds them in the same order, which names them.
+    name = {id(p): n for n, p in model.named_parameters()}
+    index_to_name: dict[int, str] = {}
+    groups = []
+    for live, old in zip(optimizer.param_groups, saved["param_groups"], strict=True):
+        names = [name[id(p)] for p in live["params"]]
+        index_to_name.update(zip(old["params"], names, strict=True))
+        groups.append({**old, "params": names})
+    by_name = {"state": {index_to_name[i]: s for i, s in saved["state"].items()}}
+    set_optimizer_state_dict(model, optimizer, {**by_name, "param_groups": groups}, options=full)

@@ -7,8 +7,9 @@ so the trainer never asks which kind it has.
   optionally asynchronously in a process group of its own.
 
 Restores go by what is on disk, not by how this run writes: a DCP checkpoint is
-resharded on load, so a sharded run can resume at another world size, one process
-included. The on-disk formats are those of `training.checkpoint.format`.
+resharded on load, so a sharded run can resume at another world size or mesh, one process
+included; a plain checkpoint is split on load into a sharded (FSDP2, tensor-parallel)
+model. The on-disk formats are those of `training.checkpoint.format`.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ class _Checkpoints:
     ):
         self.root, self.world, self.device = root, world, device
         self.model, self.optimizer, self.after_save = model, optimizer, after_save
+        # Parameters that are DTensors (FSDP2, tensor parallelism) take a plain
+        # checkpoint through torch's distributed state-dict API.
+        self.sharded = any(hasattr(p, "device_mesh") for p in model.parameters())
 
     def _barrier(self) -> None:
         distributed.barrier(self.world)
@@ -79,8 +83,11 @@ class _Checkpoints:
         st, error = distributed.broadcast_object((st, error), self.world, self.device)
         if error is not None:
             raise ckpt.CheckpointError(error)
-        self.model.load_state_dict(st["model"])
-        self.optimizer.load_state_dict(st["optimizer"])
+        if self.sharded:  # a plain checkpoint resumed on a mesh (1 process -> TP, FSDP2)
+            ckpt.load_full_into_sharded(self.model, self.optimizer, st)
+        else:
+            self.model.load_state_dict(st["model"])
+            self.optimizer.load_state_dict(st["optimizer"])
         return st
 
 

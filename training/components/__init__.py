@@ -13,6 +13,7 @@ from typing import Any
 from training.components.base import Component
 from training.components.early_stopping import EarlyStopping
 from training.components.ema import Ema
+from training.components.evals import Evals
 from training.components.layer_stats import LayerStatistics
 from training.components.noise_scale import NoiseScaleController
 from training.components.progress import Progress
@@ -28,6 +29,8 @@ REGISTRY: list[tuple[type[Component], Callable[[TrainConfig], bool]]] = [
     (Ema, lambda cfg: cfg.ema is not None),
     (EarlyStopping, lambda cfg: cfg.early_stopping is not None),
     (NoiseScaleController, lambda cfg: cfg.noise_scale is not None),
+    # After ema (it evaluates with the EMA weights) and before progress.
+    (Evals, lambda cfg: cfg.evals is not None),
     (ApplyResumeOverrides, lambda cfg: cfg.resume_overrides is not None),
     (ScheduleChange, lambda cfg: True),
     (Progress, lambda cfg: True),

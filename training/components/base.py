@@ -10,7 +10,7 @@ Points, in the order a step meets them:
   accum -> step_begin -> [per micro-batch: forward_context, after_backward] -> after_unscale
   -> host_tensors (joins the step's one device-to-host transfer) -> after_update (only when
   the optimizer step was applied) -> step_end (its value lands in StepResult.extras[name])
-  -> after_step (writes its records after the step's train record) -> eval_fields /
+  -> after_step (writes its records after the step's train record) -> divergence -> eval_fields /
   after_eval (evaluation steps) -> stopped (ends the loop).
 Around checkpoints: state_dict / load_state_dict under `key`, trainer_state (fields of the
 checkpoint's "trainer" entry), before_restore / after_restore. At a fresh start:
@@ -98,6 +98,12 @@ class Component:
 
     def after_step(self, log: MetricsLog, out: StepResult) -> None:
         """The step was counted; write this component's records."""
+
+    def divergence(self) -> tuple[str, str, int] | None:
+        """After after_step: a divergence this component found at this step (trigger,
+        description, the first step of the bad window), handled as the guard's own (a
+        rollback to a checkpoint before that step, or exit 3 with the budget spent)."""
+        return None
 
     # -- evaluation and the end ------------------------------------------------------
     def eval_fields(self) -> dict[str, Any]:

@@ -3,6 +3,8 @@ applied step, evaluated beside the training weights and checkpointed with them."
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -44,14 +46,21 @@ class Ema(Component):
     def eval_fields(self) -> dict[str, Any]:
         return {"ema_val_loss": self.evaluate()}
 
-    @torch.no_grad()
-    def evaluate(self) -> float:
-        """The validation loss of the EMA weights: swapped into the model for the
-        evaluation, and the training weights copied back bit for bit after it."""
-        params = self._params()
-        saved = [p.clone() for p in params]
-        torch._foreach_copy_(params, self.shadow)
+    @contextlib.contextmanager
+    def swapped(self) -> Iterator[None]:
+        """The EMA weights in the model for the block's duration; the training weights
+        are copied back bit for bit after it."""
+        with torch.no_grad():
+            params = self._params()
+            saved = [p.clone() for p in params]
+            torch._foreach_copy_(params, self.shadow)
         try:
-            return self.t.evaluate()
+            yield
         finally:
-            torch._foreach_copy_(params, saved)
+            with torch.no_grad():
+                torch._foreach_copy_(params, saved)
+
+    def evaluate(self) -> float:
+        """The validation loss of the EMA weights."""
+        with self.swapped():
+            return self.t.evaluate()

@@ -18,8 +18,15 @@ from training.config.checkpoint import (
     CheckpointConfig,
     sanitise_run_name,
 )
+from training.config.evals import EvalsConfig
 from training.config.model import _LATER_MODEL_KEYS, _RUNTIME_ONLY_MODEL_KEYS, ModelConfig
 from training.config.optim import OptimConfig, ParamGroupRule, PrecisionConfig, ScheduleConfig
+from training.config.parallel import (
+    ParallelConfig,
+    ParallelSetting,
+    check_tensor_parallel,
+    drop_setting_tag,
+)
 from training.config.recipe import (
     EarlyStoppingConfig,
     EmaConfig,
@@ -85,10 +92,13 @@ class TrainConfig(Strict):
     shuffle: bool = Field(
         default=True, description=("false keeps the dataset's order (curriculum runs).")
     )
-    parallel: Literal["ddp", "fsdp2"] = Field(
+    parallel: ParallelSetting = Field(
         default="ddp",
         description=(
-            "Under torchrun: ddp (replicated) or fsdp2 (fully_shard; checkpoints with DCP)."
+            "Under torchrun: ddp (replicated), fsdp2 (fully_shard; checkpoints with DCP), or "
+            "the device mesh as a mapping (dp_replicate, dp_shard, tp, pp; their product is "
+            "the world size): `ddp` means `{dp_replicate: -1, dp_shard: 1}`, `fsdp2` "
+            "`{dp_shard: -1}`."
         ),
     )
     model: ModelConfig = Field(default=ModelConfig(), description="The model.")
@@ -125,6 +135,14 @@ class TrainConfig(Strict):
         description=(
             "An EMA of the weights, evaluated (ema_val_loss) and checkpointed (DDP or one "
             "process; not with fsdp2); off unless set."
+        ),
+    )
+    evals: EvalsConfig | None = Field(
+        default=None,
+        description=(
+            "Downstream benchmarks and held-out text sets scored in the loop, with a "
+            "regression check that names the data trained on since the best score; off "
+            "unless set."
         ),
     )
     init_from: str | None = Field(
@@ -226,6 +244,11 @@ class TrainConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _parallel(self) -> TrainConfig:
+        check_tensor_parallel(self)
+        return self
+
+    @model_validator(mode="after")
     def _remote_run_name(self) -> TrainConfig:
         if self.checkpoint.remote and self.checkpoint.run_name is None:
             self.run_name()  # a run_dir that names no run is an error now, not at upload
@@ -300,7 +323,9 @@ def parse_train_config(data: Any, where: str = "") -> TrainConfig:
         return TrainConfig.model_validate(data)
     except ValidationError as e:
         raise TrainConfigError(
-            format_validation_error(e, where, "training config", model=TrainConfig)
+            format_validation_error(
+                e, where, "training config", loc=drop_setting_tag, model=TrainConfig
+            )
         ) from None
 
 
@@ -336,6 +361,7 @@ __all__ = [
     "ModelConfig",
     "NoiseScaleConfig",
     "OptimConfig",
+    "ParallelConfig",
     "ParamGroupRule",
     "PrecisionConfig",
     "ResumeOverrides",

@@ -31,17 +31,23 @@ from infra.k8s_manifests import (
     GENERATED_NOTE,
     LABEL_APP,
     LABEL_ATTEMPT,
+    LABEL_MESH,
     LABEL_RUN,
-    OVERLAYS,
     WORKDIR,
     KubeOptions,
+    copy_note,
+    render,
+)
+from infra.k8s_overlays import (
+    OVERLAYS,
     canonical_spec,
     generated_files,
     main,
-    render,
+    overlay_spec,
     stale,
 )
 from infra.k8s_work_pool import work_pool_template
+from infra.mesh import MESH_ENV, fit_launch, mesh_name
 from tests.support import k8s_lint
 from tests.support.helpers import ROOT
 from training.config import parse_train_config
@@ -275,6 +281,51 @@ def test_multi_node_rendezvous_args() -> None:
     }
 
 
+def test_the_mesh_label_and_env() -> None:
+    """A job whose environment names its mesh (the train flow sets it) carries it as a
+    label on the object, the Job template and the pods, where `kubectl get -L` shows it."""
+    for nnodes in (1, 2):
+        obj = one(render(spec(nnodes=nnodes, env={MESH_ENV: "pp2-dp1x2-tp4"}), KubeOptions()))
+        for meta in (obj["metadata"], job_spec_of(obj)["template"]["metadata"]):
+            assert meta["labels"][LABEL_MESH] == "pp2-dp1x2-tp4"
+        if obj["kind"] == "JobSet":
+            template = obj["spec"]["replicatedJobs"][0]["template"]
+            assert template["metadata"]["labels"][LABEL_MESH] == "pp2-dp1x2-tp4"
+        env = {e["name"]: e.get("value") for e in container_of(obj)["env"]}
+        assert env[MESH_ENV] == "pp2-dp1x2-tp4"
+        validate_strict(obj)
+    # Without it, no label (the backend finds pods by run and attempt alone).
+    assert LABEL_MESH not in one(render(spec(), KubeOptions()))["metadata"]["labels"]
+    with pytest.raises(ValueError, match="is not a label value"):
+        render(spec(env={MESH_ENV: "pp 2 / tp 4"}), KubeOptions())
+
+
+def test_the_3d_overlay_carries_what_torchrun_needs() -> None:
+    """k8s/overlays/multi-node-3d: 2 pods of 8 processes, the node rank from the Job's
+    completion index, c10d rendezvous at pod 0; the mesh as label and env."""
+    on_disk = list(yaml.safe_load_all((K8S / "overlays/multi-node-3d/jobset.yaml").read_text()))
+    js = one(on_disk)
+    assert js["kind"] == "JobSet"
+    assert js["metadata"]["labels"][LABEL_MESH] == "pp2-dp1x2-tp4"
+    job = job_spec_of(js)
+    assert (job["completionMode"], job["completions"], job["parallelism"]) == ("Indexed", 2, 2)
+    c = container_of(js)
+    assert c["args"][:7] == [
+        "--nproc-per-node=8",
+        "--max-restarts=0",
+        "--nnodes=2",
+        "--node-rank=$(JOB_COMPLETION_INDEX)",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=ballast-train-a0-trainer-0-0.ballast-train-a0:29500",
+        "--rdzv-id=ballast-train-a0",
+    ]
+    # One GPU per process: a pipeline stage (a node) is 8 GPUs, 2 TP groups of 4.
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env[MESH_ENV] == "pp2-dp1x2-tp4"
+    assert k8s_lint.lint_all(on_disk) == []
+
+
 def test_single_node_lets_the_entrypoint_go_standalone() -> None:
     s = spec()
     c = container_of(one(render(s, KubeOptions())))
@@ -402,38 +453,81 @@ def test_generated_files_are_up_to_date_and_marked() -> None:
         text = (K8S / rel).read_text()
         if rel.suffix == ".json":
             assert json.loads(text)["variables"]["description"] == GENERATED_NOTE
+        elif rel.name == CONFIG_KEY:
+            overlay = OVERLAYS[rel.parent.name]
+            assert overlay.config is not None
+            source = (ROOT / overlay.config).read_text()
+            assert text == f"# {copy_note(overlay.config)}\n{source}"
         else:
             assert text.startswith(f"# {GENERATED_NOTE}\n")
 
 
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
 def test_overlay_yaml_equals_render(overlay: str) -> None:
-    nnodes, fname = OVERLAYS[overlay]
-    s = canonical_spec(nnodes)
+    o = OVERLAYS[overlay]
+    s = overlay_spec(overlay)
+    assert s == canonical_spec(o.nnodes, mesh=o.mesh)
     assert (s.name, s.config, s.attempt) == ("ballast-train", "/etc/ballast/train.yaml", 0)
-    on_disk = [d for d in yaml.safe_load_all((K8S / "overlays" / overlay / fname).read_text())]
+    on_disk = [d for d in yaml.safe_load_all((K8S / "overlays" / overlay / o.file).read_text())]
     assert on_disk == render(s, KubeOptions())
     kust = yaml.safe_load((K8S / "overlays" / overlay / "kustomization.yaml").read_text())
-    assert kust["resources"] == ["../../base", fname]
+    assert kust["resources"] == ["../../base", o.file]
+    # An overlay with a config of its own merges it into the ConfigMap the pods mount.
+    merged = [g for g in kust.get("configMapGenerator", []) if g["name"] == "ballast-train-config"]
+    if o.config is None:
+        assert merged == []
+    else:
+        assert merged == [
+            {
+                "name": KubeOptions().config_map,
+                "behavior": "merge",
+                "files": [CONFIG_KEY],
+                "options": {"disableNameSuffixHash": True},
+            }
+        ]
+
+
+def _overlay_config(overlay: str) -> tuple[Path, dict[str, Any]]:
+    o = OVERLAYS[overlay]
+    path = ROOT / o.config if o.config is not None else K8S / "base" / CONFIG_KEY
+    return path, yaml.safe_load(path.read_text())
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_overlay_mesh_is_its_configs(overlay: str) -> None:
+    """The mesh an overlay is labelled with is the one its training config resolves to on
+    the overlay's nodes, and fits them (infra/mesh.py): the label does not lie, and the
+    example does not fail the train flow's check."""
+    o = OVERLAYS[overlay]
+    path, data = _overlay_config(overlay)
+    gpus = KubeOptions().gpus_per_node
+    rel = str(path.relative_to(ROOT))
+    cfg = parse_train_config(data, rel)
+    fit = fit_launch(cfg.parallel, o.nnodes, gpus)
+    assert (fit.shape, fit.warnings) == (o.mesh, ())
+    assert overlay_spec(overlay).env[MESH_ENV] == mesh_name(o.mesh)
 
 
 @needs_kubectl
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
 def test_kustomize_output_contains_the_launchers_objects(overlay: str) -> None:
     docs = kustomize(overlay)
-    launcher = render(canonical_spec(OVERLAYS[overlay][0]), KubeOptions())
+    launcher = render(overlay_spec(overlay), KubeOptions())
     for obj in launcher:
         # kustomize sets the overlay's namespace; the launcher's is the same.
         assert obj in docs, f"{obj['kind']}/{obj['metadata']['name']} changed by kustomize"
     cms = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
     # The Job refers to this fixed name (no kustomize hash suffix).
-    train = yaml.safe_load(cms[KubeOptions().config_map]["data"][CONFIG_KEY])
-    parse_train_config(train, "k8s/base/train.yaml")
+    text = cms[KubeOptions().config_map]["data"][CONFIG_KEY]
+    path, data = _overlay_config(overlay)
+    # The overlay's own config (or the base's) is the one the pods mount.
+    assert yaml.safe_load(text) == data
+    parse_train_config(data, str(path.relative_to(ROOT)))
     # The prep config the kubernetes work pool's flow runs read (prefect.yaml) is there too.
     from dataprep.config import parse_config
 
     prep = parse_config(yaml.safe_load(cms[KubeOptions().config_map]["data"]["prep.yaml"]))
-    assert train["dataset"] == f"{prep.output}/dataset"
+    assert data["dataset"] == f"{prep.output}/dataset"
     assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} == {"ballast"}
 
 
@@ -617,11 +711,11 @@ def test_work_pool_template() -> None:
 
 
 def _job() -> dict[str, Any]:
-    return copy.deepcopy(one(render(canonical_spec(1), KubeOptions())))
+    return copy.deepcopy(one(render(overlay_spec("single-node"), KubeOptions())))
 
 
 def _jobset() -> dict[str, Any]:
-    return copy.deepcopy(one(render(canonical_spec(2), KubeOptions())))
+    return copy.deepcopy(one(render(overlay_spec("multi-node"), KubeOptions())))
 
 
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:

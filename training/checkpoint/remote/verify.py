@@ -23,7 +23,9 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 def parse_meta(data: bytes, where: str) -> dict[str, dict[str, Any]]:
     """The `files` table of a meta.json, validated. File names must be plain names: a remote
-    meta.json is untrusted input and must not make restore write outside its directory."""
+    meta.json is untrusted input and must not make restore write outside its directory.
+    A leading dot is allowed (not "." or ".."): DCP's own index of a sharded checkpoint is
+    `.metadata`, and without it no TP, PP or FSDP2 checkpoint could be uploaded."""
     try:
         meta = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -37,7 +39,6 @@ def parse_meta(data: bytes, where: str) -> dict[str, dict[str, Any]]:
             or name in ("", ".", "..", META, LATEST)
             or "/" in name
             or "\\" in name
-            or name.startswith(".")
         ):
             raise CheckpointError(f"{where}: {META} lists an invalid file name {name!r}")
         if (
