@@ -21,6 +21,14 @@ when it is absent.
     recipe_cost       ms/step of each recipe option
     checkpoint_stall  background vs synchronous checkpoint, S3 upload
     ui_check          what a Prefect user sees, in headless Chromium
+    evals             in-loop evals: `overhead` share of training; `signal`: separation
+                      and a garbage switch detected and blamed
+    eval_agreement    our multiple-choice scores vs lm-evaluation-harness on ARC-Easy
+    ablate            three data recipes compared by their proxies (the `ablate` flow)
+    partitioned       the partitioned run-once prep steps (max_task_memory)
+    parallel_cpu      ms/step per device mesh at 2 processes on CPU
+    incremental       a nightly version on a large history: the dedup index vs re-reading
+                      every earlier hash and signature, vs prepping the new data alone
 
 What they share (paths, the shared-data lookup, result writing, RSS sampling, the
 generated corpora) is in benchmarks/common.py. Nothing is imported here: datatrove_compare

@@ -282,6 +282,7 @@ unknown key gets the closest known one: ``sources[0].text_feild: unknown key; di
   (training/config/)
 - [Launch](#launch): the training config's `launch:` section (infra/launch.py)
 - [Hyperparameter search](#hyperparameter-search): `ballast hpo run CONFIG` (flows/tuning/config.py)
+- [Data ablation](#data-ablation): `ballast ablate CONFIG` (flows/ablation/config.py)
 - [Quality rule parameters](#quality-rule-parameters): `{rule: {param: value}}` in a
   `quality:` list (dataprep/quality/)
 
@@ -315,16 +316,29 @@ PARTS: list[tuple[str, str, str]] = [
         "A search config for the `hpo` flow (e.g. "
         "configs/hpo-demo.yaml); see [tools.md](tools.md#tuning-on-proxy-models).",
     ),
+    (
+        "Data ablation",
+        "ablate",
+        "An ablation config for the `ablate` flow (e.g. configs/ablate-demo.yaml); see "
+        "[tools.md](tools.md#data-ablations-ballast-ablate).",
+    ),
 ]
 
 
 def models() -> dict[str, type]:
     from dataprep.config import PrepConfig
+    from flows.ablation.config import AblationConfig
     from flows.hpo import HpoConfig
     from infra.launch import LaunchConfig
     from training.config import TrainConfig
 
-    return {"prep": PrepConfig, "train": TrainConfig, "launch": LaunchConfig, "hpo": HpoConfig}
+    return {
+        "prep": PrepConfig,
+        "train": TrainConfig,
+        "launch": LaunchConfig,
+        "hpo": HpoConfig,
+        "ablate": AblationConfig,
+    }
 
 
 def rules() -> dict[str, type]:

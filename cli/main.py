@@ -15,7 +15,8 @@ import argparse
 import sys
 from typing import NoReturn
 
-from cli.commands import blame, deploy, export, hpo, prep, quality, track, train, verify
+from cli.commands import ablate, blame, deploy, export, hpo, prep, quality, track, train, verify
+from cli.commands import eval as evaluate  # `eval` would hide the builtin
 from cli.console import print_error, stderr_console
 from core.os_errors import os_error_message
 from core.protocol import EXIT_ERROR, EXIT_INTERRUPTED
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 # In the order `ballast --help` lists them.
-COMMANDS = (prep, verify, train, track, blame, hpo, quality, deploy, export)
+COMMANDS = (prep, verify, train, track, blame, evaluate, hpo, ablate, quality, deploy, export)
 
 
 class UsageError(Exception):

@@ -43,6 +43,38 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "e2e: a test under tests/e2e (set here): whole runs, processes and servers"
     )
+    config.addinivalue_line(
+        "markers",
+        "parallel_matrix: the rest of the multi-process TP/PP parity and resharding matrix "
+        "(set here, MATRIX): `make test-parallel` runs it, `make test` leaves it out",
+    )
+
+
+# The tensor/pipeline-parallel e2e cases beyond one of each kind. Each starts 2-4 torchrun
+# processes plus a one-process reference on this 2-core machine: together they doubled
+# `make test` (pytest 28.5 min with them, 2026-12-02). `make test` keeps one case per kind
+# (tp2 parity, a dp x tp mesh, pp2 1f1b parity, pp2 x dp2, a resharding each way, guards)
+# and `make test-parallel` runs these.
+MATRIX = (
+    "test_tensor_parallel.py::test_matches_one_process[tp2-learned]",
+    "test_tensor_parallel.py::test_matches_one_process[tp2-depth]",
+    "test_tensor_parallel_mesh.py::test_matches_one_process[dp2tp2-learned]",
+    "test_tensor_parallel_mesh.py::test_matches_one_process[rep2tp2-rope]",
+    "test_tensor_parallel_mesh.py::test_matches_one_process[rep2dp2-learned]",
+    "test_tensor_parallel_resume.py::test_resumes_on_another_mesh[1_to_tp2]",
+    "test_tensor_parallel_resume.py::test_rollback_as_in_one_process",
+    "test_tensor_parallel_resume.py::test_fewer_validation_batches_than_ranks[parallel1]",
+    "test_pipeline_parallel.py::test_matches_one_process[pp2-gpipe-learned]",
+    "test_pipeline_parallel.py::test_matches_one_process[pp2-interleaved]",
+    "test_pipeline_parallel_tp.py::test_pp2_tp2_matches_one_process",
+    "test_pipeline_parallel_resume.py::test_resumes_on_another_mesh[fsdp2_to_pp2]",
+    "test_pipeline_parallel_guards.py::test_rollback_as_in_one_process",
+    # Remote checkpoints: make test keeps fsdp2 (the overlays' mesh; the same DCP upload).
+    "test_parallel_remote_checkpoints.py::test_resumes_from_object_storage[tp2]",
+    "test_parallel_remote_checkpoints.py::test_resumes_from_object_storage[pp2]",
+    # Host reads: make test keeps both meshes' counts; this shows the count can fail.
+    "test_host_sync_parallel.py::test_a_read_in_the_last_stage_loss_would_show",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -52,6 +84,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         top = item.path.resolve().relative_to(_TESTS).parts[0]
         if top in ("unit", "e2e"):
             item.add_marker(top)
+        if item.nodeid.endswith(MATRIX):
+            item.add_marker("parallel_matrix")
 
 
 @pytest.fixture(scope="session")
