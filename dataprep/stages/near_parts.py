@@ -54,13 +54,19 @@ from dataprep.stages.near import (
 )
 from dataprep.stages.near_index import _npz, _npz_member, bucket_key, sig_key
 
-# Bytes a components round holds per edge it reads (the pairs, their sort and the edges
-# it sends on), and a replay task per candidate document (groups, union-find, ranks, the
-# scratch's bounds): estimates, not yet measured as exact_ranges.SELECT_DOC_BYTES is (at
-# 1M documents and a 4 MB bound a replay worker grew by 60 MB for 15,625 candidates:
-# docs/scale.md).
-EDGE_BYTES = 96
-CANDIDATE_BYTES = 256
+# Bytes a components round holds per input edge (the pairs, their sort and the edges it
+# sends on), and a replay task per candidate document (its groups in every band, the pairs
+# it tries, the union-find, one shard's shingle sets at a time), at the task's peak:
+# measured with tracemalloc over every task of a partitioned run of the scale corpus
+# (`python -m benchmarks.near_item_bytes`, benchmarks/results/near_item_bytes.json; the
+# largest tasks under a 16MB bound): a round 109-122 bytes an edge at 100k and 1M
+# documents; a replay 1,203-1,259 bytes a candidate at 100k and 297-443 at 1M. The
+# difference is the corpus's: a candidate costs per group it is in (up to one a band) and
+# per pair it tries, which the replay plan does not count; the constant is the larger
+# figure, so the bound held on both corpora, and a corpus whose candidates sit in more
+# groups can still exceed it.
+EDGE_BYTES = 128
+CANDIDATE_BYTES = 1280
 PLAN_KEY = "near_parts"  # run.extra: the components' plan
 ROUND_KEY = "near_round"  # run.extra: the round to run next
 REPLAY_KEY = "near_replay"  # run.extra: the replay partitions
