@@ -26,6 +26,7 @@ when it is absent.
     eval_agreement    our multiple-choice scores vs lm-evaluation-harness on ARC-Easy
     ablate            three data recipes compared by their proxies (the `ablate` flow)
     partitioned       the partitioned run-once prep steps (max_task_memory)
+    near_item_bytes   near clustering's partitioned tasks: bytes per edge and per candidate
     parallel_cpu      ms/step per device mesh at 2 processes on CPU
     incremental       a nightly version on a large history: the dedup index vs re-reading
                       every earlier hash and signature, vs prepping the new data alone
