@@ -176,7 +176,7 @@ def hf_config(cfg: ModelConfig, vocab_size: int, seq_len: int, special: Special)
 
 
 def _swiglu_hidden(cfg: ModelConfig) -> int:
-    from training.model import swiglu_hidden
+    from training.layers import swiglu_hidden
 
     return swiglu_hidden(cfg)
 

@@ -1,7 +1,7 @@
-"""A decoder-only transformer (GPT) in one readable file, nanoGPT style.
-
-Read top to bottom: norms, rotary embeddings, attention (with document masking), the MLP,
-the block, and the model. Every option comes from `training.config.ModelConfig`:
+"""A decoder-only transformer (GPT), nanoGPT style, in three files read in this order:
+training/layers.py (norms, rotary embeddings, the MLP, dropout), training/attention.py
+(attention with document masking), and this one (the block and the model). Every option
+comes from `training.config.ModelConfig`:
 
 * Pre-LN blocks (LayerNorm or RMSNorm, computed in float32 so mixed precision does not
   hurt them), a final norm before the head, no linear biases unless `bias`.
@@ -21,322 +21,55 @@ the trainer's business, not this file's.
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, Replicate
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from torch.utils.checkpoint import checkpoint
 
+from training.attention import (
+    AttnMask,
+    CausalSelfAttention,
+    dense_document_mask,
+    flex_document_mask,
+    is_single_segment,
+    positions_from_segments,
+)
 from training.config import ModelConfig
+from training.layers import (
+    MLP,
+    LayerNorm,
+    RMSNorm,
+    Rope,
+    Rotary,
+    apply_rotary,
+    attn_dropout,
+    drop_path,
+    drop_path_rates,
+    embd_dropout,
+    make_norm,
+    swiglu_hidden,
+)
 
-__all__ = ["GPT", "apply_rotary", "positions_from_segments"]
-
-# What a block receives to mask attention with: None = plain causal (the fast path), a
-# boolean (B, 1, T, T) tensor for SDPA (True = may attend), or a flex-attention BlockMask.
-AttnMask = Tensor | BlockMask | None
-# RoPE's (cos, sin), each (B, 1, T, rotary_dim), or None for learned positions.
-Rope = tuple[Tensor, Tensor] | None
-
-
-# ---------------------------------------------------------------------------------------
-# Norms. Both compute in float32 and cast back: the mean of squares over d_model is where
-# bf16/fp16 lose precision, and the norms are cheap, so this costs nothing that matters.
-# ---------------------------------------------------------------------------------------
-
-
-class RMSNorm(nn.Module):
-    """Root-mean-square norm (Zhang & Sennrich 2019): x / rms(x) * g, no centring."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        # torch's fused kernel, in float32 (a no-op cast when x already is).
-        return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).to(x.dtype)
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm (Ba et al. 2016) whose bias is optional, so `bias=False` means no biases."""
-
-    def __init__(self, dim: int, eps: float, bias: bool) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
-
-    def forward(self, x: Tensor) -> Tensor:
-        b = self.bias.float() if self.bias is not None else None
-        y = F.layer_norm(x.float(), self.weight.shape, self.weight.float(), b, self.eps)
-        return y.to(x.dtype)
-
-
-def make_norm(cfg: ModelConfig) -> nn.Module:
-    if cfg.norm == "rmsnorm":
-        return RMSNorm(cfg.d_model, cfg.norm_eps)
-    return LayerNorm(cfg.d_model, cfg.norm_eps, cfg.bias)
+__all__ = [
+    "GPT",
+    "Block",
+    "LayerNorm",
+    "RMSNorm",
+    "Rotary",
+    "apply_rotary",
+    "drop_path",
+    "positions_from_segments",
+    "swiglu_hidden",
+]
 
 
 # ---------------------------------------------------------------------------------------
-# Rotary position embeddings (RoFormer, Su et al. 2021), GPT-NeoX layout: the first
-# `rotary_dim` dims of each head are split in two halves that rotate as (x1, x2) pairs;
-# the remaining dims carry no position at all.
+# The block
 # ---------------------------------------------------------------------------------------
-
-
-class Rotary(nn.Module):
-    """Turns position ids into the (cos, sin) tables that `apply_rotary` uses.
-
-    The angles are computed per forward from `position_ids` in float32 (a few thousand
-    multiplies), rather than kept in a buffer: a buffer would be cast with the model by
-    `.to(bfloat16)`, and bf16 angles are wrong by whole radians at long positions.
-    """
-
-    def __init__(self, head_dim: int, rotary_pct: float, theta: float) -> None:
-        super().__init__()
-        self.rotary_dim = int(head_dim * rotary_pct)  # the config checks it is even, >= 2
-        self.theta = theta
-
-    def forward(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        half = self.rotary_dim // 2
-        exponent = torch.arange(half, device=position_ids.device, dtype=torch.float32) / half
-        inv_freq = self.theta**-exponent  # theta^(-2i/d), i < d/2
-        angles = position_ids.float()[..., None] * inv_freq  # (B, T, half)
-        angles = torch.cat([angles, angles], dim=-1)[:, None]  # (B, 1, T, rotary_dim)
-        return angles.cos(), angles.sin()
-
-
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate the first cos.shape[-1] dims of x (B, H, T, head_dim); leave the rest as is."""
-    rot = cos.shape[-1]
-    if rot == x.shape[-1]:  # full rotary: no slicing and re-concatenation
-        xf = x.float()
-        x1, x2 = xf.chunk(2, dim=-1)
-        return (xf * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)
-    x_rot, x_pass = x[..., :rot].float(), x[..., rot:]
-    x1, x2 = x_rot.chunk(2, dim=-1)
-    rotated = x_rot * cos + torch.cat([-x2, x1], dim=-1) * sin
-    return torch.cat([rotated.to(x.dtype), x_pass], dim=-1)
-
-
-# ---------------------------------------------------------------------------------------
-# Attention
-# ---------------------------------------------------------------------------------------
-
-
-def positions_from_segments(segment_ids: Tensor) -> Tensor:
-    """Position ids that restart at 0 wherever the segment id changes (as packing makes)."""
-    T = segment_ids.shape[1]
-    idx = torch.arange(T, device=segment_ids.device).expand_as(segment_ids)
-    start = torch.ones_like(segment_ids, dtype=torch.bool)
-    start[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
-    last_start = torch.where(start, idx, 0).cummax(dim=1).values
-    return idx - last_start
-
-
-def is_single_segment(segment_ids: Tensor | None) -> bool:
-    """True when plain causal attention is exact: every row is one document, no padding.
-
-    Reads the tensor on the host (one sync on CUDA), once per forward.
-    """
-    if segment_ids is None:
-        return True
-    same = segment_ids == segment_ids[:, :1]
-    return bool((same.all() & (segment_ids[:, 0] > 0).all()).item())
-
-
-def dense_document_mask(segment_ids: Tensor) -> Tensor:
-    """(B, 1, T, T) boolean, True where query i may attend to key j.
-
-    i attends to j <= i of its own document. Padding (segment 0) attends only to itself:
-    every row of the mask keeps its diagonal, so no softmax is over nothing (no NaN), and
-    a pad's output depends on nothing else. Real tokens never see padding.
-    """
-    T = segment_ids.shape[1]
-    i = torch.arange(T, device=segment_ids.device)
-    causal = i[:, None] >= i[None, :]  # (T, T)
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]  # (B, T, T)
-    real = (segment_ids > 0)[:, :, None]
-    eye = i[:, None] == i[None, :]
-    return ((causal & same & real) | eye)[:, None]
-
-
-def flex_document_mask(segment_ids: Tensor) -> BlockMask:
-    """The same mask as `dense_document_mask`, as a flex-attention BlockMask.
-
-    Flex attention skips the blocks the mask rules out entirely, so packed rows cost about
-    what their documents cost alone, where a dense mask pays for the whole T x T.
-    """
-    B, T = segment_ids.shape
-
-    def document_causal(b: Tensor, h: Tensor, q: Tensor, kv: Tensor) -> Tensor:
-        seg_q, seg_kv = segment_ids[b, q], segment_ids[b, kv]
-        return (q == kv) | ((q >= kv) & (seg_q == seg_kv) & (seg_q > 0))
-
-    return create_block_mask(
-        document_causal, B, None, T, T, device=segment_ids.device, _compile=segment_ids.is_cuda
-    )
-
-
-@functools.cache
-def _compiled_flex_attention() -> Callable[..., Any]:
-    # Flex attention is only fast compiled (uncompiled it materialises the scores).
-    return torch.compile(flex_attention, dynamic=False)
-
-
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention (Vaswani et al. 2017) with W_Q, W_K, W_V, W_O.
-
-    Separate Q/K/V projections, not one fused matrix, so optimizers that treat each 2-D
-    matrix as a unit (muP learning-rate scaling, Muon's orthogonalisation) see the
-    paper's matrices.
-    """
-
-    def __init__(self, cfg: ModelConfig, mup: bool) -> None:
-        super().__init__()
-        d = cfg.d_model
-        self.n_head = cfg.n_head
-        self.head_dim = d // cfg.n_head
-        self.w_q = nn.Linear(d, d, bias=cfg.bias)
-        self.w_k = nn.Linear(d, d, bias=cfg.bias)
-        self.w_v = nn.Linear(d, d, bias=cfg.bias)
-        self.w_o = nn.Linear(d, d, bias=cfg.bias)
-        # QK-norm (Dehghani et al. 2023): RMSNorm per head on q and k, before RoPE, bounds
-        # the attention logits and removes a common source of loss spikes.
-        self.q_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        # muP uses 1/head_dim: once trained, q and k are correlated, so q.k grows like
-        # head_dim, not sqrt(head_dim). We use it at every width, base included, so a muP
-        # model at width_mult 1 is not the standard model; the hyper-parameters are tuned
-        # with muP on, and that is what transfers. (With head_dim fixed and heads added
-        # as width grows, the scale does not change with width at all.)
-        self.scale = 1.0 / self.head_dim if mup else 1.0 / math.sqrt(self.head_dim)
-        self.dropout = attn_dropout(cfg)
-        self.resid_dropout = nn.Dropout(resid_dropout(cfg))
-
-    def forward(self, x: Tensor, rope: Rope, mask: AttnMask) -> Tensor:
-        B, T, _ = x.shape
-
-        def heads(t: Tensor) -> Tensor:  # (B, T, C) -> (B, H, T, head_dim)
-            # -1, not n_head: under tensor parallelism a rank holds n_head / tp heads.
-            return t.view(B, T, -1, self.head_dim).transpose(1, 2)
-
-        q, k, v = heads(self.w_q(x)), heads(self.w_k(x)), heads(self.w_v(x))
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        y = self.attend(q, k, v, mask)
-        y = y.transpose(1, 2).reshape(B, T, -1)
-        return self.resid_dropout(self.w_o(y))
-
-    @torch.no_grad()
-    def max_logit(self, x: Tensor, rope: Rope, mask: AttnMask) -> Tensor:
-        """The largest scaled attention logit q.k * scale over the pairs this layer may
-        attend (causal, and within documents where `mask` is a boolean tensor; a flex
-        BlockMask is read as plain causal), as a 0-d float32 tensor on x's device. For
-        statistics: it recomputes q and k and materialises the (B, H, T, T) scores."""
-        B, T, _ = x.shape
-        q = self.w_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        k = self.w_k(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
-            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        scores = (q.float() @ k.float().transpose(-2, -1)) * self.scale
-        i = torch.arange(T, device=x.device)
-        allowed = i[:, None] >= i[None, :]
-        if isinstance(mask, Tensor):
-            allowed = allowed & mask
-        return scores.masked_fill(~allowed, float("-inf")).amax()
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: AttnMask) -> Tensor:
-        p = self.dropout if self.training else 0.0
-        if mask is None:  # fast path: the fused causal kernels, no mask tensor at all
-            return F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=p, scale=self.scale
-            )
-        if isinstance(mask, Tensor):
-            return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=p, scale=self.scale
-            )
-        # Inside the trainer's torch.compile, plain flex_attention is what gets compiled.
-        flex = (
-            flex_attention
-            if torch.compiler.is_compiling() or not q.is_cuda
-            else _compiled_flex_attention()
-        )
-        out = flex(q, k, v, block_mask=mask, scale=self.scale)
-        assert isinstance(out, Tensor)
-        return out
-
-
-# ---------------------------------------------------------------------------------------
-# MLP, block
-# ---------------------------------------------------------------------------------------
-
-
-def swiglu_hidden(cfg: ModelConfig) -> int:
-    """LLaMA's SwiGLU width: 2/3 of mlp_ratio * d (three matrices cost what two did),
-    rounded up to a multiple of 8 for the matmul kernels."""
-    h = int(2 / 3 * cfg.mlp_ratio * cfg.d_model)
-    return 8 * math.ceil(h / 8)
-
-
-class MLP(nn.Module):
-    """GELU MLP (GPT-2) or SwiGLU (Shazeer 2020, LLaMA): w_down(silu(w_gate x) * w_up x)."""
-
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        d = cfg.d_model
-        self.swiglu = cfg.mlp == "swiglu"
-        hidden = swiglu_hidden(cfg) if self.swiglu else int(cfg.mlp_ratio * d)
-        self.w_gate = nn.Linear(d, hidden, bias=cfg.bias) if self.swiglu else None
-        self.w_up = nn.Linear(d, hidden, bias=cfg.bias)
-        self.w_down = nn.Linear(hidden, d, bias=cfg.bias)
-        self.dropout = nn.Dropout(resid_dropout(cfg))
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.w_gate is not None:
-            h = F.silu(self.w_gate(x)) * self.w_up(x)
-        else:
-            h = F.gelu(self.w_up(x))
-        return self.dropout(self.w_down(h))
-
-
-def attn_dropout(cfg: ModelConfig) -> float:
-    return cfg.dropout if cfg.attn_dropout is None else cfg.attn_dropout
-
-
-def resid_dropout(cfg: ModelConfig) -> float:
-    return cfg.dropout if cfg.resid_dropout is None else cfg.resid_dropout
-
-
-def embd_dropout(cfg: ModelConfig) -> float:
-    return cfg.dropout if cfg.embd_dropout is None else cfg.embd_dropout
-
-
-def drop_path_rates(cfg: ModelConfig) -> list[float]:
-    """Stochastic depth's rate per block: linear in depth from 0 to `drop_path` (timm's
-    torch.linspace(0, drop_path, n_layer))."""
-    n = cfg.n_layer
-    return [cfg.drop_path * i / (n - 1) if n > 1 else 0.0 for i in range(n)]
-
-
-def drop_path(x: Tensor, rate: float, training: bool) -> Tensor:
-    """Zero the whole branch output of each sample with probability `rate` and scale the
-    kept ones by 1 / (1 - rate), so the expectation is unchanged (stochastic depth)."""
-    if rate == 0.0 or not training:
-        return x
-    keep = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(1.0 - rate)
-    return x * keep.div_(1.0 - rate)
 
 
 class Block(nn.Module):

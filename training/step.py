@@ -68,7 +68,7 @@ def pick_device(cfg: TrainConfig) -> torch.device:
 
 
 def single_segment(segment_ids: torch.Tensor) -> bool:
-    """model.is_single_segment for a batch still on the host, read through numpy: the
+    """attention.is_single_segment for a batch still on the host, read through numpy: the
     model need not read its device copy (a sync per micro-batch on CUDA) to pick a mask."""
     seg = segment_ids.numpy()
     return bool((seg == seg[:, :1]).all() and (seg[:, 0] > 0).all())
