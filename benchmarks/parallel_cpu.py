@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.common import RESULTS, ROOT, SHARED, has_dataset, machine, write_json
+from benchmarks.common import RESULTS, ROOT, SHARED, machine, prepared_dataset, write_json
 
 # name: (processes, the `parallel` setting)
 CONFIGS: dict[str, tuple[int, Any]] = {
@@ -100,8 +100,6 @@ def _model(name: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    from benchmarks.train_cpu import ballast_run
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--repeats", type=int, default=2)
@@ -109,15 +107,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "parallel_cpu.json"))
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-parallel"))
     args = ap.parse_args()
-    path = SHARED / "tinyshakespeare.txt"
-    if not path.is_file():
-        print(f"skip: {path} not found")
+    dataset = prepared_dataset()
+    if dataset is None:
+        print(f"skip: {SHARED / 'tinyshakespeare.txt'} not found")
         return
     work = Path(args.workdir)
-    text = path.read_text(encoding="utf-8")
-    dataset = work / "prep" / "dataset"
-    if not has_dataset(dataset):  # prepares the data (and trains 2 steps on it)
-        ballast_run(text, int(0.9 * len(text)), 2, work, 2e-3)
 
     times: dict[str, list[float]] = {n: [] for n in args.configs}
     order = args.configs

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import RESULTS, ROOT, SHARED, write_json
+from benchmarks.common import RESULTS, ROOT, SHARED, prepared_dataset, write_json
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
@@ -43,7 +43,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 def main() -> None:
-    from benchmarks.train_cpu import ballast_run
     from training.config import parse_train_config
     from training.train import Trainer
 
@@ -53,18 +52,16 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "recipe_cost.json"))
     ap.add_argument("--workdir", default=str(ROOT / "runs" / "bench-recipe"))
     args = ap.parse_args()
-    path = SHARED / "tinyshakespeare.txt"
-    if not path.is_file():
-        print(f"skip: {path} not found")
+    dataset = prepared_dataset()
+    if dataset is None:
+        print(f"skip: {SHARED / 'tinyshakespeare.txt'} not found")
         return
     work = Path(args.workdir)
-    text = path.read_text(encoding="utf-8")
-    ballast_run(text, int(0.9 * len(text)), 2, work, 2e-3)  # prepares (and caches) the data
 
     trainers = {}
     for name in args.variants:
         c: dict[str, Any] = {
-            "dataset": str(work / "prep" / "dataset"),
+            "dataset": str(dataset),
             "run_dir": str(work / f"run-{name}"),
             "seed": 1337,
             "steps": 10**6,

@@ -21,7 +21,7 @@ import struct
 import tempfile
 import zipfile
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import BinaryIO
 
@@ -206,15 +206,24 @@ def _group_hashes(members: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def _new_groups(store: Store, bands: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
     """Bucket groups in band order, each kept only at its first occurrence, as (members,
-    offsets) per band. A group seen in an earlier band changes nothing when seen again
-    (each of its links was tried, or found already made, in a state that has only merged
-    since), and true duplicates share most of their bands, so this removes most of
-    clustering's work without changing its result."""
+    offsets) per band, and every document in them."""
+    return first_occurrences(
+        (z["members"], z["offsets"])
+        for z in (_load_npz(store.get(bucket_key(band))) for band in range(bands))
+    )
+
+
+def first_occurrences(
+    per_band: Iterable[tuple[np.ndarray, np.ndarray]],
+) -> tuple[list[tuple[np.ndarray, np.ndarray]], np.ndarray]:
+    """Groups (members, offsets per band, in band order), each kept only at its first
+    occurrence, and the sorted documents they hold. A group seen in an earlier band changes
+    nothing when seen again (each of its links was tried, or found already made, in a state
+    that has only merged since), and true duplicates share most of their bands, so this
+    removes most of clustering's work without changing its result."""
     seen = np.zeros(0, dtype=np.dtype((np.void, 16)))
     out: list[tuple[np.ndarray, np.ndarray]] = []
-    for band in range(bands):
-        z = _load_npz(store.get(bucket_key(band)))
-        members, goff = z["members"], z["offsets"]
+    for members, goff in per_band:
         h = np.ascontiguousarray(_group_hashes(members, goff)).view(np.dtype((np.void, 16))).ravel()
         fresh = ~np.isin(h, seen)
         seen = np.union1d(seen, h[fresh])

@@ -32,11 +32,13 @@ import io
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
 import numpy as np
 
+from core.store import Store
 from dataprep import minhash, partition
 from dataprep.config import PrepConfig
 from dataprep.layout import output_store, version_store
@@ -45,11 +47,11 @@ from dataprep.stages.near import (
     CLUSTER_KEY,
     MAX_CHECKS,
     STAGE,
-    _group_hashes,
     _links,
     _roots,
     _ShingleScratch,
     bands_rows,
+    first_occurrences,
     shard_sets,
 )
 from dataprep.stages.near_index import _npz, _npz_member, bucket_key, sig_key
@@ -281,27 +283,9 @@ def replay(
     shards = [*prior, *new]
     offsets = _offsets(cfg, cc)
     bands, _ = bands_rows(near)
-    # The groups in band order, each at its first occurrence only (near._new_groups: the
+    # The groups in band order, each at its first occurrence only (as near.cluster: the
     # same group always falls in one partition, so the same ones are skipped).
-    seen = np.zeros(0, dtype=np.dtype((np.void, 16)))
-    groups: list[tuple[np.ndarray, np.ndarray]] = []
-    for band in range(bands):
-        key = f"{base}/band-{band:03d}.npz"
-        if not vstore.exists(key):
-            continue
-        with np.load(io.BytesIO(vstore.get(key))) as z:
-            members, goff = z["members"], z["offsets"]
-        h = np.ascontiguousarray(_group_hashes(members, goff)).view(np.dtype((np.void, 16))).ravel()
-        fresh = ~np.isin(h, seen)
-        seen = np.union1d(seen, h[fresh])
-        sizes = np.diff(goff)
-        groups.append(
-            (
-                members[np.repeat(fresh, sizes)],
-                np.concatenate([[0], np.cumsum(sizes[fresh])]).astype(np.int64),
-            )
-        )
-    docs = np.unique(np.concatenate([m for m, _ in groups])) if groups else np.zeros(0, np.int64)
+    groups, docs = first_occurrences(_replay_bands(vstore, base, bands))
     ranked = [(np.searchsorted(docs, m), o) for m, o in groups]
     with tempfile.TemporaryDirectory(prefix="ballast-near-") as tmp:
         sets = (
@@ -333,6 +317,16 @@ def replay(
     counts.update(removed=len(dup), clusters=len(np.unique(kept_of)), held=len(docs))
     _json(vstore, replay_done_key(item), counts)
     return counts
+
+
+def _replay_bands(vstore: Store, base: str, bands: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """A replay partition's groups per band, (members, offsets), in band order; a band
+    that routed none of its groups here has no file."""
+    for band in range(bands):
+        key = f"{base}/band-{band:03d}.npz"
+        if vstore.exists(key):
+            with np.load(io.BytesIO(vstore.get(key))) as z:
+                yield z["members"], z["offsets"]
 
 
 def replay_done_key(item: str) -> str:
