@@ -32,6 +32,7 @@ from rich.console import Console
 
 from core.store import open_store
 from dataprep.config import PrepConfig
+from dataprep.driver import StepWork
 from dataprep.layout import output_store
 from dataprep.pipeline import PoolRunner, call_and_trim, release_memory
 
@@ -52,8 +53,26 @@ WORKER_FAILPOINT_ENV = "BALLAST_WORKER_FAILPOINT"
 
 
 class ClusterError(RuntimeError):
-    """The Dask cluster cannot be used: unreachable, no workers, or workers that cannot
-    see the run's output or inputs. One line, for the CLI's error."""
+    """The Dask cluster cannot be used: unreachable, no workers, workers that cannot see
+    the run's output or inputs, or workers that die running a step. One line, for the
+    CLI's error."""
+
+
+def killed_message(desc: str, once: bool) -> str:
+    """What to say when Dask gives up on a task whose workers kept dying (KilledWorker):
+    most often a worker's memory limit (its nanny kills it at 95%), which for a run-once
+    step is the corpus-sized task that `max_task_memory` splits."""
+    fix = (
+        "it is one task over the whole corpus: set max_task_memory (e.g. a quarter of a "
+        "worker's memory limit) to split it into tasks that hold at most that"
+        if once
+        else "a task holds one shard or one partition: lower ingest.shard_docs or max_task_memory"
+    )
+    return (
+        f"Dask workers died running step '{desc}' until the scheduler gave up on it "
+        "(distributed.scheduler.allowed-failures); out of memory? The workers' logs say "
+        f"why. {fix}, or give the workers more memory; run again to resume"
+    )
 
 
 # The address that keeps a run off any cluster, whatever the environment says.
@@ -208,6 +227,14 @@ class DaskRunner(PoolRunner):
     def start(self, cfg: PrepConfig, run_key: str, inputs: list[str]) -> None:
         check_workers(self.client, cfg, run_key, inputs)
 
+    def map(self, work: StepWork) -> None:
+        from distributed.scheduler import KilledWorker
+
+        try:
+            super().map(work)
+        except KilledWorker:
+            raise ClusterError(killed_message(work.desc, work.once)) from None
+
     def _map(self, fn: Callable[[Any], Any], items: list[Any], desc: str, done: int) -> None:
         from distributed import as_completed
 
@@ -233,11 +260,15 @@ class DaskRunner(PoolRunner):
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         """A run-once piece of work that returns a small result (the dataset's entry)."""
+        from distributed.scheduler import KilledWorker
+
         key = f"{_slug(getattr(fn, '__name__', 'call'))}-{self._run}"
         future = self.client.submit(_call, fn, args, key=key, pure=False, retries=RETRIES)
         self._futures = [future]
         try:
             return future.result()
+        except KilledWorker:
+            raise ClusterError(killed_message(getattr(fn, "__name__", "call"), True)) from None
         finally:
             self._futures = []
 

@@ -317,6 +317,25 @@ def test_a_worker_killed_in_near_dedup_costs_nothing(s3_world, tmp_path):
     assert_same_output(s3_world, "killed")
 
 
+def test_workers_dying_in_a_run_once_step_is_one_line_naming_it(s3_world, tmp_path):
+    """Workers that die in exact select (as one killed at its memory limit does), on a
+    scheduler that allows no failure: Dask gives up on the task (KilledWorker) and the run
+    stops with one line that names the step and says what splits it, exit 1."""
+    env = {**s3_world["env"], "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
+    dies = {WORKER_FAILPOINT_ENV: "exact: select"}  # on both: the task may go to either
+    cluster = start_cluster(tmp_path / "cluster", env, worker_env={0: dies, 1: dies})
+    try:
+        r = ballast_prep(s3_world, tmp_path, "dying", cluster.address)
+    finally:
+        cluster.stop()
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, r.stderr
+    assert errors[0].startswith("error: Dask workers died running step 'exact: select'")
+    assert "set max_task_memory" in errors[0]
+
+
 def test_unreachable_scheduler_is_one_line_before_any_work(s3_world, tmp_path):
     port = free_port()  # nothing listens there
     r = ballast_prep(s3_world, tmp_path, "unreached", f"tcp://127.0.0.1:{port}", timeout=60)
