@@ -49,9 +49,12 @@ def prep_config(corpus: Path, out: Path, workers: int) -> dict:
     }
 
 
-def start_cluster(work: Path, workers: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_cluster(
+    work: Path, workers: int, memory_limit: str | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     """One shell whose children are the scheduler and the workers, so that one TreeRSS
-    sees them all; returns it and the scheduler's address."""
+    sees them all; returns it and the scheduler's address. `memory_limit`: each worker's
+    (`dask worker --memory-limit`; its nanny kills it at 95% of that)."""
     sched = work / "scheduler.json"
     sched.unlink(missing_ok=True)
     dask = BIN / "dask"
@@ -65,7 +68,9 @@ def start_cluster(work: Path, workers: int) -> tuple[subprocess.Popen[bytes], st
         lines.append(
             f"TMPDIR={scratch} {dask} worker --scheduler-file {sched} "
             f"--host 127.0.0.1 --nthreads 1 --no-dashboard --name w{i} "
-            f"--local-directory {scratch} &"
+            f"--local-directory {scratch}"
+            + (f" --memory-limit {memory_limit}" if memory_limit else "")
+            + " &"
         )
     lines.append("wait")
     log = (work / "cluster.log").open("wb")
