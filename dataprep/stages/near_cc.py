@@ -91,19 +91,33 @@ def send(
         vstore.put(f"{base(tag)}/e{rnd:03d}/{q:05d}/{producer}.npy", _npy(pairs))
 
 
-def edges_bands(cfg: PrepConfig, n_docs: int, tag: str, parts: int, bands: list[int]) -> int:
+def edges_bands(
+    cfg: PrepConfig, n_docs: int, tag: str, parts: int, bands: list[int], chunk: int
+) -> int:
     """Round 0's input from the bucket groups of `bands`: an edge from each group's node
-    to each of its members."""
+    to each of its members, sent `chunk` members at a time. Sending costs ~256 bytes a
+    member (the edge both ways, its partitions, their sort); a band's members grow with
+    the corpus (~790k a band at 10M documents: +133 MB in one task, sent whole), so the
+    task holds the band's member array (8 bytes a member) and one chunk's sending."""
     vstore = version_store(cfg)
     n = 0
     for band in bands:
         with np.load(io.BytesIO(vstore.get(bucket_key(band)))) as z:
             members, offsets = z["members"], z["offsets"]
-        sizes = np.diff(offsets)
-        group = n_docs + (band << GROUP_SHIFT) + np.repeat(np.arange(len(sizes)), sizes)
-        send(
-            vstore, tag, 0, f"b{band:03d}", group.astype(np.int64), members.astype(np.int64), parts
-        )
+        node0 = n_docs + (band << GROUP_SHIFT)
+        for k, lo in enumerate(range(0, len(members), chunk)):
+            hi = min(lo + chunk, len(members))
+            # The group of each member of [lo, hi): its offsets' interval.
+            group = np.searchsorted(offsets, np.arange(lo, hi), side="right") - 1
+            send(
+                vstore,
+                tag,
+                0,
+                f"b{band:03d}-{k:05d}",
+                (node0 + group).astype(np.int64),
+                members[lo:hi].astype(np.int64),
+                parts,
+            )
         n += len(members)
     return n
 

@@ -168,7 +168,9 @@ def edges(cfg: PrepConfig, item: str) -> int:
     tag, _, bands = item.partition(".")
     planned = json.loads(version_store(cfg).get(f"{near_cc.base(tag)}/plan.json"))
     band_list = [int(b) for b in bands.split(",")]
-    n = near_cc.edges_bands(cfg, planned["documents"], tag, planned["parts"], band_list)
+    assert cfg.max_task_memory is not None
+    chunk = max(1, cfg.max_task_memory // (2 * EDGE_BYTES))  # as the rounds are sized
+    n = near_cc.edges_bands(cfg, planned["documents"], tag, planned["parts"], band_list, chunk)
     _json(version_store(cfg), edges_done_key(item), {"edges": n})
     return n
 

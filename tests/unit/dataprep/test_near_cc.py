@@ -72,3 +72,32 @@ def test_rounds_end_in_the_union_find_components(tmp_path, name, parts):
     assert np.array_equal(centre[touched], want[touched])
     if name == "path":
         assert rounds > 4  # the path needed the rounds, not one pass
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 7])
+def test_edges_sent_in_chunks_are_the_edges_sent_whole(tmp_path, chunk):
+    """near: edges sends a band's members a chunk at a time (its memory bound): each
+    partition's round-0 input is the same edges as one send of the whole band, groups
+    split across chunks included."""
+    from dataprep.stages.near_index import _npz, bucket_key
+
+    n_docs, parts, bands = 500, 4, [0, 2]
+    sent, inputs, files = {}, {}, {}
+    for c in (chunk, 10**9):
+        cfg = parse_config(
+            {"output": str(tmp_path / f"out-{c}"), "sources": [{"name": "a", "paths": ["x"]}]}
+        )
+        vstore = version_store(cfg)
+        rng = np.random.default_rng(3)  # the same bucket groups for both
+        for band in bands:
+            sizes = rng.integers(2, 9, size=40)
+            members = rng.integers(0, n_docs, size=int(sizes.sum()))
+            offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+            vstore.put(bucket_key(band), _npz(members=members, offsets=offsets))
+        sent[c] = near_cc.edges_bands(cfg, n_docs, "t", parts, bands, c)
+        inputs[c] = [near_cc.read_edges(vstore, "t", 0, q) for q in range(parts)]
+        files[c] = {k.rsplit("/", 1)[-1] for k in vstore.list(f"{near_cc.base('t')}/e000/")}
+    assert sent[chunk] == sent[10**9] > 0
+    for (a, b), (c, d) in zip(inputs[chunk], inputs[10**9], strict=True):
+        assert len(a) > 0 and np.array_equal(a, c) and np.array_equal(b, d)
+    assert len(files[chunk]) > len(files[10**9]) == len(bands)  # the split was exercised
