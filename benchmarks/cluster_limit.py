@@ -32,15 +32,8 @@ from typing import Any
 import yaml
 
 from benchmarks.cluster import start_cluster
-from benchmarks.common import (
-    RESULTS,
-    ROOT,
-    TreeRSS,
-    build_scale_corpus,
-    machine,
-    prep_report,
-    write_json,
-)
+from benchmarks.common import RESULTS, ROOT, build_scale_corpus, machine, prep_report, write_json
+from benchmarks.partitioned import PidRSS, step_memory
 from benchmarks.prep import QUALITY, THRESHOLD
 
 BIN = Path(sys.executable).parent
@@ -78,7 +71,7 @@ def run(name: str, cfg: dict[str, Any], args: argparse.Namespace, work: Path) ->
                 stdout=subprocess.DEVNULL,
                 stderr=f,
             )
-            with TreeRSS(cluster.pid, interval=0.2) as rss:
+            with PidRSS(cluster.pid, interval=0.1) as rss:
                 try:
                     rc = proc.wait(timeout=args.timeout)
                 except subprocess.TimeoutExpired:
@@ -111,6 +104,8 @@ def run(name: str, cfg: dict[str, Any], args: argparse.Namespace, work: Path) ->
         mb = report["stages"]["ingest"]["total"]["bytes_in"] / 1e6
         result.update(mb_in=round(mb, 1), mb_per_s=round(mb / wall, 2))
         result["step_seconds"] = report["step_seconds"]
+        # The run-once steps' (or their partitioned steps') memory, per worker process.
+        result["steps"] = step_memory(report, rss)
     print(f"{name}: {result}", flush=True)
     shutil.rmtree(out, ignore_errors=True)
     return result
