@@ -4,16 +4,17 @@ stage's apply reads (`<prefix>/dups/<shard>.parquet`, the same bytes a single-ta
 writes with exact.write_dups). A duplicate's list needs the id of the copy kept, which is
 in another shard, so the pairs take two hops, each task holding one shard's share:
 
-    keepers (per shard that may hold kept copies)  the pairs whose kept copy is in it, one
-             partition's at a time; its ids column once; -> per (duplicate's shard, this
-             shard, partition) the rows and the kept ids
+    keepers (per shard that may hold kept copies)  the pairs whose kept copy is in it,
+             partitions' pairs batched up to max_task_memory; its ids column once; -> per
+             (duplicate's shard, this shard, batch) the rows and the kept ids
     dups    (per shard of this run)  its pieces from every kept shard, in row order
 
 Files (in the version's store, under `<prefix>/ranges/<tag>/`, tag naming the partition
 plan, so a run resumed with another bound never mixes two plans' files):
 
     kept/<kept shard>/<range>.npy    int64 rows (duplicate's shard index, its row, kept row)
-    dup/<dup shard>/<kept shard>-<range>.parquet   (row, kept_id)
+    dup/<dup shard>/<kept shard>-s<k>.parquet   (row, kept_id): the k-th batch of the
+                                                 kept shard's pairs (max_task_memory's worth)
     done/keepers/<shard>.json, done/dups/<shard>.json   the steps' markers
 """
 
@@ -33,6 +34,11 @@ from dataprep.layout import docs_key, output_store, version_store
 from dataprep.partition import parse_shard_item
 from dataprep.records import parquet_bytes_to_table, table_to_parquet_bytes
 from dataprep.stages.exact import dups_key
+
+# What keepers holds per pair it sends on (3 int64s, the kept id, the sort and the piece
+# tables): an estimate, not measured; the partitions' pairs it reads come within the cap
+# of the select and replay tasks that wrote them.
+PAIR_BYTES = 128
 
 
 def base(prefix: str, tag: str) -> str:
@@ -95,37 +101,56 @@ def keepers(
     cfg: PrepConfig, prefix: str, input_stage: str, prior: list[str], new: list[str], item: str
 ) -> int:
     """One shard's kept copies: the ids of those that some duplicate names, sent on to the
-    duplicates' shards. One partition's pairs at a time (each no more than a select task
-    held), so a shard that keeps the first copy of very many duplicates is no exception
-    to the bound. Returns the pairs handled."""
+    duplicates' shards. Partitions' pairs are read one at a time and sent on together, up
+    to max_task_memory's worth (PAIR_BYTES a pair), so a shard that keeps the first copy
+    of very many duplicates is no exception to the bound, while a duplicate's shard gets
+    one piece per kept shard, not one per kept shard and partition (at 10M documents and
+    54 near partitions, ~3,000 pieces of one or two rows each per shard, most of the
+    step's time). Returns the pairs handled."""
     tag, shard = parse_shard_item(item)
     vstore = version_store(cfg)
     shards = [*prior, *new]
     keys = vstore.list(f"{base(prefix, tag)}/kept/{shard}/")
+    cap = max(1, (cfg.max_task_memory or 0) // PAIR_BYTES)
     n = 0
     ids: pa.Array | None = None
-    for key in keys:
+    held: list[tuple[np.ndarray, pa.Array]] = []  # (rows, their kept copies' ids)
+    sent = 0
+    for i, key in enumerate(keys):
         rows = np.load(io.BytesIO(vstore.get(key)))
         n += len(rows)
         if ids is None:  # read once, and only for a shard that keeps something
             data = output_store(cfg).get(docs_key(input_stage, shard))
             ids = pq.read_table(pa.BufferReader(data), columns=["id"])["id"].combine_chunks()
-        kept_ids = ids.take(pa.array(rows[:, 2]))
-        order = np.argsort(rows[:, 0], kind="stable")
-        ds = rows[order, 0]
-        part = key.rsplit("/", 1)[1].removesuffix(".npy")
-        for a, b in runs(ds):
-            sel = order[a:b]
-            table = pa.table(
-                {
-                    "row": pa.array(rows[sel, 1], pa.int64()),
-                    "kept_id": kept_ids.take(pa.array(sel)),
-                }
-            )
-            piece = f"{base(prefix, tag)}/dup/{shards[int(ds[a])]}/{shard}-{part}.parquet"
-            vstore.put(piece, table_to_parquet_bytes(table))
+        held.append((rows, ids.take(pa.array(rows[:, 2]))))
+        if sum(len(r) for r, _ in held) >= cap or i == len(keys) - 1:
+            _send(vstore, prefix, tag, shard, shards, held, sent)
+            held, sent = [], sent + 1
     vstore.put(keepers_done_key(prefix, item), json.dumps({"pairs": n}).encode())
     return n
+
+
+def _send(
+    vstore: Store,
+    prefix: str,
+    tag: str,
+    shard: str,
+    shards: list[str],
+    held: list[tuple[np.ndarray, pa.Array]],
+    k: int,
+) -> None:
+    """Pairs held by `shard`'s keepers task to their duplicates' shards: piece k of each."""
+    rows = np.concatenate([r for r, _ in held])
+    kept_ids = pa.concat_arrays([a for _, a in held])
+    order = np.argsort(rows[:, 0], kind="stable")
+    ds = rows[order, 0]
+    for a, b in runs(ds):
+        sel = order[a:b]
+        table = pa.table(
+            {"row": pa.array(rows[sel, 1], pa.int64()), "kept_id": kept_ids.take(pa.array(sel))}
+        )
+        piece = f"{base(prefix, tag)}/dup/{shards[int(ds[a])]}/{shard}-s{k:05d}.parquet"
+        vstore.put(piece, table_to_parquet_bytes(table))
 
 
 def gather(cfg: PrepConfig, prefix: str, item: str) -> int:

@@ -32,7 +32,7 @@ from dataprep.partition import (
     split_files_in,
 )
 from dataprep.pipeline import FAILPOINT_ENV, run_prep
-from dataprep.stages import exact, exact_ranges, near_parts
+from dataprep.stages import dup_shuffle, exact, exact_ranges, near_parts
 from tests.support.helpers import read_jsonl, run_cli, shared_file, write_jsonl
 
 # Files that differ between two runs of one config by design (the run's identity, when it
@@ -193,6 +193,19 @@ def test_partitioned_steps_write_the_single_task_bytes(single, tmp_path, parts):
     assert report[near_parts.PLAN_KEY]["parts"] > 1
     assert report[near_parts.REPLAY_KEY]["replay"] > 1
     assert report["near"]["removed"] > 0
+    assert_same_output(ref, out)
+
+
+def test_keepers_sending_in_batches_writes_the_single_task_bytes(single, tmp_path, monkeypatch):
+    """keepers sends its pairs on in batches of max_task_memory's worth: with a batch per
+    partition read (a cap of one pair), the duplicates' shards get several pieces from one
+    kept shard, and the output is still the single tasks' bytes."""
+    monkeypatch.setattr(dup_shuffle, "PAIR_BYTES", 1 << 40)
+    data, ref = single
+    out = tmp_path / "parted"
+    run_prep(parse_config(config(data, out, memory_for(data, ref, 3))), progress=False)
+    pieces = [p.name for p in (out / "v0001").rglob("dup/*/*.parquet")]
+    assert any(name.endswith("-s00001.parquet") for name in pieces), pieces
     assert_same_output(ref, out)
 
 
