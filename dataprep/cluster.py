@@ -63,10 +63,10 @@ def killed_message(desc: str, once: bool) -> str:
     most often a worker's memory limit (its nanny kills it at 95%), which for a run-once
     step is the corpus-sized task that `max_task_memory` splits."""
     fix = (
-        "it is one task over the whole corpus: set max_task_memory (e.g. a quarter of a "
+        "It is one task over the whole corpus: set max_task_memory (e.g. a quarter of a "
         "worker's memory limit) to split it into tasks that hold at most that"
         if once
-        else "a task holds one shard or one partition: lower ingest.shard_docs or max_task_memory"
+        else "A task holds one shard or one partition: lower ingest.shard_docs or max_task_memory"
     )
     return (
         f"Dask workers died running step '{desc}' until the scheduler gave up on it "
