@@ -13,6 +13,7 @@ when it is absent.
     packing           bfd vs concat: efficiency, tokens/s, bounds
     prep              `stages`: the whole prep, per stage; `scale`: at 100k, 1M, 10M docs
     cluster           1M documents: a local Dask cluster vs the process pool
+    cluster_limit     10M documents on Dask workers with a memory limit: partitioned vs single
     datatrove_compare the scale prep done with datatrove (.venv-datatrove)
     spacy_reference   spaCy's reference answers (.venv-spacy)
     train_cpu         tinyshakespeare on CPU vs classic nanoGPT
