@@ -31,25 +31,16 @@ from typing import Any
 
 import yaml
 
-from benchmarks.cluster import start_cluster
+from benchmarks.cluster import prep_config, start_cluster
 from benchmarks.common import RESULTS, ROOT, build_scale_corpus, machine, prep_report, write_json
 from benchmarks.partitioned import PidRSS, step_memory
-from benchmarks.prep import QUALITY, THRESHOLD
 
 BIN = Path(sys.executable).parent
 
 
-def config(corpus: Path, out: Path, max_task_memory: str | None) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "output": str(out),
-        "seed": 0,
-        "sources": [{"name": "web", "paths": [str(corpus)], "id_field": "id"}],
-        "ingest": {"shard_docs": 50_000},
-        "dedup": {"exact": True, "near": {"threshold": THRESHOLD}},
-        "quality": QUALITY,
-        "tokenizer": {"kind": "bpe", "vocab_size": 8192, "train_docs": 50_000},
-        "pack": {"seq_len": 1024, "strategy": "bfd"},
-    }
+def config(corpus: Path, out: Path, workers: int, max_task_memory: str | None) -> dict[str, Any]:
+    """benchmarks.cluster's config (the scale config), with the bound when one is set."""
+    cfg = prep_config(corpus, out, workers)
     if max_task_memory:
         cfg["max_task_memory"] = max_task_memory
     return cfg
@@ -139,7 +130,7 @@ def main() -> None:
     for name, mem in (("partitioned", args.max_task_memory), ("single", None)):
         if args.only and name != args.only:
             continue
-        cfg = config(corpus, work / f"out-{name}", mem)
+        cfg = config(corpus, work / f"out-{name}", args.workers, mem)
         result["runs"][name] = run(name, cfg, args, work)
         write_json(Path(args.out), result)
     runs = result["runs"]
