@@ -28,6 +28,7 @@ when it is absent.
     ablate            three data recipes compared by their proxies (the `ablate` flow)
     partitioned       the partitioned run-once prep steps (max_task_memory)
     near_item_bytes   near clustering's partitioned tasks: bytes per edge and per candidate
+    pair_bytes        a partitioned dedup's keepers task: bytes per duplicate pair
     parallel_cpu      ms/step per device mesh at 2 processes on CPU
     incremental       a nightly version on a large history: the dedup index vs re-reading
                       every earlier hash and signature, vs prepping the new data alone

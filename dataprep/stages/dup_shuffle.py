@@ -35,10 +35,14 @@ from dataprep.partition import parse_shard_item
 from dataprep.records import parquet_bytes_to_table, table_to_parquet_bytes
 from dataprep.stages.exact import dups_key
 
-# What keepers holds per pair it sends on (3 int64s, the kept id, the sort and the piece
-# tables): an estimate, not measured; the partitions' pairs it reads come within the cap
-# of the select and replay tasks that wrote them.
-PAIR_BYTES = 128
+# What keepers holds per pair it sends on, measured (benchmarks/pair_bytes.py, tracemalloc
+# plus Arrow's pool, a pair count's slope): ~74 bytes of numpy (3 int64s, the sort and the
+# pieces' columns) plus the kept copy's id twice in Arrow (its bytes and a 4-byte offset:
+# the taken ids and their concatenation), 92 bytes a pair with 6-byte ids and 153 with
+# 36-byte UUIDs. The partitions' pairs it reads come within the cap of the select and
+# replay tasks that wrote them.
+PAIR_BYTES = 80
+ID_COPIES = 2
 
 
 def base(prefix: str, tag: str) -> str:
@@ -102,16 +106,16 @@ def keepers(
 ) -> int:
     """One shard's kept copies: the ids of those that some duplicate names, sent on to the
     duplicates' shards. Partitions' pairs are read one at a time and sent on together, up
-    to max_task_memory's worth (PAIR_BYTES a pair), so a shard that keeps the first copy
-    of very many duplicates is no exception to the bound, while a duplicate's shard gets
-    one piece per kept shard, not one per kept shard and partition (at 10M documents and
-    54 near partitions, ~3,000 pieces of one or two rows each per shard, most of the
-    step's time). Returns the pairs handled."""
+    to max_task_memory's worth (batch_pairs), so a shard that keeps the first copy of very
+    many duplicates is no exception to the bound, while a duplicate's shard gets one piece
+    per kept shard, not one per kept shard and partition (at 10M documents and 54 near
+    partitions, ~3,000 pieces of one or two rows each per shard, most of the step's time).
+    Returns the pairs handled."""
     tag, shard = parse_shard_item(item)
     vstore = version_store(cfg)
     shards = [*prior, *new]
     keys = vstore.list(f"{base(prefix, tag)}/kept/{shard}/")
-    cap = max(1, (cfg.max_task_memory or 0) // PAIR_BYTES)
+    cap = 1
     n = 0
     ids: pa.Array | None = None
     held: list[tuple[np.ndarray, pa.Array]] = []  # (rows, their kept copies' ids)
@@ -122,12 +126,20 @@ def keepers(
         if ids is None:  # read once, and only for a shard that keeps something
             data = output_store(cfg).get(docs_key(input_stage, shard))
             ids = pq.read_table(pa.BufferReader(data), columns=["id"])["id"].combine_chunks()
+            cap = batch_pairs(cfg.max_task_memory or 0, ids)
         held.append((rows, ids.take(pa.array(rows[:, 2]))))
         if sum(len(r) for r, _ in held) >= cap or i == len(keys) - 1:
             _send(vstore, prefix, tag, shard, shards, held, sent)
             held, sent = [], sent + 1
     vstore.put(keepers_done_key(prefix, item), json.dumps({"pairs": n}).encode())
     return n
+
+
+def batch_pairs(max_task_memory: int, ids: pa.Array) -> int:
+    """Pairs a keepers batch may hold: PAIR_BYTES a pair plus ID_COPIES of an id of the
+    kept shard's mean size (its string bytes and offset)."""
+    id_bytes = (ids.nbytes / len(ids)) if len(ids) else 0.0
+    return max(1, int(max_task_memory // (PAIR_BYTES + ID_COPIES * id_bytes)))
 
 
 def _send(
