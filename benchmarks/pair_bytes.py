@@ -9,12 +9,11 @@ flat 128 bytes, estimated, before this benchmark).
 
 One kept shard of --shard-docs documents, whose copies are kept for duplicates spread over
 --shards shards, its pairs written as the select step writes them (dup_shuffle.write_pairs,
-one piece per partition of 10,000 pairs); dup_shuffle.keepers on it in this process under
-tracemalloc (numpy's and Arrow's buffers included), with max_task_memory large enough that
-one batch holds every pair: the peak of holding and sending n pairs at once. Each count in
-a fresh process, measured twice: tracemalloc's peak (Python's and numpy's buffers) plus
-the rise of Arrow's memory pool to its peak (`max_memory`: Arrow's buffers, which
-tracemalloc does not see), an upper bound on the two together. Per id form (the scale
+one piece per partition of 10,000 pairs); dup_shuffle.keepers on it, with max_task_memory
+large enough that one batch holds every pair: the peak of holding and sending n pairs at
+once. Each count in a fresh process, measured twice: tracemalloc's peak (Python's and
+numpy's buffers) plus the rise of Arrow's memory pool to its peak (`max_memory`: Arrow's
+buffers, which tracemalloc does not see), an upper bound on the two together. Per id form (the scale
 corpus's `d<i>`, and 36-character UUIDs, since the pairs carry the kept copy's id): each
 pair count's peak, and the slope of peak against pairs by least squares, the bytes per
 pair (the fixed costs, the shard's id column above all, fall out of it).
