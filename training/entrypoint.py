@@ -8,12 +8,20 @@ podFailurePolicy and the supervisor must tell "diverged" (3) and "bad config or 
 
 Exit codes: 0 done, 1 bad config or data, 3 diverged beyond the rollback budget,
 2 crashed or killed (anything torchrun reports without a worker code).
+
+One process on one node with no restarts (`--nproc-per-node 1 --max-restarts 0` and no
+other torchrun argument; a local run, a one-GPU pod) needs nothing torchrun gives: the
+worker is this script's child, with SIGTERM and SIGINT forwarded as torchrun forwards them,
+and its exit code read the same way. That spares the torchrun agent, a torch import and
+about four seconds of every start.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,6 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nproc-per-node", default="1")
     ap.add_argument("--max-restarts", default="0")
     known, passthrough = ap.parse_known_args(argv[:cut])
+    worker = ["-m", "training.train", *argv[cut + 1 :]]
+    if str(known.nproc_per_node) == "1" and str(known.max_restarts) == "0" and not passthrough:
+        return _one_process([sys.executable, *worker])
     with tempfile.TemporaryDirectory(prefix="ballast-exit-") as exit_dir:
         cmd = [
             sys.executable,
@@ -81,13 +92,35 @@ def main(argv: list[str] | None = None) -> int:
 
             cmd[1:3] = ["-m", "training.loopback_run"]
             cmd[3:3] = rendezvous_args()
-        cmd += ["-m", "training.train", *argv[cut + 1 :]]
+        cmd += worker
         # Events on stderr beside the human lines: the supervisor (local backend,
         # Kubernetes) reads them from the job's log (training/console.py).
         env = {**os.environ, EXIT_DIR_ENV: exit_dir, EVENTS_ENV: "stderr"}
         code = subprocess.run(cmd, env=env).returncode
         result = decide(code, worker_codes(Path(exit_dir)))
     print(f"entrypoint: torchrun exited {code}; passing on exit code {result}", file=sys.stderr)
+    return result
+
+
+def _one_process(cmd: list[str]) -> int:
+    """The worker as a child: its exit code through the same file and `decide` as under
+    torchrun (an uncaught exception exits 1 with no code written: a crash, not bad input)."""
+    with tempfile.TemporaryDirectory(prefix="ballast-exit-") as exit_dir:
+        env = {**os.environ, EXIT_DIR_ENV: exit_dir, EVENTS_ENV: "stderr"}
+        proc = subprocess.Popen(cmd, env=env)
+
+        def forward(signum: int, _frame: object) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            code = proc.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        result = decide(code, worker_codes(Path(exit_dir)))
+    print(f"entrypoint: trainer exited {code}; passing on exit code {result}", file=sys.stderr)
     return result
 
 

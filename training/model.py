@@ -16,18 +16,19 @@ comes from `training.config.ModelConfig`:
 * Document masking: tokens of a packed row attend only within their own document.
 
 `GPT.forward` returns float32 logits; the loss lives in `training.loss`. torch.compile is
-the trainer's business, not this file's.
+the trainer's business, through `compile_model`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Literal
+import sys
+from collections.abc import Callable
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor, Replicate
 from torch.utils.checkpoint import checkpoint
 
 from training.attention import (
@@ -121,6 +122,12 @@ def tied_head(x: Tensor, weight: Tensor) -> Tensor:
     (training/parallel.py) that matrix is a DTensor split by vocabulary rows and x a DTensor
     split by sequence: gather x, multiply each vocabulary shard, gather the logits; DTensor
     does the collectives and their backward."""
+    # A DTensor exists only once its module is loaded; not importing it here spares every
+    # process that never shards (most of them) 0.5 s of start-up.
+    if "torch.distributed.tensor" not in sys.modules:
+        return F.linear(x, weight)
+    from torch.distributed.tensor import DTensor, Replicate
+
     if not isinstance(weight, DTensor):
         return F.linear(x, weight)
     if not isinstance(x, DTensor):
@@ -287,7 +294,6 @@ class GPT(nn.Module):
 
     # -- forward -------------------------------------------------------------------------
 
-    @torch.compiler.disable  # data-dependent (host sync); stays eager under torch.compile
     def attention_mask(
         self, segment_ids: Tensor | None, training: bool, single_segment: bool | None = None
     ) -> AttnMask:
@@ -353,3 +359,14 @@ class GPT(nn.Module):
             # not shrink, so its output is scaled by 1/width_mult to stay O(1) in training.
             logits = logits * (1.0 / self.width_mult)
         return logits
+
+
+def compile_model(
+    model: GPT, wrapped: nn.Module, backend: str | Callable[..., Any] = "inductor"
+) -> Callable[..., Any]:
+    """torch.compile of `wrapped` (the model, or its DDP/FSDP wrapper), with the model's
+    attention mask kept eager: it is data-dependent (a host sync). Applied here rather than
+    as a decorator on the method because torch.compiler.disable imports torch._dynamo, half
+    a second of every process's start, compiled or not."""
+    model.attention_mask = torch.compiler.disable(model.attention_mask)  # type: ignore[method-assign]
+    return torch.compile(wrapped, backend=backend)

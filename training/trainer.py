@@ -43,7 +43,7 @@ from training.data import Loader, Sampler, TrainData, load_data
 from training.faults import Hooks
 from training.guards import StabilityGuard
 from training.metrics import MetricsLog, open_log, read
-from training.model import GPT
+from training.model import GPT, compile_model
 from training.optim import agc_params, build_optimizer
 from training.parallel import parallelize
 from training.pipeline import Pipeline, build_pipeline, pipeline_degree
@@ -88,7 +88,7 @@ class Trainer:
             wrapped, self.ddp, self.fsdp, self.world = parallelize(
                 self.model, self.world, self.device, cfg.parallel
             )
-        self.forward = torch.compile(wrapped) if cfg.model.compile else wrapped
+        self.forward = compile_model(self.model, wrapped) if cfg.model.compile else wrapped
         self.optimizer = build_optimizer(self.model, cfg.optim)
         # Events found outside the loop's reach (a restore's overrides): written at the
         # next step.

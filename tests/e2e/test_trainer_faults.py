@@ -55,7 +55,9 @@ def said(stderr: str) -> list[str]:
         for line in stderr.splitlines()
         if line.strip()
         and not is_narrative(line)
-        and not line.startswith((EVENT_PREFIX, "entrypoint: torchrun exited"))
+        and not line.startswith(
+            (EVENT_PREFIX, "entrypoint: torchrun exited", "entrypoint: trainer exited")
+        )
     ]
 
 

@@ -151,6 +151,21 @@ def test_flex_block_mask_matches_dense_mask() -> None:
     assert torch.allclose(flex, dense, atol=1e-5, rtol=0)
 
 
+def test_compiled_model_keeps_the_mask_eager_and_equals_eager() -> None:
+    # The mask reads segment ids on the host; compile_model keeps it out of the graph.
+    from torch._dynamo.testing import CompileCounter
+
+    m = make().eval()
+    x = ids(2)
+    seg = torch.tensor([[1] * 5 + [2] * 7 + [3] * 4, [1] * 12 + [0] * 4])
+    counter = CompileCounter()
+    compiled = model_mod.compile_model(m, m, backend=counter)  # type: ignore[arg-type]
+    with torch.no_grad():
+        assert torch.allclose(compiled(x, segment_ids=seg), m(x, segment_ids=seg), atol=1e-6)
+    assert counter.frame_count >= 1
+    assert getattr(m.attention_mask, "_torchdynamo_disable", False)
+
+
 def test_fast_path_equals_masked_path_for_one_segment(monkeypatch: pytest.MonkeyPatch) -> None:
     m = make().eval()
     x, one = ids(), torch.ones(2, T, dtype=torch.long)
