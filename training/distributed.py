@@ -10,7 +10,9 @@ single-process gradient up to floating-point summation order.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import gc
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -57,7 +59,33 @@ def init(device_type: str) -> World:
     return world
 
 
+# How long a clean exit waits for the other ranks (they are at most one checkpoint write
+# behind: the final checkpoint ends in a barrier of its own).
+EXIT_BARRIER_S = 120.0
+
+
+def exit_barrier(world: World) -> None:
+    """Every rank at the end before any tears its process group down: a rank that destroys
+    its group while another still talks to it can abort the other at exit (CI saw "terminate
+    called without an active exception" from a 2-rank run). Bounded, so a peer that is gone
+    delays the exit rather than hangs it; only for a clean exit (a failing rank's peers may
+    never arrive, and torchrun stops them)."""
+    if not world.active or not dist.is_initialized():
+        return
+    timeout = datetime.timedelta(seconds=EXIT_BARRIER_S)
+    with contextlib.suppress(RuntimeError):  # a peer gone: nothing left to wait for
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=timeout)
+        else:
+            dist.barrier()
+
+
 def shutdown() -> None:
+    """Destroy the process group, after what used it: the trainer's cycles (components
+    point back at it) hold DDP's reducer, FSDP's and the pipeline schedule's communication
+    objects, which are collected here while the interpreter is whole, not in its
+    finalization after the group is gone. The caller drops its own references first."""
+    gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 from core.errors import BucketMissing, StorageError
-from core.protocol import EXIT_CRASHED, EXIT_ERROR, EXIT_INTERRUPTED
+from core.protocol import EXIT_CRASHED, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
 from training import checkpoint as ckpt
+from training import distributed
 from training.arguments import add_train_overrides, train_overrides
 from training.config import TrainConfigError, load_train_config
 from training.data import DatasetError
@@ -29,7 +30,12 @@ __all__ = ["Trainer", "main"]
 def main(argv: list[str] | None = None) -> int:
     from training.entrypoint import record_exit
 
-    code = _main(argv)
+    try:
+        code = _main(argv)
+    finally:
+        # On every path, an exception's included (then the traceback still holds the
+        # trainer; the group goes anyway, as torchtitan's does).
+        distributed.shutdown()
     record_exit(code)  # for the pod entrypoint: torchrun hides worker exit codes
     return code
 
@@ -87,11 +93,15 @@ def _main(argv: list[str] | None = None) -> int:
         print("interrupted before training began; run the same command again", file=sys.stderr)
         return EXIT_INTERRUPTED
     try:
-        return trainer.run()
+        code = trainer.run()
     except KeyboardInterrupt:  # Ctrl-C: run() has closed the loader and the checkpoint saver
         if trainer.world.is_main:
             print(interrupted(trainer.state.step, cfg.steps, trainer.ckpt_dir), file=sys.stderr)
-        return EXIT_INTERRUPTED
+        code = EXIT_INTERRUPTED
+    if code == EXIT_OK:
+        distributed.exit_barrier(trainer.world)
+    del trainer  # freed before main's distributed.shutdown destroys the group
+    return code
 
 
 def interrupted(step: int, steps: int, ckpt_dir: Path) -> str:

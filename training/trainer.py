@@ -288,7 +288,8 @@ class Trainer:
                 self.ckpts.close()
             if self.remote is not None:
                 self.remote.close()
-            distributed.shutdown()
+            # The process group outlives the trainer: training.train tears it down once
+            # this object is freed (distributed.shutdown).
 
     def _run(self) -> int:
         cfg = self.cfg

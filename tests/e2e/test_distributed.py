@@ -3,8 +3,10 @@ same loss curve at world size 2 as at world size 1."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,9 @@ def test_ddp_two_processes_match_one(dataset, tmp_path):
         p.write_text(yaml.safe_dump(c))
         r = torchrun(n, p)
         assert r.returncode == 0, r.stderr[-3000:]
+        # Every rank frees its trainer and waits for the others before its process group
+        # goes (CI once saw a rank abort at exit: std::terminate, SIGABRT).
+        assert "terminate called" not in r.stderr
         runs[n] = run_dir
     a, b = losses(runs[1]), losses(runs[2])
     assert len(a) == len(b) == 20
@@ -115,6 +120,40 @@ def test_entrypoint_passes_worker_exit_codes_through(dataset, tmp_path):
     assert r.returncode == 3, r.stderr[-2000:]
     assert (tmp_path / "div" / "DIVERGED").is_file()  # the restart did not train on
     assert "diverged beyond its rollback budget" in r.stderr
+
+
+@pytest.mark.slow
+def test_one_process_entrypoint_reports_a_kill_and_forwards_sigterm(dataset, tmp_path):
+    # One process, no restarts: the worker is the entrypoint's own child (no torchrun).
+    c = tmp_path / "c.yaml"
+    c.write_text(yaml.safe_dump(train_config(dataset, tmp_path / "k", log_every=1, steps=6)))
+    r = entrypoint(c, "--fault", "kill@2")
+    assert r.returncode == 2, r.stderr[-2000:]  # SIGKILLed: a crash, not bad input
+    assert "entrypoint: trainer exited -9; passing on exit code 2" in r.stderr
+
+    # SIGTERM to the entrypoint alone (what a pod runtime sends PID 1) stops the worker.
+    long = tmp_path / "long.yaml"
+    long.write_text(
+        yaml.safe_dump(train_config(dataset, tmp_path / "long", log_every=1, steps=100_000))
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "training.entrypoint", "--", "--config", str(long)],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = tmp_path / "long" / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.is_file() and "train" in metrics.read_text()):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    assert len(children) == 1
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2, err[-2000:]
+    assert not Path(f"/proc/{children[0]}").exists()
 
 
 def final_params(run: Path, step: int, config: dict) -> dict:
