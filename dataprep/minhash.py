@@ -10,7 +10,7 @@ and every step is a numpy operation over it (benchmarks/dedup.py measures both).
 The shingles, signatures and band keys also have a compiled kernel (native/minhash.cpp)
 that reads the Arrow text column in place and gives the same bits; `shingle_hashes`,
 `signatures` and `band_keys` use it when dataprep.native has it, and the *_python
-functions, the reference, otherwise (tests/unit/dataprep/test_minhash_native.py compares
+functions, the reference, otherwise (tests/e2e/test_minhash_native.py compares
 them; benchmarks/kernel_minhash.py times them).
 """
 

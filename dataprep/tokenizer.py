@@ -20,7 +20,7 @@ HF `tokenizers` is imported lazily: the bytes tokenizer needs nothing beyond num
 byte-level BPE that native/bpe.cpp can encode exactly (checked once per tokenizer by
 `_native_bpe_plan`, see there), it runs the native encoder; otherwise, and whenever the
 native module is missing or BALLAST_NATIVE=0, it runs HF. HF stays the reference: both give
-the same ids, which tests/unit/dataprep/test_bpe_native.py checks on the shared corpora and
+the same ids, which tests/e2e/test_bpe_native.py checks on the shared corpora and
 on random text.
 """
 

@@ -52,7 +52,7 @@ from dataprep.stages.exact import (
 # global index (8) gathered, lexsort's order (8) and the sorted copies (24), the run starts
 # and first-copy indices (~17); when most of the range is duplicates, their pairs and the
 # files written from them take over (~110). Measured with tracemalloc over one task of
-# 200k documents (tests/unit/dataprep/test_partitioned.py holds it to this): 70 bytes at
+# 200k documents (tests/e2e/test_partitioned.py holds it to this): 70 bytes at
 # 30% duplicates, 73 at 0.05%, 113 at 99.5%.
 SELECT_DOC_BYTES = 120
 PLAN_KEY = "exact_ranges"  # the plan's entry in the run's extra (and the report)

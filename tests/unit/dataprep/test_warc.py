@@ -298,10 +298,15 @@ def test_every_web_reason_in_the_code_is_tested() -> None:
     assert {"not_html", "extract_timeout", "truncated"} <= in_code  # the scan finds them
     # This test's own text (its literals above) is left out of what is searched.
     tests = "\n".join(
-        (ROOT / "tests" / "unit" / "dataprep" / f)
+        (ROOT / "tests" / f)
         .read_text(encoding="utf-8")
         .split("def test_every_web_reason_in_the_code_is_tested")[0]
-        for f in ("test_warc.py", "test_warc_split.py", "test_extract.py", "test_web_prep.py")
+        for f in (
+            "unit/dataprep/test_warc.py",
+            "e2e/test_warc_split.py",
+            "unit/dataprep/test_extract.py",
+            "e2e/test_web_prep.py",
+        )
     )
     untested = sorted(r for r in in_code if f'"{r}"' not in tests)
     assert untested == []
