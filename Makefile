@@ -96,14 +96,11 @@ test: $(STAMP) $(NATIVE) $(CHECKOV)
 	$(VENV)/bin/lint-imports
 	$(PY) -m cli.config_docs check
 	# Two workers (this machine has two cores), a test file per worker so that a file's
-	# fixtures are built once; conftest gives each process one compute thread. `.ci/run` on
-	# a fresh clone with every test: pytest 28.5 min (2026-12-02, 1,621 passed, 4 skipped),
-	# over the 15-min target; the rest of the TP/PP matrix (tests/conftest.py MATRIX) is
-	# left to `make test-parallel`: pytest 16.1 min, .ci/run 21 min (1,608 passed, 4 skipped);
-	# with session 32's tests (remote DCP checkpoints, host reads under TP/PP, S3 dedup
-	# index), d616e82: pytest 19.4 min, .ci/run 23 min (1,668 passed, 4 skipped). Over.
-	# The CI run on session 32's submission: pytest 15.4 min. --durations: the slowest tests
-	# are named in every run's output, where the next cut comes from.
+	# fixtures are built once; conftest gives each process one compute thread. The budget
+	# (docs/architecture.md, "Test budget"): pytest under 10 min. Measured 2026-12-07 on
+	# c27ceca, two quiet cores: 17.2 min (1,679 passed, 4 skipped), 18.4 min before this
+	# session's cuts. Over. --durations: the slowest tests are named in every run's output,
+	# where the next cut comes from.
 	CHECKOV_VENV=$(CHECKOV_VENV) $(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not parallel_matrix" --durations=25
 
 # The tensor/pipeline-parallel parity and resharding cases `make test` leaves out
@@ -113,8 +110,9 @@ test: $(STAMP) $(NATIVE) $(CHECKOV)
 test-parallel: $(STAMP) $(NATIVE)
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile -m parallel_matrix
 
-# The loop to run while working: tests/unit only (fast, in-process; the whole runs, servers
-# and subprocesses are in tests/e2e, which `make test` adds), about a minute on two cores.
+# The loop to run while working: tests/unit only (fast, in-process; the whole runs, servers,
+# subprocesses, kill-and-resume preps and native-vs-reference sweeps are in tests/e2e, which
+# `make test` adds). Budget 90 s; 85-105 s measured on two cores (2026-12-07).
 test-fast: $(STAMP) $(NATIVE)
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile tests/unit
 
