@@ -3,9 +3,13 @@ write-to-temp-then-rename (a reader sees the whole old file or the whole new one
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import signal
+import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -105,3 +109,21 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True  # exists, owned by someone else
     return True
+
+
+def run_forwarding_signals(cmd: list[str], env: Mapping[str, str] | None = None) -> int:
+    """Run `cmd` as a child with SIGTERM and SIGINT forwarded to it, and return its exit
+    code (negative: killed by that signal). For a launcher that must pass a stop on (PID 1
+    of a pod gets the SIGTERM, not its child); the previous handlers come back after."""
+    proc = subprocess.Popen(cmd, env=env)
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from core.files import pid_alive, write_atomic
+from core.files import pid_alive, run_forwarding_signals, write_atomic
 from infra.jobs import JobHandle, JobSpec, JobStatus, ending_from_exit_code
 
 LOG, JOB, EXIT, CANCELLED = "log.txt", "job.json", "exit_code", "cancelled"
@@ -145,16 +145,7 @@ class LocalBackend:
 
 def _wrap(exit_file: Path, cmd: list[str]) -> int:
     """Run `cmd`, forward SIGTERM/SIGINT to it, write its exit code atomically."""
-    proc = subprocess.Popen(cmd)
-
-    def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    code = proc.wait()
-    write_atomic(exit_file, str(code))
+    write_atomic(exit_file, str(run_forwarding_signals(cmd)))
     return 0
 
 

@@ -19,14 +19,13 @@ about four seconds of every start.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from core.files import run_forwarding_signals
 from core.protocol import EXIT_CRASHED
 from training.console import EVENTS_ENV
 
@@ -74,54 +73,40 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-restarts", default="0")
     known, passthrough = ap.parse_known_args(argv[:cut])
     worker = ["-m", "training.train", *argv[cut + 1 :]]
-    if str(known.nproc_per_node) == "1" and str(known.max_restarts) == "0" and not passthrough:
-        return _one_process([sys.executable, *worker])
+    # One process, no restarts: the worker is this script's child (see the top).
+    alone = (known.nproc_per_node, known.max_restarts, passthrough) == ("1", "0", [])
     with tempfile.TemporaryDirectory(prefix="ballast-exit-") as exit_dir:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            f"--nproc-per-node={known.nproc_per_node}",
-            f"--max-restarts={known.max_restarts}",
-            *passthrough,
-        ]
-        if not any(a.startswith(("--rdzv", "--nnodes", "--standalone")) for a in passthrough):
-            # One node: torchrun with its rendezvous on loopback, not --standalone's
-            # stores on every interface.
-            from training.loopback_run import rendezvous_args
-
-            cmd[1:3] = ["-m", "training.loopback_run"]
-            cmd[3:3] = rendezvous_args()
-        cmd += worker
         # Events on stderr beside the human lines: the supervisor (local backend,
         # Kubernetes) reads them from the job's log (training/console.py).
         env = {**os.environ, EXIT_DIR_ENV: exit_dir, EVENTS_ENV: "stderr"}
-        code = subprocess.run(cmd, env=env).returncode
+        if alone:
+            launcher, code = "trainer", run_forwarding_signals([sys.executable, *worker], env)
+        else:
+            cmd = torchrun(known, passthrough, worker)
+            launcher, code = "torchrun", subprocess.run(cmd, env=env).returncode
         result = decide(code, worker_codes(Path(exit_dir)))
-    print(f"entrypoint: torchrun exited {code}; passing on exit code {result}", file=sys.stderr)
+    print(f"entrypoint: {launcher} exited {code}; passing on exit code {result}", file=sys.stderr)
     return result
 
 
-def _one_process(cmd: list[str]) -> int:
-    """The worker as a child: its exit code through the same file and `decide` as under
-    torchrun (an uncaught exception exits 1 with no code written: a crash, not bad input)."""
-    with tempfile.TemporaryDirectory(prefix="ballast-exit-") as exit_dir:
-        env = {**os.environ, EXIT_DIR_ENV: exit_dir, EVENTS_ENV: "stderr"}
-        proc = subprocess.Popen(cmd, env=env)
+def torchrun(known: argparse.Namespace, passthrough: list[str], worker: list[str]) -> list[str]:
+    """The torchrun command line for `worker` (on one node: the loopback rendezvous)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={known.nproc_per_node}",
+        f"--max-restarts={known.max_restarts}",
+        *passthrough,
+    ]
+    if not any(a.startswith(("--rdzv", "--nnodes", "--standalone")) for a in passthrough):
+        # One node: torchrun with its rendezvous on loopback, not --standalone's
+        # stores on every interface.
+        from training.loopback_run import rendezvous_args
 
-        def forward(signum: int, _frame: object) -> None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signum)
-
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            code = proc.wait()
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-        result = decide(code, worker_codes(Path(exit_dir)))
-    print(f"entrypoint: trainer exited {code}; passing on exit code {result}", file=sys.stderr)
-    return result
+        cmd[1:3] = ["-m", "training.loopback_run"]
+        cmd[3:3] = rendezvous_args()
+    return cmd + worker
 
 
 if __name__ == "__main__":
